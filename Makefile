@@ -1,0 +1,30 @@
+# Two commands do all set-up on a fresh machine:
+#   make demo   -> create .venv, install, run the main job on the embedded default
+#   make test   -> create .venv, install, run the tests
+PY      := .venv/bin/python
+STAMP   := .venv/.installed
+export PYTHONDONTWRITEBYTECODE WANDB_MODE=disabled TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 \
+       RAY_AUTH_MODE=disabled PREFECT_SERVER_ANALYTICS_ENABLED=false PREFECT_CLI_PROMPT=false \
+       PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=90 MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false
+
+.PHONY: venv demo test bench clean
+
+$(STAMP): requirements-cpu.txt pyproject.toml
+	python3 -m venv .venv
+	.venv/bin/pip install -q -r requirements-cpu.txt
+	.venv/bin/pip install -q --no-deps -e .
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	.venv/bin/exgrpo compare experiments/toy.yaml --seeds 5 --workers 2
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) bench/bench_toy_step.py
+
+clean:
+	rm -rf .venv runs

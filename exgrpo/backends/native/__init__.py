@@ -1,0 +1,1 @@
+"""Native PyTorch backend: policies, tasks' rollouts and the trainer loop, runnable on a CPU."""

@@ -1,0 +1,51 @@
+"""The toy tier's policy: an MLP from a feature vector to logits over every candidate answer.
+
+A response is a single token (the chosen answer), so T = 1 and the mask is all True.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from exgrpo.backends.native.interfaces import Rollout, Scores
+from exgrpo.config import MLPPolicyConfig
+
+
+class MLPPolicy(nn.Module):
+    max_response_length = 1
+
+    def __init__(self, cfg: MLPPolicyConfig, in_features: int, num_actions: int) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        width = in_features
+        for _ in range(cfg.layers):
+            layers += [nn.Linear(width, cfg.hidden), nn.ReLU()]
+            width = cfg.hidden
+        layers.append(nn.Linear(width, num_actions))
+        self.net = nn.Sequential(*layers)
+
+    def log_probs(self, prompts: torch.Tensor) -> torch.Tensor:
+        """(N, F) features -> (N, V) log-probs over actions.
+
+        A GRPO batch repeats each prompt K times, so the MLP runs once per distinct row and the
+        result is gathered back (identical values, ~K times less compute)."""
+        unique, inverse = torch.unique(prompts, dim=0, return_inverse=True)
+        return torch.log_softmax(self.net(unique), dim=-1)[inverse]
+
+    def generate(self, prompts: torch.Tensor, generator: torch.Generator, greedy: bool = False) -> Rollout:
+        logp_all = self.log_probs(prompts)  # (N, V)
+        if greedy:
+            actions = logp_all.argmax(-1)
+        else:
+            actions = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(1)
+        logp = logp_all.gather(1, actions[:, None])  # (N, 1)
+        entropy = -(logp_all.exp() * logp_all).sum(-1, keepdim=True)  # (N, 1)
+        mask = torch.ones_like(logp, dtype=torch.bool)
+        return Rollout(tokens=actions[:, None], mask=mask, logp=logp, entropy=entropy)
+
+    def score(self, prompts: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor, full: bool = False) -> Scores:
+        logp_all = self.log_probs(prompts)  # (N, V)
+        logp = logp_all.gather(1, tokens[:, :1])  # (N, 1)
+        entropy = -(logp_all.exp() * logp_all).sum(-1, keepdim=True)  # (N, 1)
+        return Scores(logp=logp, entropy=entropy, full_logp=logp_all[:, None, :] if full else None)

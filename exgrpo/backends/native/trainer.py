@@ -1,0 +1,329 @@
+"""The native trainer: one backend-agnostic step, run in a loop with evaluation and checkpoints.
+
+Step: batch plan -> pool sampling and selection -> rollouts -> rewards -> pool update ->
+advantages -> loss (through veRL's policy-loss registry) -> update -> metrics.
+
+Determinism: all randomness flows from three generators saved in the checkpoint (torch sampling,
+numpy replay/minibatch, torch init), so a killed run resumed from step n produces the same metrics
+as an uninterrupted one, bit for bit on CPU at a fixed thread count.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from exgrpo.backends.native.interfaces import Policy, Task
+from exgrpo.backends.native.step import FreshSampler, StepBatch, build_batch, select_replays
+from exgrpo.backends.verl.loss import get_exgrpo_loss_fn
+from exgrpo.config import ExperimentConfig, OptimizerKind, ReplayKind
+from exgrpo.core.advantages import grpo_advantages
+from exgrpo.core.loss import MixedLossConfig, exgrpo_objective, notebook_off_policy_loss
+from exgrpo.core.notebook_buffer import NotebookBuffer
+from exgrpo.core.pool import ExperiencePool, Trajectory
+from exgrpo.core.sampler import sample_questions
+from exgrpo.core.schedules import ReplayStartSwitch, notebook_lambda
+from exgrpo.core.selection import pad_right
+
+StepCallback = Callable[[int, dict[str, float]], None]
+"""(step, metrics) -> None; called after every step and every evaluation."""
+
+
+@dataclass
+class TrainResult:
+    """What a finished run returns."""
+
+    final_metrics: dict[str, float]
+    history: list[dict[str, float]] = field(default_factory=list)
+    run_dir: Path | None = None
+    checkpoint: Path | None = None
+
+
+def build_task_and_policy(cfg: ExperimentConfig) -> tuple[Task, Policy]:
+    """Instantiate the tier's task and policy (model init seeded by ``cfg.seed``)."""
+    from exgrpo.backends.native.mlp_policy import MLPPolicy
+    from exgrpo.tasks.toy_arithmetic import ToyArithmetic
+
+    task = ToyArithmetic(cfg.task)
+    torch.manual_seed(cfg.seed)
+    policy = MLPPolicy(cfg.policy, in_features=task.features.shape[1], num_actions=task.num_actions)
+    return task, policy
+
+
+class Trainer:
+    def __init__(self, cfg: ExperimentConfig, task: Task | None = None, policy: Policy | None = None) -> None:
+        self.cfg = cfg
+        torch.set_num_threads(cfg.train.threads)
+        if task is None or policy is None:
+            task, policy = build_task_and_policy(cfg)
+        self.task, self.policy = task, policy
+        algo, train = cfg.algorithm, cfg.train
+        self.algo = algo
+        params = list(policy.parameters())
+        if train.optimizer == OptimizerKind.ADAMW:
+            self.optimizer = torch.optim.AdamW(params, lr=train.lr, weight_decay=train.weight_decay)
+        else:
+            self.optimizer = torch.optim.Adam(params, lr=train.lr)
+        self.generator = torch.Generator().manual_seed(cfg.seed)
+        self.rng = np.random.default_rng(cfg.seed)
+        self.fresh = FreshSampler(task.train_ids, np.random.default_rng(cfg.seed + 1))
+        self.pool = ExperiencePool(
+            algo.group_size, algo.bucket_lbound, algo.rbound, algo.pool_max_per_question, algo.pool_max_questions
+        )
+        nb = algo.notebook
+        self.buffer = NotebookBuffer(nb.max_len, nb.uid_cap, nb.tau)
+        self.switch = ReplayStartSwitch(algo.replay_start_pass_rate)
+        self.loss_fn = get_exgrpo_loss_fn()
+        self.steps_per_epoch = math.ceil(len(task.train_ids) / train.batch_size)
+        total = train.epochs * self.steps_per_epoch
+        self.total_steps = min(total, train.max_steps) if train.max_steps else total
+        self.step = 0
+        self.history: list[dict[str, float]] = []
+
+    # ------------------------------------------------------------------ the step
+    @property
+    def epoch(self) -> int:
+        """0-based epoch of the next step."""
+        return self.step // self.steps_per_epoch
+
+    def train_step(self) -> dict[str, float]:
+        cfg, algo = self.cfg, self.algo
+        k = algo.group_size
+        t0 = time.perf_counter()
+        metrics: dict[str, float] = {}
+
+        # 1-3. plan, pool sampling, trajectory selection (paper ExGRPO only)
+        replaying = algo.replay == ReplayKind.BUCKETS and self.switch.started
+        n_replay = round(algo.experience_ratio * cfg.train.batch_size) if replaying else 0
+        replay_qids = sample_questions(
+            self.pool.buckets(), n_replay, k, self.rng, algo.bucket_weighting, algo.bucket_sigma
+        )
+        replayed, current_logp = (
+            select_replays(replay_qids, self.pool, self.policy, self.task, algo, self.rng) if replay_qids else ([], None)
+        )
+        fresh_qids = self.fresh.next(cfg.train.batch_size - len(replay_qids), self.pool.retired)
+
+        # 4. rollouts
+        batch = build_batch(
+            replay_qids, replayed, current_logp, fresh_qids, self.policy, self.task, k, algo.is_correction,
+            self.generator,
+        )
+        # 5. rewards, pool update
+        rewards = self.task.rewards(batch.row_qids, batch.tokens, batch.mask)  # (N,)
+        grouped = rewards.view(-1, k)  # (G, K)
+        self._update_replay_state(batch, grouped)
+
+        # 6. advantages
+        adv = grpo_advantages(grouped, algo.advantage_std_norm).reshape(-1, 1).expand_as(batch.old_logp)
+
+        # 7-8. loss and update
+        metrics.update(self._update(batch, adv))
+
+        pass_rate = float(rewards.mean())
+        n_groups = grouped.shape[0]
+        solved = grouped.sum(1)
+        metrics.update(
+            {
+                "batch/solved": pass_rate,
+                "batch/solve_all": float((solved == k).sum() / n_groups),
+                "batch/solve_none": float((solved == 0).sum() / n_groups),
+                "batch/fresh_solved": float(rewards[~batch.off_policy].mean()),
+                "replay/questions": float(batch.n_replayed),
+                "replay/active": float(replaying),
+                "replay/started": float(self.switch.started),
+                "train/epoch": float(self.epoch),
+            }
+        )
+        if batch.n_replayed:
+            metrics["replay/picked_bucket_mean"] = float(np.mean([self.pool.bucket_of(q) for q in replay_qids if q in self.pool] or [0]))
+        metrics.update(self.pool.stats() if algo.replay == ReplayKind.BUCKETS else {})
+        if algo.replay == ReplayKind.NOTEBOOK:
+            metrics.update(self.buffer.stats())
+        self.switch.update(pass_rate, self.step)
+        metrics["time/step_seconds"] = time.perf_counter() - t0
+        return metrics
+
+    def _update_replay_state(self, batch: StepBatch, grouped: torch.Tensor) -> None:
+        algo, k = self.algo, self.algo.group_size
+        if algo.replay == ReplayKind.NONE:
+            return
+        lengths = batch.mask.sum(1).tolist()
+        ent_mean = ((batch.behaviour_entropy * batch.mask).sum(1) / batch.mask.sum(1).clamp_min(1)).tolist()
+        tokens = batch.tokens.tolist()
+        logps = batch.old_logp.tolist()
+        correct = grouped.reshape(-1).bool().tolist()
+
+        def trajs(rows: range) -> list[Trajectory]:
+            out, seen = [], set()
+            for r in rows:
+                if correct[r]:
+                    tok = tuple(tokens[r][: lengths[r]])
+                    if tok not in seen:
+                        seen.add(tok)
+                        out.append(Trajectory(tok, tuple(logps[r][: lengths[r]]), ent_mean[r], self.step))
+            return out
+
+        for g, q in enumerate(batch.group_qids):
+            rows = range(g * k, (g + 1) * k)
+            n_correct = int(grouped[g].sum())
+            if algo.replay == ReplayKind.BUCKETS:
+                self.pool.observe_group(q, n_correct, trajs(rows) if n_correct else [], self.step, self.switch.started)
+            else:
+                for t in trajs(rows):
+                    self.buffer.add(q, t)
+
+    def _update(self, batch: StepBatch, adv: torch.Tensor) -> dict[str, float]:
+        cfg, algo = self.cfg, self.algo
+        loss_cfg = MixedLossConfig.from_algorithm(algo, self.switch.started, self.policy.max_response_length)
+        lam = notebook_lambda(self.epoch, algo.notebook) if algo.replay == ReplayKind.NOTEBOOK else 0.0
+        off_samples = self.buffer.sample(algo.notebook.per, self.step) if lam > 0 else []
+        n = batch.tokens.shape[0]
+        order = self.rng.permutation(n)
+        chunks = np.array_split(order, cfg.train.mini_batches)
+        prompts = self.task.prompts(batch.row_qids)
+        sums: dict[str, float] = {}
+        for chunk in chunks:
+            idx = torch.as_tensor(chunk, dtype=torch.long)
+            mask = batch.mask[idx]
+            scores = self.policy.score(prompts[idx] if torch.is_tensor(prompts) else [prompts[i] for i in chunk], batch.tokens[idx], mask)
+            token_off = batch.off_policy[idx][:, None] & mask
+            loss, m = exgrpo_objective(
+                self.loss_fn, batch.old_logp[idx], scores.logp, scores.entropy, adv[idx], mask, token_off,
+                loss_cfg, algo.loss_agg, algo.entropy_coeff, algo.kl_coeff,
+            )
+            if off_samples:
+                off_loss, m_off = self._notebook_off_loss(off_samples, len(chunks))
+                loss = (1 - lam) * loss + lam * off_loss
+                m.update(m_off)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.train.grad_clip))
+            skip = cfg.train.skip_grad_above
+            skipped = not math.isfinite(grad_norm) or (skip is not None and grad_norm > skip)
+            if not skipped:
+                self.optimizer.step()
+            m["actor/grad_norm"] = grad_norm
+            m["actor/step_skipped"] = float(skipped)
+            for key, v in m.items():
+                sums[key] = sums.get(key, 0.0) + v / len(chunks)
+        sums["notebook/lambda"] = lam
+        return sums
+
+    def _notebook_off_loss(self, samples: list[tuple[int, Trajectory]], n_chunks: int):
+        qids = [q for q, _ in samples]
+        tokens, mask = pad_right([t.tokens for _, t in samples])
+        old, _ = pad_right([t.behaviour_logp for _, t in samples], dtype=torch.float32)
+        scores = self.policy.score(self.task.prompts(qids), tokens, mask, full=True)
+        nb = self.algo.notebook
+        return notebook_off_policy_loss(scores.logp, old, mask, nb.is_clip, nb.kl_beta, scores.full_logp)
+
+    # ------------------------------------------------------------------ evaluation
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Greedy accuracy on the held-out questions (``val/accuracy``)."""
+        ids = self.task.val_ids
+        ro = self.policy.generate(self.task.prompts(ids), self.generator, greedy=True)
+        acc = float(self.task.rewards(ids, ro.tokens, ro.mask).mean())
+        return {"val/accuracy": acc}
+
+    # ------------------------------------------------------------------ loop
+    def fit(
+        self,
+        callbacks: list[StepCallback] | None = None,
+        resume: bool = False,
+        progress: bool = True,
+        stop_after_step: int | None = None,
+    ) -> TrainResult:
+        """Train to ``total_steps``. ``resume`` continues from the latest checkpoint in the run
+        directory; ``stop_after_step`` ends early (after checkpointing) as if the run were killed."""
+        from exgrpo.backends.native import checkpoint as ckpt
+        from exgrpo.progress import StepProgress
+
+        run_dir = self.cfg.run_dir()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        metrics_path = run_dir / "metrics.jsonl"
+        if resume:
+            path = ckpt.latest_checkpoint(run_dir)
+            if path is None:
+                raise FileNotFoundError(f"--resume: no checkpoint under {run_dir / 'checkpoints'}; run without --resume")
+            ckpt.load(self, path)
+            self.history = ckpt.read_metrics(metrics_path, up_to_step=self.step)
+            ckpt.write_metrics(metrics_path, self.history)
+        else:
+            metrics_path.write_text("")
+            (run_dir / "config.json").write_text(self.cfg.model_dump_json(indent=2))
+        callbacks = callbacks or []
+        every = self.cfg.train.checkpoint_every
+        last_ckpt: Path | None = None
+        eval_every = self.cfg.train.eval_every_epochs * self.steps_per_epoch
+        with StepProgress(self.total_steps, self.step, enabled=progress, title=self.cfg.name) as bar:
+            while self.step < self.total_steps:
+                m = self.train_step()
+                self.step += 1
+                m["step"] = float(self.step)
+                if self.step % eval_every == 0 or self.step == self.total_steps:
+                    m.update(self.evaluate())
+                    bar.epoch_summary(self.step // self.steps_per_epoch, m)
+                self.history.append(m)
+                with metrics_path.open("a") as f:
+                    f.write(json.dumps(m) + "\n")
+                for cb in callbacks:
+                    cb(self.step, m)
+                bar.advance(m)
+                if (every and self.step % every == 0) or self.step == self.total_steps:
+                    last_ckpt = ckpt.save(self, run_dir)
+                if stop_after_step is not None and self.step >= stop_after_step:
+                    break
+        final = {k: v for k, v in self.history[-1].items()} if self.history else {}
+        final.update(self.evaluate()) if "val/accuracy" not in final else None
+        return TrainResult(final, self.history, run_dir, last_ckpt)
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "model": self.policy.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "pool": self.pool.state_dict(),
+            "buffer": self.buffer.state_dict(),
+            "switch": self.switch.state_dict(),
+            "fresh": self.fresh.state_dict(),
+            "rng": {
+                "torch_sampling": self.generator.get_state(),
+                "torch_global": torch.get_rng_state(),
+                "numpy": _jsonable(self.rng.bit_generator.state),
+                "numpy_fresh": _jsonable(self.fresh.rng.bit_generator.state),
+            },
+            "config": self.cfg.model_dump_json(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step = int(state["step"])
+        self.policy.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.pool.load_state_dict(state["pool"])
+        self.buffer.load_state_dict(state["buffer"])
+        self.switch.load_state_dict(state["switch"])
+        self.fresh.load_state_dict(state["fresh"])
+        self.generator.set_state(state["rng"]["torch_sampling"])
+        torch.set_rng_state(state["rng"]["torch_global"])
+        self.rng.bit_generator.state = json.loads(state["rng"]["numpy"])
+        self.fresh.rng.bit_generator.state = json.loads(state["rng"]["numpy_fresh"])
+
+
+def _jsonable(state: dict) -> str:
+    return json.dumps(state)
+
+
+def train(cfg: ExperimentConfig, callbacks: list[StepCallback] | None = None, resume: bool = False,
+          progress: bool = True) -> TrainResult:
+    """Build and run a trainer for ``cfg``: the one entry point flows and the CLI call."""
+    return Trainer(cfg).fit(callbacks=callbacks, resume=resume, progress=progress)

@@ -1,0 +1,135 @@
+"""The ``exgrpo`` command: train one run, compare algorithms over seeds, list config fields."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from exgrpo.config import ConfigError, ExperimentConfig, load_compare, load_experiment, parse_set
+
+
+def _field_docs(model: type[BaseModel] = ExperimentConfig, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(dotted name, default, docstring) for every leaf field of the config."""
+    rows = []
+    for name, f in model.model_fields.items():
+        ann = f.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            rows += _field_docs(ann, f"{prefix}{name}.")
+        else:
+            default = f.default.value if hasattr(f.default, "value") else f.default
+            rows.append((f"{prefix}{name}", json.dumps(default, default=str), f.description or ""))
+    return rows
+
+
+def _fields_epilog() -> str:
+    lines = ["config fields (override any with --set FIELD=VALUE):"]
+    for name, default, doc in _field_docs():
+        lines.append(f"  {name} = {default}")
+        lines += textwrap.wrap(doc, 96, initial_indent="      ", subsequent_indent="      ")
+    return "\n".join(lines)
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    overrides = parse_set(args.set)
+    if args.seed is not None:
+        overrides["seed"] = args.seed
+    if args.max_steps is not None:
+        overrides["train.max_steps"] = args.max_steps
+    if args.output_dir is not None:
+        overrides["output_dir"] = args.output_dir
+    cfg = load_experiment(args.config, overrides)  # fails here, before any work, on bad input
+    from exgrpo.backends.native.trainer import train
+
+    result = train(cfg, resume=args.resume, progress=not args.no_progress)
+    final = {k: v for k, v in result.final_metrics.items() if k.startswith(("val/", "pool/", "batch/solved"))}
+    print(json.dumps({"run_dir": str(result.run_dir), "checkpoint": str(result.checkpoint), **final}, indent=2))
+    return 0
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    cc = load_compare(args.config, parse_set(args.set))
+    if args.seeds is not None:
+        cc = cc.model_copy(update={"seeds": list(range(args.seeds))})
+    if args.output_dir is not None:
+        cc.base.output_dir = Path(args.output_dir)
+    from rich.progress import Progress
+
+    from exgrpo.compare import format_table, jobs, run_local, summarize
+    from exgrpo.progress import console
+
+    n = len(jobs(cc))
+    with Progress(console=console, disable=args.no_progress) as bar:
+        task = bar.add_task(f"{len(cc.arms)} arms x {len(cc.seeds)} seeds", total=n)
+
+        def done(o):
+            bar.console.print(f"  {o.arm:>12s} seed {o.seed}: final {cc.metric} = {o.final:.4f}")
+            bar.advance(task)
+
+        outcomes = run_local(cc, workers=args.workers, on_done=done)
+    rows = summarize(outcomes, list(cc.arms), cc.baseline)
+    print(format_table(rows, cc.metric, cc.baseline))
+    if args.json:
+        Path(args.json).write_text(json.dumps([o.__dict__ for o in outcomes], indent=2))
+    return 0
+
+
+def _cmd_config(args: argparse.Namespace) -> int:
+    if args.config:
+        print(load_experiment(args.config, parse_set(args.set)).model_dump_json(indent=2))
+    else:
+        print(_fields_epilog())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="exgrpo", description="ExGRPO Lab: GRPO with experience replay.")
+    sub = p.add_subparsers(dest="command", required=True)
+    fmt = argparse.RawDescriptionHelpFormatter
+
+    t = sub.add_parser("train", help="train one run", formatter_class=fmt, epilog=_fields_epilog(),
+                       description="Train one (config, seed) run with a progress bar and a per-epoch summary. "
+                       "Writes metrics.jsonl and checkpoints under OUTPUT_DIR/NAME/seedSEED.")
+    t.add_argument("config", nargs="?", help="experiment YAML (e.g. experiments/toy-exgrpo.yaml); defaults if omitted")
+    t.add_argument("--seed", type=int, help="run seed (model init, sampling, replay)")
+    t.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a config field (repeatable)")
+    t.add_argument("--resume", action="store_true", help="continue from the latest checkpoint of this run")
+    t.add_argument("--max-steps", type=int, help="stop after this many steps (same as --set train.max_steps=N)")
+    t.add_argument("--output-dir", help="root of run directories (default: runs/)")
+    t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.set_defaults(fn=_cmd_train)
+
+    c = sub.add_parser("compare", help="compare algorithms (arms) over seeds",
+                       description="Train every arm of a comparison YAML over several seeds and print, per arm, "
+                       "the final metric as mean ± 95%% CI and the paired difference against the baseline arm.")
+    c.add_argument("config", help="comparison YAML with base: and arms: (e.g. experiments/toy.yaml)")
+    c.add_argument("--seeds", type=int, help="use seeds 0..N-1 (default: the file's seeds)")
+    c.add_argument("--workers", type=int, default=2, help="parallel training processes (default 2)")
+    c.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a base config field")
+    c.add_argument("--output-dir", help="root of run directories (default: runs/)")
+    c.add_argument("--json", help="also write per-run outcomes to this JSON file")
+    c.add_argument("--no-progress", action="store_true", help="no progress bar")
+    c.set_defaults(fn=_cmd_compare)
+
+    g = sub.add_parser("config", help="print every config field with its doc, or a resolved config")
+    g.add_argument("config", nargs="?", help="experiment YAML to resolve")
+    g.add_argument("--set", action="append", metavar="FIELD=VALUE")
+    g.set_defaults(fn=_cmd_config)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

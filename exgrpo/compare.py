@@ -1,0 +1,116 @@
+"""Side-by-side comparison: every (arm, seed) trained on the same environment, then statistics.
+
+Orchestration-free (no Prefect, no MLflow import): runs go through a ``runner`` callable so the
+CLI can use local processes and the Prefect flow can use Ray tasks with MLflow callbacks.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+import multiprocessing as mp
+
+from exgrpo.config import CompareConfig, ExperimentConfig
+from exgrpo.stats import Estimate, mean_ci, paired_difference, steps_to_target
+
+
+@dataclass
+class RunOutcome:
+    """The part of a finished run a comparison needs."""
+
+    arm: str
+    seed: int
+    final: float
+    curve_steps: list[float] = field(default_factory=list)
+    curve_values: list[float] = field(default_factory=list)
+    run_id: str | None = None
+
+
+@dataclass
+class ArmSummary:
+    arm: str
+    final: Estimate
+    diff_vs_baseline: Estimate | None
+    steps_to_baseline_final: float | None
+    """Median over seeds of the first eval step at which the arm reaches the baseline's mean final."""
+
+
+def run_one(cfg: ExperimentConfig, arm: str, metric: str = "val/accuracy") -> RunOutcome:
+    """Train one (arm, seed) in this process and reduce it to a :class:`RunOutcome`."""
+    from exgrpo.backends.native.trainer import train
+
+    result = train(cfg, progress=False)
+    evals = [h for h in result.history if metric in h]
+    return RunOutcome(
+        arm, cfg.seed, float(result.final_metrics[metric]),
+        [h["step"] for h in evals], [h[metric] for h in evals],
+    )
+
+
+def _run_one_job(args: tuple[ExperimentConfig, str, str]) -> RunOutcome:
+    return run_one(*args)
+
+
+def jobs(cc: CompareConfig) -> list[tuple[ExperimentConfig, str]]:
+    """All (config, arm) pairs, seeds interleaved so partial results cover every arm."""
+    return [(cc.arm_config(arm, seed), arm) for seed in cc.seeds for arm in cc.arms]
+
+
+def run_local(cc: CompareConfig, workers: int = 2, on_done: Callable[[RunOutcome], None] | None = None) -> list[RunOutcome]:
+    """Run every (arm, seed) in ``workers`` spawned processes (1: in this process)."""
+    todo = [(cfg, arm, cc.metric) for cfg, arm in jobs(cc)]
+    out: list[RunOutcome] = []
+    if workers <= 1:
+        for job in todo:
+            out.append(_run_one_job(job))
+            on_done and on_done(out[-1])
+        return out
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as ex:
+        futures = [ex.submit(_run_one_job, job) for job in todo]
+        for f in as_completed(futures):
+            out.append(f.result())
+            on_done and on_done(out[-1])
+    return out
+
+
+def summarize(outcomes: Iterable[RunOutcome], arms: list[str], baseline: str) -> list[ArmSummary]:
+    """Per arm: final metric mean ± 95% CI, paired difference vs the baseline, steps to reach the
+    baseline's mean final value."""
+    by_arm: dict[str, dict[int, RunOutcome]] = {a: {} for a in arms}
+    for o in outcomes:
+        by_arm[o.arm][o.seed] = o
+    base = by_arm[baseline]
+    base_final = mean_ci([o.final for o in base.values()]).mean if base else float("nan")
+    rows = []
+    for arm in arms:
+        runs = by_arm[arm]
+        if not runs:
+            continue
+        final = mean_ci([o.final for o in runs.values()])
+        common = sorted(set(runs) & set(base))
+        diff = None
+        if arm != baseline and common:
+            diff = paired_difference([runs[s].final for s in common], [base[s].final for s in common])
+        reach = [steps_to_target(o.curve_steps, o.curve_values, base_final) for o in runs.values()]
+        reached = sorted(r for r in reach if r is not None)
+        median = reached[len(reached) // 2] if len(reached) * 2 > len(reach) else None
+        rows.append(ArmSummary(arm, final, diff, median))
+    return rows
+
+
+def format_table(rows: list[ArmSummary], metric: str, baseline: str) -> str:
+    """A plain-text table (also valid Markdown)."""
+    lines = [
+        f"| arm | seeds | final {metric} (mean ± 95% CI) | diff vs {baseline} (paired, 95% CI) | step reaching {baseline}'s final |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        diff = "—" if r.diff_vs_baseline is None else (
+            f"{r.diff_vs_baseline.mean:+.4f} [{r.diff_vs_baseline.low:+.4f}, {r.diff_vs_baseline.high:+.4f}]"
+        )
+        reach = "never (median)" if r.steps_to_baseline_final is None else f"{int(r.steps_to_baseline_final)}"
+        lines.append(f"| {r.arm} | {r.final.n} | {r.final} | {diff} | {reach} |")
+    return "\n".join(lines)

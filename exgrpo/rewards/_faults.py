@@ -1,0 +1,28 @@
+"""Fault-injecting item graders for tests of :class:`~exgrpo.rewards.MathVerifier`.
+
+They live in the package (not in a test module) so that ``spawn`` workers can
+unpickle them by reference whatever pytest's import mode is. A gold of
+:data:`HANG` blocks forever without any ``signal.alarm`` (a stand-in for a
+C-level hang math-verify's own timeouts cannot interrupt); :data:`CRASH`
+kills the worker process. Any other gold is graded normally.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from exgrpo.rewards.math_reward import score_item
+
+HANG = "__EXGRPO_TEST_HANG__"
+CRASH = "__EXGRPO_TEST_CRASH__"
+
+
+def faulty_score_item(prediction: str | None, gold: str, parse_timeout: int, verify_timeout: int) -> str:
+    """Like :func:`~exgrpo.rewards.math_reward.score_item`, with injected faults."""
+    if gold == HANG:
+        while True:  # uninterruptible by math-verify: no alarm is armed here
+            time.sleep(3600)
+    if gold == CRASH:
+        os._exit(13)
+    return score_item(prediction, gold, parse_timeout, verify_timeout)

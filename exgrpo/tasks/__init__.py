@@ -1,0 +1,1 @@
+"""Tasks: questions with verifiable answers."""
