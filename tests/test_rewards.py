@@ -51,19 +51,35 @@ def pool_bound(v: MathVerifier) -> float:
 
 @pytest.fixture(scope="module")
 def inproc() -> MathVerifier:
-    with MathVerifier(workers=0, parse_timeout=PARSE_TIMEOUT, verify_timeout=VERIFY_TIMEOUT) as v:
+    """In-process verifier with math-verify's default 5 s timeouts (robust under load)."""
+    with MathVerifier(workers=0) as v:
         yield v
 
 
 @pytest.fixture(scope="module")
 def pool() -> MathVerifier:
-    with MathVerifier(workers=2, parse_timeout=PARSE_TIMEOUT, verify_timeout=VERIFY_TIMEOUT) as v:
+    """Process-pool verifier with math-verify's default 5 s timeouts."""
+    with MathVerifier(workers=2) as v:
         yield v
 
 
 @pytest.fixture(params=["inproc", "pool"])
 def verifier(request: pytest.FixtureRequest) -> MathVerifier:
     return request.getfixturevalue(request.param)
+
+
+@pytest.fixture(scope="module")
+def inproc_fast() -> MathVerifier:
+    """In-process verifier with 1 s inner timeouts, for the hostile corpus."""
+    with MathVerifier(workers=0, parse_timeout=PARSE_TIMEOUT, verify_timeout=VERIFY_TIMEOUT) as v:
+        yield v
+
+
+@pytest.fixture(scope="module")
+def pool_fast() -> MathVerifier:
+    """Process-pool verifier with 1 s inner timeouts, for the hostile corpus."""
+    with MathVerifier(workers=2, parse_timeout=PARSE_TIMEOUT, verify_timeout=VERIFY_TIMEOUT) as v:
+        yield v
 
 
 # ------------------------------------------------------------------ extraction
@@ -110,6 +126,14 @@ def test_extract_answer_prefers_box_over_numbers() -> None:
     assert extract_answer("so the answer is 18.") == "18"
     assert extract_answer(r"\boxed{} but 5") == ""  # empty box: no fallback
     assert extract_answer("no digits") is None
+
+
+def test_extraction_is_linear_on_pathological_input() -> None:
+    text = "\\boxed{" * 20_000 + "{" * 50_000 + "1" * 50_000
+    t0 = time.monotonic()
+    assert extract_boxed(text) is None
+    assert extract_answer(text) == "1" * 50_000
+    assert time.monotonic() - t0 < 5.0  # quadratic scanning would take minutes
 
 
 def test_build_prediction_protocol() -> None:
@@ -246,16 +270,17 @@ def _check_hostile(v: MathVerifier, text: str, bound: float) -> RewardBatch:
 
 
 @pytest.mark.parametrize("name", list(HOSTILE))
-def test_hostile_in_process(inproc: MathVerifier, name: str) -> None:
-    _check_hostile(inproc, HOSTILE[name], in_process_bound(inproc))
+def test_hostile_in_process(inproc_fast: MathVerifier, name: str) -> None:
+    _check_hostile(inproc_fast, HOSTILE[name], in_process_bound(inproc_fast))
 
 
 @pytest.mark.parametrize("name", list(HOSTILE))
-def test_hostile_pool(pool: MathVerifier, name: str) -> None:
-    _check_hostile(pool, HOSTILE[name], pool_bound(pool))
+def test_hostile_pool(pool_fast: MathVerifier, name: str) -> None:
+    _check_hostile(pool_fast, HOSTILE[name], pool_bound(pool_fast))
 
 
-def test_hostile_batch_pool_and_hostile_gold(pool: MathVerifier) -> None:
+def test_hostile_batch_pool_and_hostile_gold(pool_fast: MathVerifier) -> None:
+    pool = pool_fast
     texts = list(HOSTILE.values()) + [r"\boxed{5}", r"\boxed{5}"]
     golds = ["5"] * len(HOSTILE) + [r"9^{9^{9^{9}}}", "\x00{{{"]
     t0 = time.monotonic()
@@ -280,8 +305,8 @@ def test_hostile_batch_pool_and_hostile_gold(pool: MathVerifier) -> None:
         max_size=40,
     ).map("".join)
 )
-def test_random_text_never_raises(inproc: MathVerifier, text: str) -> None:
-    b = inproc.score([text], ["5"])
+def test_random_text_never_raises(inproc_fast: MathVerifier, text: str) -> None:
+    b = inproc_fast.score([text], ["5"])
     assert b.rewards[0] in (0.0, 1.0)
 
 
@@ -351,3 +376,13 @@ def test_close_is_idempotent_and_final() -> None:
         assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)
     with pytest.raises(RuntimeError, match="closed"):
         v.score_one("1", "1")
+
+
+def test_worker_start_failure_is_a_clear_error() -> None:
+    # 50 MB of address space is too little to import math-verify: workers die at start-up.
+    v = MathVerifier(workers=1, memory_limit_mb=50, startup_timeout=60.0)
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="failed to start.*workers=0"):
+        v.score_one(r"\boxed{1}", "1")
+    assert time.monotonic() - t0 < 30.0  # fails fast, not after startup_timeout
+    v.close()

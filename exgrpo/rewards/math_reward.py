@@ -38,6 +38,7 @@ import enum
 import importlib.metadata
 import logging
 import os
+import queue
 import threading
 import time
 import weakref
@@ -338,6 +339,7 @@ class MathVerifier:
         self._holder = _PoolHolder()
         self._finalizer = weakref.finalize(self, self._holder.shutdown)
         self._closed = False
+        self._lock = threading.Lock()  # one score() at a time: deadlines assume we own the pool
         self.n_pool_restarts = 0
 
     # ----------------------------------------------------------------- API --
@@ -349,7 +351,8 @@ class MathVerifier:
         Identical (prediction, gold) pairs are graded once. Never raises for
         any string content; raises ``ValueError``/``TypeError`` only for
         malformed arguments, and ``RuntimeError`` if the verifier is closed or
-        worker processes cannot start.
+        worker processes cannot start. Thread-safe (concurrent calls on the
+        pool path are serialised).
         """
         t0 = time.monotonic()
         if self._closed:
@@ -371,7 +374,8 @@ class MathVerifier:
         if self.workers == 0:
             statuses = self._score_in_process(items)
         else:
-            statuses = self._score_pool(items)
+            with self._lock:
+                statuses = self._score_pool(items)
         per_item = [statuses[unique[k]] for k in keys]
         return RewardBatch.from_statuses(per_item, elapsed_s=time.monotonic() - t0)
 
@@ -382,7 +386,8 @@ class MathVerifier:
     def close(self) -> None:
         """Stop worker processes (killing hung ones). Idempotent."""
         self._closed = True
-        self._shutdown_pool(grace_s=2.0)
+        with self._lock:
+            self._shutdown_pool(grace_s=0.5)
 
     def __enter__(self) -> MathVerifier:
         return self
@@ -454,14 +459,21 @@ class MathVerifier:
         seen: set[int] = set()
         try:
             while len(seen) < self.workers:
-                seen.add(ready.get(timeout=max(0.01, deadline - time.monotonic())))
+                try:
+                    seen.add(ready.get(timeout=0.2))
+                except queue.Empty:
+                    failed = [p.exception() for p in pings if p.done() and p.exception() is not None]
+                    if failed:  # a worker died during start-up (e.g. memory_limit_mb too low)
+                        raise failed[0] from None
+                    if time.monotonic() > deadline:
+                        raise
             wait(pings, timeout=max(0.01, deadline - time.monotonic()))
-        except Exception as exc:  # queue.Empty or a broken pool
+        except Exception as exc:  # queue.Empty (too slow) or BrokenProcessPool (worker died)
             _kill_pool(pool)
             raise RuntimeError(
-                f"MathVerifier: {self.workers} worker process(es) did not start within "
-                f"startup_timeout={self.startup_timeout}s ({type(exc).__name__}); raise startup_timeout "
-                "or use workers=0 for in-process grading"
+                f"MathVerifier: {self.workers} worker process(es) failed to start within "
+                f"startup_timeout={self.startup_timeout}s ({type(exc).__name__}: {exc}); raise "
+                "startup_timeout / memory_limit_mb, or use workers=0 for in-process grading"
             ) from exc
         finally:
             ready.close()
@@ -494,6 +506,7 @@ class MathVerifier:
         suspects: set[int] = set()
         fn = type(self)._item_fn
         in_flight: dict[Future[str], tuple[int, float]] = {}
+        failed_submits = 0
 
         while pending or in_flight:
             pool = self._ensure_pool()
@@ -512,9 +525,15 @@ class MathVerifier:
                     pending.appendleft(nxt)
                     break
                 in_flight[fut] = (nxt, time.monotonic() + self.item_timeout)
-            if not in_flight:  # pool broke on submit: recycle and retry
+            if not in_flight:  # pool broke on submit: recycle and retry a few times
                 self._recycle_pool()
+                failed_submits += 1
+                if failed_submits > 3:
+                    for i in pending:
+                        statuses[i] = RewardStatus.ERROR
+                    pending.clear()
                 continue
+            failed_submits = 0
 
             next_deadline = min(d for _, d in in_flight.values())
             wait(list(in_flight), timeout=max(0.0, next_deadline - time.monotonic()), return_when=FIRST_COMPLETED)
@@ -522,6 +541,9 @@ class MathVerifier:
             broken: list[int] = []
             for fut in [f for f in in_flight if f.done()]:
                 i, _ = in_flight.pop(fut)
+                if fut.cancelled():  # not expected; grade it again
+                    pending.appendleft(i)
+                    continue
                 exc = fut.exception()
                 if exc is None:
                     try:

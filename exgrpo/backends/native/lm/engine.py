@@ -1,0 +1,288 @@
+"""A rollout/scoring engine for HF causal LMs (any ``transformers`` ``*ForCausalLM``), CPU-first.
+
+Layout (the one padding convention of this module)
+--------------------------------------------------
+Every batch the model sees is built by :func:`build_packed_batch`::
+
+    column:   0 ........ P-1 | P ............ P+T-1
+    row i:    pad.. prompt_i | response_i ... pad..
+              (LEFT-padded)  | (RIGHT-padded)
+
+``attention_mask`` is 1 exactly on prompt and response tokens and ``position_ids`` count real
+tokens only (0 at each row's first prompt token), so a row's numbers do not depend on how much
+padding surrounds it. Because every prompt ends at column P-1, the logits at column P-1+t predict
+response token t for *every* row: the response region is a plain (N, T) slice that lines up with
+the right-padded ``response_tokens``/``response_mask``, and every reduction uses that one mask in
+that one layout (no left/right mixing; cf. exgrpo-spec.md §11.1).
+
+Generation uses the same layout: the prefill is ``build_packed_batch`` with an empty response,
+then one column per step is appended to the KV cache, with attention 1 on real response tokens
+and 0 on the padding written after a row's EOS. So after a rollout the cache holds exactly the
+packed batch that :meth:`RolloutEngine.score` rebuilds, and behaviour log-probs match a re-score.
+
+Log-probs and entropies
+-----------------------
+Both are of the **temperature-scaled** distribution ``softmax(logits / temperature)``: the
+distribution sampled from when ``top_p = 1`` (the default). With ``top_p < 1`` tokens are drawn
+from the nucleus-truncated, renormalised version, but the reported log-probs/entropies stay those
+of the untruncated tempered distribution (as in veRL/vLLM), so ``score`` at the same temperature
+reproduces them and importance ratios compare like with like. Greedy rollouts report the same
+quantities (the argmax token's tempered log-prob). All are float32, 0 on padding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+__all__ = [
+    "GenerationOutput",
+    "PackedBatch",
+    "RolloutEngine",
+    "SamplingParams",
+    "ScoreOutput",
+    "build_packed_batch",
+    "token_logp_entropy",
+]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How responses are sampled."""
+
+    max_new_tokens: int = 32
+    """Longest response (tokens, EOS included)."""
+    temperature: float = 1.0
+    """Logits are divided by this before softmax (> 0); also used by ``score``."""
+    top_p: float = 1.0
+    """Nucleus sampling mass in (0, 1]; 1 disables truncation."""
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={self.max_new_tokens} must be >= 1")
+        if not self.temperature > 0:
+            raise ValueError(f"temperature={self.temperature} must be > 0 (use greedy=True for argmax decoding)")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p={self.top_p} must be in (0, 1]")
+
+
+@dataclass
+class PackedBatch:
+    """[left-padded prompt ; right-padded response], shapes (N, P+T)."""
+
+    input_ids: torch.Tensor
+    """(N, P+T) long, pad_id wherever attention_mask is 0."""
+    attention_mask: torch.Tensor
+    """(N, P+T) long, 1 on prompt and response tokens."""
+    position_ids: torch.Tensor
+    """(N, P+T) long, index among the row's real tokens (0 on leading padding)."""
+    prompt_width: int
+    """P: the longest prompt; prompts end at column P-1, responses start at column P."""
+
+
+@dataclass
+class GenerationOutput:
+    """One response per prompt row. T = the longest response of the batch (<= max_new_tokens)."""
+
+    tokens: torch.Tensor
+    """(N, T) long, right-padded response ids (pad_id after the end)."""
+    mask: torch.Tensor
+    """(N, T) bool, True on response tokens, the EOS token included; a row without EOS ran to
+    max_new_tokens (truncated)."""
+    logp: torch.Tensor
+    """(N, T) float32, log-prob of each sampled token under softmax(logits / temperature); 0 on padding."""
+    entropy: torch.Tensor
+    """(N, T) float32, entropy of softmax(logits / temperature) at each position; 0 on padding."""
+    finished: torch.Tensor
+    """(N,) bool, True where the row ended with EOS."""
+
+
+@dataclass
+class ScoreOutput:
+    """The model's view of given responses (same (N, T) layout as the responses)."""
+
+    logp: torch.Tensor
+    """(N, T) float32 token log-probs (0 on padding), differentiable."""
+    entropy: torch.Tensor
+    """(N, T) float32 token entropies (0 on padding), differentiable."""
+    full_logp: torch.Tensor | None = None
+    """(N, T, V) log-probs over the vocabulary (only when asked for; padding rows left as computed)."""
+
+
+def _as_lists(prompts: Sequence[Sequence[int]] | torch.Tensor) -> list[list[int]]:
+    if torch.is_tensor(prompts):
+        raise TypeError("prompts must be a list of token-id lists (one per row, unpadded), not a tensor")
+    rows = [list(map(int, p)) for p in prompts]
+    for i, p in enumerate(rows):
+        if not p:
+            raise ValueError(f"prompt row {i} is empty; every prompt needs at least one token (e.g. BOS)")
+    return rows
+
+
+def build_packed_batch(
+    prompts: Sequence[Sequence[int]],
+    response_tokens: torch.Tensor | None,
+    response_mask: torch.Tensor | None,
+    pad_id: int,
+) -> PackedBatch:
+    """THE padding helper: prompts LEFT-padded to P, responses RIGHT-padded (as given) to T.
+
+    ``prompts``: N token-id lists (unpadded). ``response_tokens`` (N, T) long and
+    ``response_mask`` (N, T) bool, where each row's mask must be a prefix (True then False), as
+    produced by :meth:`RolloutEngine.generate` or :func:`exgrpo.core.selection.pad_right`;
+    ``None`` means T = 0 (the generation prefill)."""
+    rows = _as_lists(prompts)
+    n = len(rows)
+    p = max((len(r) for r in rows), default=0)
+    if response_tokens is None:
+        response_tokens = torch.zeros((n, 0), dtype=torch.long)
+        response_mask = torch.zeros((n, 0), dtype=torch.bool)
+    if response_mask is None:
+        raise ValueError("response_mask is required with response_tokens")
+    if response_tokens.shape != response_mask.shape or response_tokens.shape[0] != n:
+        raise ValueError(
+            f"response tokens {tuple(response_tokens.shape)} / mask {tuple(response_mask.shape)} do not match "
+            f"{n} prompt rows"
+        )
+    response_mask = response_mask.bool()
+    if response_mask.shape[1] > 1 and (response_mask[:, 1:] & ~response_mask[:, :-1]).any():
+        raise ValueError("response_mask must be right-padded (each row True on a prefix, then False)")
+    prompt_ids = torch.full((n, p), pad_id, dtype=torch.long)
+    prompt_mask = torch.zeros((n, p), dtype=torch.long)
+    for i, r in enumerate(rows):
+        prompt_ids[i, p - len(r) :] = torch.tensor(r, dtype=torch.long)
+        prompt_mask[i, p - len(r) :] = 1
+    resp_ids = torch.where(response_mask, response_tokens.long(), torch.full_like(response_tokens, pad_id, dtype=torch.long))
+    input_ids = torch.cat([prompt_ids, resp_ids], dim=1)
+    attention_mask = torch.cat([prompt_mask, response_mask.long()], dim=1)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp_min(0)
+    return PackedBatch(input_ids, attention_mask, position_ids, p)
+
+
+def token_logp_entropy(
+    logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(..., V) logits and (...) token ids -> (token log-probs, entropies, full log-probs) of
+    softmax(logits / temperature), computed in float32."""
+    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
+    logp = logp_all.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logp, entropy, logp_all
+
+
+def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Zero the tail of each row outside the smallest set of tokens with mass >= top_p."""
+    sorted_p, idx = probs.sort(dim=-1, descending=True)
+    drop = (sorted_p.cumsum(-1) - sorted_p) >= top_p  # mass before this token already reaches top_p
+    sorted_p = sorted_p.masked_fill(drop, 0.0)
+    return torch.zeros_like(probs).scatter(-1, idx, sorted_p)
+
+
+class RolloutEngine:
+    """Batched KV-cache sampling and single-forward scoring for one HF causal LM.
+
+    ``eos_id=None`` never stops early (every row runs to ``max_new_tokens``; for benchmarks)."""
+
+    def __init__(self, model: nn.Module, pad_id: int, eos_id: int | None, params: SamplingParams | None = None) -> None:
+        self.model = model
+        self.pad_id = int(pad_id)
+        self.eos_id = None if eos_id is None else int(eos_id)
+        self.params = params or SamplingParams()
+
+    # ------------------------------------------------------------------ sampling
+    @torch.no_grad()
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        generator: torch.Generator | None = None,
+        greedy: bool = False,
+        max_new_tokens: int | None = None,
+    ) -> GenerationOutput:
+        """One response per prompt (a list of N unpadded token-id lists).
+
+        Prefill once over the packed prompts, then one token per step from the KV cache. A row
+        stops at its EOS (kept, mask True); the loop stops when every row has stopped or after
+        ``max_new_tokens``. Sampling draws from ``generator`` only (a fixed number of draws per
+        step, whatever rows have finished), so a seeded generator reproduces the rollout."""
+        from transformers import DynamicCache
+
+        sp = self.params
+        steps = int(max_new_tokens or sp.max_new_tokens)
+        batch = build_packed_batch(prompts, None, None, self.pad_id)
+        n = batch.input_ids.shape[0]
+        attn = batch.attention_mask
+        last_pos = batch.position_ids[:, -1]
+        cache = DynamicCache(config=getattr(self.model, "config", None))
+
+        tokens = torch.full((n, steps), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((n, steps), dtype=torch.bool)
+        logp = torch.zeros((n, steps))
+        entropy = torch.zeros((n, steps))
+        finished = torch.zeros(n, dtype=torch.bool)
+
+        out = self.model(
+            input_ids=batch.input_ids, attention_mask=attn, position_ids=batch.position_ids,
+            past_key_values=cache, use_cache=True, logits_to_keep=1,
+        )
+        t = 0
+        for t in range(steps):
+            logits = out.logits[:, -1, :].float()  # (N, V)
+            logp_all = torch.log_softmax(logits / sp.temperature, dim=-1)
+            if greedy:
+                nxt = logits.argmax(-1)
+            else:
+                probs = logp_all.exp()
+                if sp.top_p < 1.0:
+                    probs = _nucleus(probs, sp.top_p)
+                nxt = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+            live = ~finished
+            nxt = torch.where(live, nxt, torch.full_like(nxt, self.pad_id))
+            tokens[:, t] = nxt
+            mask[:, t] = live
+            logp[:, t] = torch.where(live, logp_all.gather(1, nxt[:, None]).squeeze(1), 0.0)
+            entropy[:, t] = torch.where(live, -(logp_all.exp() * logp_all).sum(-1), 0.0)
+            if self.eos_id is not None:
+                finished = finished | (live & (nxt == self.eos_id))
+            if bool(finished.all()) or t == steps - 1:
+                break
+            # append column t: attention 1 on real tokens, 0 on post-EOS padding (= packed layout)
+            attn = torch.cat([attn, live.long()[:, None]], dim=1)
+            last_pos = last_pos + live.long()
+            out = self.model(
+                input_ids=nxt[:, None], attention_mask=attn, position_ids=last_pos[:, None],
+                past_key_values=cache, use_cache=True,
+            )
+        width = t + 1
+        return GenerationOutput(tokens[:, :width], mask[:, :width], logp[:, :width], entropy[:, :width], finished)
+
+    # ------------------------------------------------------------------ scoring
+    def score(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        response_tokens: torch.Tensor,
+        response_mask: torch.Tensor,
+        full: bool = False,
+        temperature: float | None = None,
+    ) -> ScoreOutput:
+        """Per-token log-probs and entropies of given right-padded responses (N, T), from ONE
+        forward over the packed [prompt; response] batch. Differentiable (call under
+        ``torch.no_grad`` when no gradient is wanted). ``temperature`` defaults to the sampling
+        temperature, so a rollout's behaviour log-probs are reproduced."""
+        temp = self.params.temperature if temperature is None else float(temperature)
+        batch = build_packed_batch(prompt_ids, response_tokens, response_mask, self.pad_id)
+        t = response_tokens.shape[1]
+        out = self.model(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
+            use_cache=False, logits_to_keep=t + 1,
+        )
+        # logits_to_keep=T+1 keeps columns P-1 .. P+T-1; column P-1+t predicts response token t
+        logits = out.logits[:, :t, :]  # (N, T, V)
+        mask = response_mask.bool()
+        safe_tokens = torch.where(mask, response_tokens.long(), torch.zeros_like(response_tokens, dtype=torch.long))
+        logp, entropy, logp_all = token_logp_entropy(logits, safe_tokens, temp)
+        logp = torch.where(mask, logp, torch.zeros_like(logp))
+        entropy = torch.where(mask, entropy, torch.zeros_like(entropy))
+        return ScoreOutput(logp, entropy, logp_all if full else None)

@@ -1,0 +1,252 @@
+"""The tiny-lm tier's model: a small Llama-architecture LM over characters, warm-started by SFT.
+
+* :class:`TinyLMConfig` fixes the architecture (built from a ``LlamaConfig``/``Qwen2Config``; the
+  hub is never contacted), the SFT data distribution (:class:`ArithmeticProblemsConfig`) and the
+  SFT schedule.
+* :func:`load_tiny_lm` returns the warm-started model, training it on first use and caching it
+  under ``$EXGRPO_CACHE/tiny-lm/<hash of the config>/`` (default ``~/.cache/exgrpo``) with
+  ``save_pretrained`` plus the tokenizer's vocabulary JSON and a ``tiny_lm.json`` record (config,
+  SFT time and loss, warm-start accuracy).
+* SFT data: questions from the "sft" side of the task's fixed hash split with their worked
+  solutions (``"12+7*3=?"`` -> ``"7*3=21 12+21=33 \\boxed{33}"`` + EOS), loss on response tokens
+  only. The forward pass is :meth:`RolloutEngine.score`, i.e. the same packed layout the RL
+  trainer scores with.
+* The recorded warm-start accuracy is greedy accuracy on the validation questions of the default
+  RL task built on the same problems (questions the SFT never saw).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from exgrpo.backends.native.lm.engine import RolloutEngine, SamplingParams
+from exgrpo.backends.native.lm.tokenizer import CharTokenizer
+from exgrpo.tasks.text_arithmetic import (
+    ArithmeticProblemsConfig,
+    TextArithmetic,
+    TextArithmeticTaskConfig,
+    sample_sft_problems,
+)
+
+__all__ = ["TinyLM", "TinyLMConfig", "build_model", "cache_root", "config_hash", "greedy_accuracy", "load_tiny_lm", "sft"]
+
+CACHE_FORMAT = 1
+"""Bump to invalidate every cached tiny LM (e.g. when the SFT data format changes)."""
+RECORD_FILE = "tiny_lm.json"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+
+class TinyLMConfig(_Strict):
+    """Architecture, SFT data and SFT schedule of the tiny LM (all of it enters the cache key)."""
+
+    arch: Literal["llama", "qwen2"] = "llama"
+    """transformers model family the model is built from (config only, no hub)."""
+    hidden_size: int = Field(128, ge=8)
+    """Model width."""
+    num_layers: int = Field(4, ge=1)
+    """Decoder layers."""
+    num_heads: int = Field(4, ge=1)
+    """Attention heads."""
+    num_kv_heads: int = Field(2, ge=1)
+    """Key/value heads (grouped-query attention)."""
+    intermediate_size: int = Field(384, ge=8)
+    """MLP width."""
+    max_position_embeddings: int = Field(128, ge=16)
+    """Longest prompt + response."""
+    problems: ArithmeticProblemsConfig = ArithmeticProblemsConfig()
+    """SFT question distribution (the RL task should use the same)."""
+    sft_steps: int = Field(500, ge=0)
+    """Optimiser steps of the warm start (the knob that sets the warm-start accuracy)."""
+    sft_batch_size: int = Field(64, ge=1)
+    """Sequences per SFT step."""
+    sft_lr: float = Field(3e-3, gt=0)
+    """Peak learning rate (linear warm-up, cosine decay to 10%)."""
+    sft_warmup: int = Field(30, ge=0)
+    """Warm-up steps."""
+    sft_weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
+    seed: int = 0
+    """Seed of the initial weights and of the SFT data."""
+    eval_questions: int = Field(500, ge=0)
+    """Validation questions of the default RL task used to record the warm-start accuracy (0: skip)."""
+    eval_max_new_tokens: int = Field(48, ge=1)
+    """Response budget of that evaluation."""
+
+
+@dataclass
+class TinyLM:
+    model: torch.nn.Module
+    tokenizer: CharTokenizer
+    path: Path | None
+    """Cache directory the model was loaded from / saved to (None when caching is off)."""
+    record: dict = field(default_factory=dict)
+    """What ``tiny_lm.json`` says: config, SFT seconds, final loss, warm-start accuracy."""
+    cache_hit: bool = False
+
+
+def cache_root(cache_dir: str | Path | None = None) -> Path:
+    """``cache_dir``, else ``$EXGRPO_CACHE``, else ``~/.cache/exgrpo``."""
+    if cache_dir is not None:
+        return Path(cache_dir)
+    return Path(os.environ.get("EXGRPO_CACHE") or Path.home() / ".cache" / "exgrpo")
+
+
+def config_hash(cfg: TinyLMConfig) -> str:
+    payload = json.dumps({"format": CACHE_FORMAT, "config": cfg.model_dump(mode="json")}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def build_model(cfg: TinyLMConfig, tokenizer: CharTokenizer) -> torch.nn.Module:
+    """A randomly initialised model (seeded by ``cfg.seed``) from a transformers config."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    common = dict(
+        vocab_size=tokenizer.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
+        max_position_embeddings=cfg.max_position_embeddings, pad_token_id=tokenizer.pad_id,
+        bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id, tie_word_embeddings=True,
+    )
+    config_cls, model_cls = (LlamaConfig, LlamaForCausalLM) if cfg.arch == "llama" else (Qwen2Config, Qwen2ForCausalLM)
+    torch.manual_seed(cfg.seed)
+    model = model_cls(config_cls(**common))
+    _set_generation_ids(model, tokenizer)
+    return model
+
+
+def _set_generation_ids(model: torch.nn.Module, tokenizer: CharTokenizer) -> None:
+    gc = getattr(model, "generation_config", None)
+    if gc is not None:
+        gc.pad_token_id, gc.bos_token_id, gc.eos_token_id = tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id
+
+
+def _lr_at(step: int, cfg: TinyLMConfig) -> float:
+    if cfg.sft_warmup and step < cfg.sft_warmup:
+        return cfg.sft_lr * (step + 1) / cfg.sft_warmup
+    span = max(1, cfg.sft_steps - cfg.sft_warmup)
+    frac = min(1.0, (step - cfg.sft_warmup) / span)
+    return cfg.sft_lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def sft(cfg: TinyLMConfig, model: torch.nn.Module, tokenizer: CharTokenizer, progress: bool = True) -> dict:
+    """Supervised warm start in place; returns {"sft_seconds", "sft_final_loss", "sft_loss_curve"}."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from exgrpo.core.selection import pad_right
+
+    engine = RolloutEngine(model, tokenizer.pad_id, tokenizer.eos_id, SamplingParams(temperature=1.0))
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.sft_lr, betas=(0.9, 0.98), weight_decay=cfg.sft_weight_decay)
+    rng = np.random.default_rng(cfg.seed + 10_007)
+    model.train()
+    curve: list[float] = []
+    ema = None
+    t0 = time.perf_counter()
+    bar = Progress(
+        TextColumn("[bold]tiny-lm SFT"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(), disable=not progress, transient=False,
+    )
+    with bar:
+        task = bar.add_task("sft", total=cfg.sft_steps, info="")
+        for step in range(cfg.sft_steps):
+            pairs = sample_sft_problems(cfg.problems, rng, cfg.sft_batch_size)
+            prompts = [tokenizer.encode(q, add_bos=True, strict=True) for q, _ in pairs]
+            resp, mask = pad_right([tokenizer.encode(s, add_eos=True, strict=True) for _, s in pairs], pad=tokenizer.pad_id)
+            out = engine.score(prompts, resp, mask, temperature=1.0)
+            loss = -out.logp.sum() / mask.sum()
+            for g in opt.param_groups:
+                g["lr"] = _lr_at(step, cfg)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            v = float(loss)
+            ema = v if ema is None else 0.95 * ema + 0.05 * v
+            if step % 10 == 0 or step == cfg.sft_steps - 1:
+                curve.append(round(v, 4))
+            bar.update(task, advance=1, info=f"loss {ema:.3f}")
+    model.eval()
+    return {"sft_seconds": time.perf_counter() - t0, "sft_final_loss": ema, "sft_loss_curve": curve}
+
+
+@torch.no_grad()
+def greedy_accuracy(
+    model: torch.nn.Module, tokenizer: CharTokenizer, task: TextArithmetic, qids: list[int] | None = None,
+    max_new_tokens: int = 48, batch_size: int = 256,
+) -> float:
+    """Greedy pass@1 of ``model`` on ``qids`` (default: the task's validation ids)."""
+    qids = list(task.val_ids if qids is None else qids)
+    engine = RolloutEngine(model, tokenizer.pad_id, tokenizer.eos_id, SamplingParams(max_new_tokens=max_new_tokens))
+    hits = 0.0
+    for i in range(0, len(qids), batch_size):
+        chunk = qids[i : i + batch_size]
+        ro = engine.generate(task.prompts(chunk), greedy=True)
+        hits += float(task.rewards(chunk, ro.tokens, ro.mask).sum())
+    return hits / max(1, len(qids))
+
+
+def load_tiny_lm(
+    cfg: TinyLMConfig | None = None,
+    cache_dir: str | Path | None = None,
+    progress: bool = True,
+    use_cache: bool = True,
+    retrain: bool = False,
+) -> TinyLM:
+    """The warm-started tiny LM for ``cfg``: from the cache if present, else trained and cached.
+
+    ``use_cache=False`` trains without reading or writing the cache; ``retrain=True`` trains and
+    overwrites the cached copy."""
+    from transformers import AutoModelForCausalLM
+
+    cfg = cfg or TinyLMConfig()
+    tokenizer = CharTokenizer()
+    path = cache_root(cache_dir) / "tiny-lm" / config_hash(cfg)
+    if use_cache and not retrain and (path / RECORD_FILE).is_file():
+        record = json.loads((path / RECORD_FILE).read_text())
+        tokenizer = CharTokenizer.load(path)
+        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval()
+        _set_generation_ids(model, tokenizer)
+        return TinyLM(model, tokenizer, path, record, cache_hit=True)
+
+    model = build_model(cfg, tokenizer)
+    record: dict = {"config": cfg.model_dump(mode="json"), "hash": config_hash(cfg), "format": CACHE_FORMAT}
+    record.update(sft(cfg, model, tokenizer, progress=progress))
+    if cfg.eval_questions:
+        task = TextArithmetic(TextArithmeticTaskConfig(problems=cfg.problems))
+        ids = task.val_ids[: cfg.eval_questions]
+        t0 = time.perf_counter()
+        record["warm_start_accuracy"] = greedy_accuracy(model, tokenizer, task, ids, cfg.eval_max_new_tokens)
+        record["warm_start_eval_questions"] = len(ids)
+        record["warm_start_eval_seconds"] = time.perf_counter() - t0
+    record["torch_threads"] = torch.get_num_threads()
+    if not use_cache:
+        return TinyLM(model, tokenizer, None, record, cache_hit=False)
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save(tmp)
+        (tmp / RECORD_FILE).write_text(json.dumps(record, indent=1))  # written last: marks a complete entry
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (path / RECORD_FILE).is_file():  # lost a race and the winner is not there either
+            raise
+    return TinyLM(model, tokenizer, path, record, cache_hit=False)

@@ -1,0 +1,252 @@
+"""The tiny-lm tier's task: integer arithmetic as text, answered with worked steps and ``\\boxed{}``.
+
+A question is an expression of 2-3 integer operands joined by ``+``, ``-``, ``*`` (``*`` binds
+first), written ``"12+7*3=?"``. Its worked solution (the SFT target of
+:mod:`exgrpo.backends.native.lm.tiny_lm`) does one operation per step, products first, then sums
+left to right, and ends with the boxed answer::
+
+    "12+7*3=?"  ->  "7*3=21 12+21=33 \\boxed{33}"
+
+A prompt row is ``[BOS] + chars(question)`` in the :class:`CharTokenizer` ids; a response is
+decoded and graded by :func:`extract_final_integer` (last ``\\boxed{}`` content, else last integer)
+against the gold integer, exactly.
+
+Splits. Every possible question falls on one side of a fixed hash split (:func:`is_rl_question`):
+the SFT warm start only ever trains on the "sft" side, and this task's train/val questions come
+only from the "rl" side, so the warm start never saw an RL question. Within the RL side,
+``data_seed`` fixes which questions exist and which of them are held out for validation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from exgrpo.backends.native.lm.tokenizer import CharTokenizer
+
+__all__ = [
+    "ArithmeticProblemsConfig",
+    "TextArithmetic",
+    "TextArithmeticTaskConfig",
+    "extract_final_integer",
+    "is_rl_question",
+    "sample_problem",
+    "sample_sft_problems",
+    "worked_solution",
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+
+class ArithmeticProblemsConfig(_Strict):
+    """The distribution of arithmetic questions (shared by the SFT warm start and the RL task)."""
+
+    min_operands: int = Field(2, ge=2, le=6)
+    """Fewest operands in an expression."""
+    max_operands: int = Field(3, ge=2, le=6)
+    """Most operands in an expression."""
+    max_operand: int = Field(50, ge=1, le=999)
+    """Operands of + and - are drawn from 0..max_operand."""
+    max_factor: int = Field(12, ge=1, le=999)
+    """Operands next to a * are drawn from 0..max_factor (keeps products short)."""
+    ops: str = "+-*"
+    """Operators to draw from (a subset of "+-*")."""
+
+    @model_validator(mode="after")
+    def _check(self) -> ArithmeticProblemsConfig:
+        if self.min_operands > self.max_operands:
+            raise ValueError(f"min_operands={self.min_operands} must be <= max_operands={self.max_operands}")
+        if not self.ops or set(self.ops) - set("+-*"):
+            raise ValueError(f"ops={self.ops!r} must be a non-empty subset of '+-*'")
+        return self
+
+
+class TextArithmeticTaskConfig(_Strict):
+    """Text arithmetic questions with worked answers (tiny-lm tier)."""
+
+    kind: str = "text_arithmetic"
+    """Task registry key."""
+    problems: ArithmeticProblemsConfig = ArithmeticProblemsConfig()
+    """Question distribution (keep equal to the tiny LM's SFT distribution)."""
+    n_train: int = Field(2000, ge=1)
+    """Training questions."""
+    n_val: int = Field(500, ge=1)
+    """Held-out validation questions."""
+    data_seed: int = 1234
+    """Seed of the question set and of the train/validation split."""
+
+
+# ------------------------------------------------------------------------------------------------
+# Problems and worked solutions
+# ------------------------------------------------------------------------------------------------
+def sample_problem(cfg: ArithmeticProblemsConfig, rng: np.random.Generator) -> tuple[list[int], list[str]]:
+    """Draw (operands, operators) with ``len(operators) == len(operands) - 1``."""
+    n = int(rng.integers(cfg.min_operands, cfg.max_operands + 1))
+    ops = [cfg.ops[int(i)] for i in rng.integers(0, len(cfg.ops), size=n - 1)]
+    nums = []
+    for i in range(n):
+        by_mul = (i > 0 and ops[i - 1] == "*") or (i < n - 1 and ops[i] == "*")
+        nums.append(int(rng.integers(0, (cfg.max_factor if by_mul else cfg.max_operand) + 1)))
+    return nums, ops
+
+
+def question_text(nums: Sequence[int], ops: Sequence[str]) -> str:
+    out = str(nums[0])
+    for o, x in zip(ops, nums[1:]):
+        out += f"{o}{x}"
+    return out + "=?"
+
+
+def worked_solution(nums: Sequence[int], ops: Sequence[str]) -> tuple[str, int]:
+    """(solution text, answer): products left to right, then sums/differences left to right."""
+    steps: list[str] = []
+    # split into product groups separated by + / -
+    groups: list[list[int]] = [[nums[0]]]
+    signs: list[str] = []
+    for o, x in zip(ops, nums[1:]):
+        if o == "*":
+            groups[-1].append(x)
+        else:
+            signs.append(o)
+            groups.append([x])
+    values = []
+    for g in groups:
+        v = g[0]
+        for x in g[1:]:
+            steps.append(f"{v}*{x}={v * x}")
+            v *= x
+        values.append(v)
+    acc = values[0]
+    for s, v in zip(signs, values[1:]):
+        new = acc + v if s == "+" else acc - v
+        steps.append(f"{acc}{s}{v}={new}")
+        acc = new
+    steps.append(f"\\boxed{{{acc}}}")
+    return " ".join(steps), acc
+
+
+def _bucket(question: str) -> int:
+    return int.from_bytes(hashlib.blake2b(question.encode(), digest_size=8).digest(), "big") % 1000
+
+
+def is_rl_question(question: str) -> bool:
+    """The fixed SFT/RL split: half of all possible questions (by a stable hash) are RL-only."""
+    return _bucket(question) < 500
+
+
+def sample_sft_problems(cfg: ArithmeticProblemsConfig, rng: np.random.Generator, n: int) -> list[tuple[str, str]]:
+    """``n`` (question, solution) pairs from the SFT side of the split (repeats possible)."""
+    out = []
+    while len(out) < n:
+        nums, ops = sample_problem(cfg, rng)
+        q = question_text(nums, ops)
+        if not is_rl_question(q):
+            out.append((q, worked_solution(nums, ops)[0]))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Grading
+# ------------------------------------------------------------------------------------------------
+_INT_RE = re.compile(r"(?:(?<![\w)\]}])-)?\d+")
+_INT_FULL_RE = re.compile(r"\s*[+-]?\d+\s*")
+
+
+def _last_boxed(text: str) -> str | None:
+    """Content of the last complete ``\\boxed{...}`` (braces balanced), else None."""
+    start = text.rfind("\\boxed")
+    while start != -1:
+        j = start + len("\\boxed")
+        if j < len(text) and text[j] == "{":
+            depth = 0
+            for k in range(j, len(text)):
+                if text[k] == "{":
+                    depth += 1
+                elif text[k] == "}":
+                    depth -= 1
+                    if depth == 0:
+                        return text[j + 1 : k]
+        start = text.rfind("\\boxed", 0, start)
+    return None
+
+
+def extract_final_integer(text: str) -> int | None:
+    """The integer in the last complete ``\\boxed{}`` (None if its content is not an integer);
+    without a box, the last integer in the text (a ``-`` glued to a preceding digit is an
+    operator: ``"5-3"`` -> 3); None if there is none."""
+    boxed = _last_boxed(text)
+    if boxed is not None:
+        return int(boxed) if _INT_FULL_RE.fullmatch(boxed) else None
+    last = None
+    for last in _INT_RE.finditer(text):
+        pass
+    return int(last.group(0)) if last is not None else None
+
+
+# ------------------------------------------------------------------------------------------------
+# The task
+# ------------------------------------------------------------------------------------------------
+class TextArithmetic:
+    """Task protocol (interfaces.py): ``train_ids``, ``val_ids``, ``prompts``, ``rewards``."""
+
+    def __init__(self, cfg: TextArithmeticTaskConfig | None = None, tokenizer: CharTokenizer | None = None) -> None:
+        self.cfg = cfg = cfg or TextArithmeticTaskConfig()
+        self.tokenizer = tokenizer or CharTokenizer()
+        total = cfg.n_train + cfg.n_val
+        rng = np.random.default_rng(cfg.data_seed)
+        seen: set[str] = set()
+        self.questions: list[str] = []
+        self.solutions: list[str] = []
+        self.answers: list[int] = []
+        attempts = 0
+        while len(self.questions) < total:
+            attempts += 1
+            if attempts > 50 * total + 10_000:
+                raise ValueError(
+                    f"could only find {len(self.questions)} distinct RL questions of {total} requested; "
+                    "lower n_train/n_val or widen task.problems (max_operand, max_operands)"
+                )
+            nums, ops = sample_problem(cfg.problems, rng)
+            q = question_text(nums, ops)
+            if q in seen or not is_rl_question(q):
+                continue
+            seen.add(q)
+            sol, ans = worked_solution(nums, ops)
+            self.questions.append(q)
+            self.solutions.append(sol)
+            self.answers.append(ans)
+        perm = np.random.default_rng(cfg.data_seed + 1).permutation(total)
+        self.val_ids = sorted(int(i) for i in perm[: cfg.n_val])
+        self.train_ids = sorted(int(i) for i in perm[cfg.n_val :])
+        self._prompt_ids = [self.tokenizer.encode(q, add_bos=True, strict=True) for q in self.questions]
+
+    def __len__(self) -> int:
+        return len(self.questions)
+
+    def question_text(self, qid: int) -> str:
+        return self.questions[qid]
+
+    def solution_text(self, qid: int) -> str:
+        return self.solutions[qid]
+
+    def prompts(self, qids: Sequence[int]) -> list[list[int]]:
+        """One unpadded token-id list per id: ``[BOS] + chars(question)``."""
+        return [list(self._prompt_ids[int(q)]) for q in qids]
+
+    def decode(self, tokens: torch.Tensor, mask: torch.Tensor) -> list[str]:
+        """Response rows (N, T) -> text (specials, EOS included, dropped)."""
+        return [self.tokenizer.decode(row[m].tolist()) for row, m in zip(tokens, mask.bool())]
+
+    def rewards(self, qids: Sequence[int], tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """(N,) float: 1.0 where the response's final integer equals the gold answer, else 0."""
+        texts = self.decode(tokens, mask)
+        return torch.tensor(
+            [float(extract_final_integer(t) == self.answers[int(q)]) for q, t in zip(qids, texts)], dtype=torch.float32
+        )

@@ -1,0 +1,26 @@
+"""MLflow tracking of exgrpo runs (see :mod:`exgrpo.tracking.mlflow_tracking` and METRICS.md)."""
+
+from exgrpo.tracking.mlflow_tracking import (
+    CURATED_PARAMS,
+    MLflowStepLogger,
+    TrackedRun,
+    Tracker,
+    TrackingError,
+    algo_tag,
+    artifact_root,
+    check_reachable,
+    curated_params,
+    default_tracking_uri,
+    project_root,
+    resolve_tracking_uri,
+    run_tags,
+    run_url,
+    sanitize_metric_name,
+    tracked_train,
+)
+
+__all__ = [
+    "CURATED_PARAMS", "MLflowStepLogger", "TrackedRun", "Tracker", "TrackingError", "algo_tag", "artifact_root",
+    "check_reachable", "curated_params", "default_tracking_uri", "project_root", "resolve_tracking_uri",
+    "run_tags", "run_url", "sanitize_metric_name", "tracked_train",
+]

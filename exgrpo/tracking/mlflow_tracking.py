@@ -1,0 +1,377 @@
+"""MLflow tracking for exgrpo runs: where the store is, what a run is tagged with, which params
+are logged, how metric names are made MLflow-safe, and a step callback for ``train(...)``.
+
+Everything goes through an explicit :class:`mlflow.MlflowClient` (never the fluent, process-global
+active run), so the same code works in the driver, in Ray workers and inside Prefect flows, and a
+child run is a run tagged with ``mlflow.parentRunId``.
+
+Store resolution (first wins): the ``tracking_uri`` argument, ``MLFLOW_TRACKING_URI``, then a local
+sqlite file ``<project>/mlruns/mlflow.db`` with artifacts in ``<project>/mlruns/artifacts``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import socket
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from exgrpo.config import ExperimentConfig, ReplayKind, flatten
+
+
+class TrackingError(RuntimeError):
+    """The tracking store cannot be used (unreachable server, unwritable sqlite directory...)."""
+
+
+# --------------------------------------------------------------------------------------------
+# Where the store is
+# --------------------------------------------------------------------------------------------
+def project_root(start: Path | None = None) -> Path:
+    """The nearest directory at or above ``start`` (default: cwd) holding a pyproject.toml; else cwd."""
+    here = (start or Path.cwd()).resolve()
+    for d in (here, *here.parents):
+        if (d / "pyproject.toml").is_file():
+            return d
+    return here
+
+
+def default_tracking_uri(root: Path | None = None) -> str:
+    """``sqlite:///<project>/mlruns/mlflow.db``."""
+    return f"sqlite:///{(root or project_root()) / 'mlruns' / 'mlflow.db'}"
+
+
+def resolve_tracking_uri(uri: str | None = None) -> str:
+    """The argument, else ``MLFLOW_TRACKING_URI``, else :func:`default_tracking_uri`."""
+    return uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
+
+
+def _sqlite_path(uri: str) -> Path | None:
+    if not uri.startswith("sqlite:"):
+        return None
+    path = uri.split("sqlite:///", 1)[-1] if "sqlite:///" in uri else ""
+    return Path(path) if path and path != ":memory:" else None
+
+
+def artifact_root(uri: str) -> Path | None:
+    """Local artifact directory next to a sqlite store (None for servers, which own theirs)."""
+    db = _sqlite_path(uri)
+    return db.parent / "artifacts" if db is not None else None
+
+
+def check_reachable(uri: str, timeout: float = 3.0) -> None:
+    """Raise :class:`TrackingError` within ``timeout`` seconds if the store cannot be used.
+
+    http(s): ``GET <uri>/health``; sqlite: the directory can be created and written; other
+    database URLs: a TCP connection to host:port.
+    """
+    parsed = urlparse(uri)
+    hint = (f"start one with `exgrpo ui`, or unset MLFLOW_TRACKING_URI to log to the local store "
+            f"{default_tracking_uri()}")
+    if parsed.scheme in ("http", "https"):
+        import requests
+
+        url = uri.rstrip("/") + "/health"
+        try:
+            r = requests.get(url, timeout=timeout)
+        except requests.RequestException as e:
+            raise TrackingError(f"MLflow tracking server {uri} is not reachable ({type(e).__name__}: {e}); "
+                                f"{hint}") from None
+        if r.status_code != 200:
+            raise TrackingError(f"MLflow tracking server {uri} answered {url} with HTTP {r.status_code}; {hint}")
+        return
+    if parsed.scheme == "sqlite":
+        db = _sqlite_path(uri)
+        if db is None:
+            raise TrackingError(f"tracking URI {uri!r}: give a file, e.g. {default_tracking_uri()}")
+        try:
+            db.parent.mkdir(parents=True, exist_ok=True)
+            probe = db.parent / f".write-probe-{os.getpid()}"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as e:
+            raise TrackingError(f"tracking store {uri}: cannot write to {db.parent} ({e})") from None
+        return
+    if parsed.scheme in ("file", ""):
+        raise TrackingError(f"tracking URI {uri!r}: the MLflow file store is not supported; use a database, "
+                            f"e.g. {default_tracking_uri()}")
+    host, port = parsed.hostname, parsed.port
+    if host:
+        default_ports = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}
+        port = port or default_ports.get(parsed.scheme.split("+")[0], 0)
+        if port:
+            try:
+                socket.create_connection((host, port), timeout=timeout).close()
+            except OSError as e:
+                raise TrackingError(f"tracking database {host}:{port} ({parsed.scheme}) is not reachable: {e}") from None
+
+
+# --------------------------------------------------------------------------------------------
+# Names, tags, params
+# --------------------------------------------------------------------------------------------
+_BAD = re.compile(r"[^/\w.\- :]")
+
+
+def sanitize_metric_name(name: str) -> str:
+    """MLflow-safe metric/param key: ``@`` -> ``_at_``, anything outside ``[/\\w.\\- :]``
+    (parentheses, brackets, commas, ...) -> ``_``, runs of ``_`` collapsed, no trailing ``_``.
+
+    >>> sanitize_metric_name("val/pass@k(16)")
+    'val/pass_at_k_16'
+    """
+    out = _BAD.sub("_", name.replace("@", "_at_"))
+    out = re.sub(r"_+", "_", out)
+    return "/".join(part.strip("_") or "_" for part in out.split("/"))
+
+
+def algo_tag(cfg: ExperimentConfig) -> str:
+    """``grpo`` (no replay), ``exgrpo`` (bucketed pool) or ``notebook``."""
+    return {ReplayKind.NONE: "grpo", ReplayKind.BUCKETS: "exgrpo", ReplayKind.NOTEBOOK: "notebook"}[
+        cfg.algorithm.replay
+    ]
+
+
+def model_tag(cfg: ExperimentConfig) -> str:
+    p = cfg.policy
+    return f"{p.kind}-{p.hidden}x{p.layers}" if hasattr(p, "hidden") else str(getattr(p, "kind", cfg.tier))
+
+
+def run_tags(cfg: ExperimentConfig, arm: str | None = None, study: str | None = None,
+             extra: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """The tags every exgrpo run carries (so one filter gives a side-by-side view)."""
+    tags = {
+        "algo": algo_tag(cfg),
+        "arm": arm or algo_tag(cfg),
+        "tier": str(cfg.tier.value),
+        "task": str(getattr(cfg.task, "kind", "")),
+        "model": model_tag(cfg),
+        "seed": str(cfg.seed),
+        "study": study or "",
+        "budget_steps": str(cfg.train.max_steps or ""),
+    }
+    tags.update({k: str(v) for k, v in (extra or {}).items()})
+    return {k: v for k, v in tags.items() if v != ""}
+
+
+CURATED_PARAMS: tuple[str, ...] = (
+    "name", "tier", "seed",
+    "task.kind", "task.max_operand", "task.val_fraction", "task.data_seed",
+    "policy.kind", "policy.hidden", "policy.layers",
+    "algorithm.replay", "algorithm.group_size", "algorithm.advantage_std_norm", "algorithm.clip_eps",
+    "algorithm.drop_clip_after_replay_start", "algorithm.entropy_coeff", "algorithm.kl_coeff",
+    "algorithm.loss_agg", "algorithm.experience_ratio", "algorithm.replay_start_pass_rate",
+    "algorithm.bucket_lbound", "algorithm.bucket_rbound", "algorithm.bucket_weighting", "algorithm.bucket_sigma",
+    "algorithm.selection_metric", "algorithm.selection_mode", "algorithm.shaping", "algorithm.shaping_gamma",
+    "algorithm.is_clip", "algorithm.is_correction", "algorithm.replay_counts_toward_k",
+    "algorithm.pool_max_per_question", "algorithm.pool_max_questions",
+    "algorithm.notebook.per", "algorithm.notebook.tau", "algorithm.notebook.lambda_max",
+    "train.batch_size", "train.epochs", "train.max_steps", "train.optimizer", "train.lr",
+    "train.weight_decay", "train.mini_batches", "train.grad_clip", "train.eval_every_epochs",
+)
+"""The flattened config keys logged as MLflow params (the full config is an artifact)."""
+
+
+def curated_params(cfg: ExperimentConfig, extra_keys: Iterable[str] = ()) -> dict[str, str]:
+    """Curated flattened config keys (plus ``extra_keys``, e.g. a sweep's space) -> values as
+    strings truncated to MLflow's ``MAX_PARAM_VAL_LENGTH``. Keys absent from the config are skipped."""
+    from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
+
+    flat = flatten(cfg)
+    keys = list(dict.fromkeys([*CURATED_PARAMS, *extra_keys]))
+    return {sanitize_metric_name(k): str(flat[k])[:MAX_PARAM_VAL_LENGTH] for k in keys if k in flat}
+
+
+def run_url(experiment_id: str, run_id: str, tracking_uri: str | None = None) -> str:
+    """Link to a run in the MLflow UI: the tracking server itself, else the UI that ``exgrpo ui``
+    serves for the local store (``EXGRPO_MLFLOW_UI``, default http://127.0.0.1:5000)."""
+    uri = resolve_tracking_uri(tracking_uri)
+    base = uri if uri.startswith(("http://", "https://")) else os.environ.get("EXGRPO_MLFLOW_UI", "http://127.0.0.1:5000")
+    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
+# --------------------------------------------------------------------------------------------
+# Runs
+# --------------------------------------------------------------------------------------------
+class Tracker:
+    """An MLflow client bound to one store, checked for reachability up front."""
+
+    def __init__(self, tracking_uri: str | None = None, check: bool = True, timeout: float = 3.0) -> None:
+        self.uri = resolve_tracking_uri(tracking_uri)
+        if check:
+            check_reachable(self.uri, timeout)
+        from mlflow import MlflowClient
+
+        self.client = MlflowClient(tracking_uri=self.uri)
+
+    def experiment_id(self, name: str) -> str:
+        """Get or create the MLflow experiment ``name`` (artifacts next to a sqlite store)."""
+        exp = self.client.get_experiment_by_name(name)
+        if exp is not None:
+            return exp.experiment_id
+        root = artifact_root(self.uri)
+        location = (root / sanitize_metric_name(name).replace("/", "_")).as_uri() if root else None
+        try:
+            return self.client.create_experiment(name, artifact_location=location)
+        except Exception:  # created concurrently by another process
+            exp = self.client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+            return exp.experiment_id
+
+    def start_run(self, experiment: str, run_name: str | None = None, tags: Mapping[str, str] | None = None,
+                  parent_run_id: str | None = None) -> str:
+        """Create a RUNNING run (a child of ``parent_run_id`` if given); returns its id."""
+        tags = dict(tags or {})
+        if parent_run_id:
+            tags["mlflow.parentRunId"] = parent_run_id
+        run = self.client.create_run(self.experiment_id(experiment), run_name=run_name, tags=tags)
+        return run.info.run_id
+
+    def log_params(self, run_id: str, params: Mapping[str, Any]) -> None:
+        from mlflow.entities import Param
+        from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
+
+        items = [Param(sanitize_metric_name(k), str(v)[:MAX_PARAM_VAL_LENGTH]) for k, v in params.items()]
+        for i in range(0, len(items), 100):
+            self.client.log_batch(run_id, params=items[i:i + 100])
+
+    def log_metrics(self, run_id: str, metrics: Mapping[str, float], step: int = 0) -> None:
+        from mlflow.entities import Metric
+
+        ts = int(time.time() * 1000)
+        items = [Metric(sanitize_metric_name(k), float(v), ts, step) for k, v in metrics.items()
+                 if isinstance(v, (int, float))]
+        for i in range(0, len(items), 1000):
+            self.client.log_batch(run_id, metrics=items[i:i + 1000])
+
+    def end_run(self, run_id: str, status: str = "FINISHED") -> None:
+        self.client.set_terminated(run_id, status)
+
+
+class MLflowStepLogger:
+    """A ``train(..., callbacks=[...])`` callback: buffers each step's metrics (names sanitised)
+    and writes them with ``log_batch`` every ``flush_every`` steps, on evaluation steps and on
+    :meth:`flush`."""
+
+    def __init__(self, client: Any, run_id: str, flush_every: int = 10) -> None:
+        self.client, self.run_id, self.flush_every = client, run_id, max(1, flush_every)
+        self._buf: list[Any] = []
+        self._names: dict[str, str] = {}
+        self.logged_steps = 0
+
+    def _name(self, key: str) -> str:
+        if key not in self._names:
+            self._names[key] = sanitize_metric_name(key)
+        return self._names[key]
+
+    def __call__(self, step: int, metrics: Mapping[str, float]) -> None:
+        from mlflow.entities import Metric
+
+        ts = int(time.time() * 1000)
+        for k, v in metrics.items():
+            if k == "step" or not isinstance(v, (int, float)):
+                continue
+            self._buf.append(Metric(self._name(k), float(v), ts, int(step)))
+        self.logged_steps += 1
+        if self.logged_steps % self.flush_every == 0 or any(k.startswith("val/") for k in metrics):
+            self.flush()
+
+    def flush(self) -> None:
+        while self._buf:
+            chunk, self._buf = self._buf[:1000], self._buf[1000:]
+            self.client.log_batch(self.run_id, metrics=chunk)
+
+
+@dataclass
+class TrackedRun:
+    """A finished tracked run."""
+
+    result: Any  # TrainResult
+    run_id: str
+    experiment_id: str
+    tracking_uri: str
+
+    @property
+    def url(self) -> str:
+        return run_url(self.experiment_id, self.run_id, self.tracking_uri)
+
+
+def _status_for(exc: BaseException) -> str:
+    return "KILLED" if type(exc).__name__ in ("TrialPruned", "KeyboardInterrupt") else "FAILED"
+
+
+def tracked_train(
+    cfg: ExperimentConfig,
+    *,
+    tracking_uri: str | None = None,
+    experiment: str | None = None,
+    run_name: str | None = None,
+    parent_run_id: str | None = None,
+    arm: str | None = None,
+    study: str | None = None,
+    tags: Mapping[str, Any] | None = None,
+    extra_params: Iterable[str] = (),
+    callbacks: Iterable[Callable[[int, dict[str, float]], None]] = (),
+    system_metrics: bool = False,
+    log_checkpoint: bool = True,
+    resume: bool = False,
+    progress: bool = False,
+    check: bool = True,
+) -> TrackedRun:
+    """Train ``cfg`` into one MLflow run of experiment ``experiment`` (default ``cfg.name``):
+    tags, curated params, the resolved config, per-step metrics, the final checkpoint.
+
+    The run ends FINISHED, FAILED (tag ``error``) or KILLED (pruned; tag ``pruned=true``); the
+    exception is re-raised."""
+    from exgrpo.backends.native.trainer import train
+
+    tracker = Tracker(tracking_uri, check=check)
+    exp_name = experiment or cfg.name
+    exp_id = tracker.experiment_id(exp_name)
+    run_id = tracker.start_run(exp_name, run_name or f"{arm or algo_tag(cfg)}-seed{cfg.seed}",
+                               run_tags(cfg, arm, study, tags), parent_run_id)
+    client = tracker.client
+    monitor = None
+    try:
+        tracker.log_params(run_id, curated_params(cfg, extra_params))
+        client.log_dict(run_id, cfg.model_dump(mode="json"), "config/resolved_config.json")
+        if system_metrics:
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+            monitor = SystemMetricsMonitor(run_id, sampling_interval=2, tracking_uri=tracker.uri)
+            monitor.start()
+        logger = MLflowStepLogger(client, run_id)
+        try:
+            result = train(cfg, callbacks=[logger, *callbacks], resume=resume, progress=progress)
+        finally:
+            logger.flush()
+        final = {f"final/{k}": v for k, v in result.final_metrics.items()
+                 if k.startswith(("val/", "batch/solved")) and isinstance(v, float) and math.isfinite(v)}
+        tracker.log_metrics(run_id, final, step=int(result.final_metrics.get("step", 0)))
+        metrics_file = Path(result.run_dir) / "metrics.jsonl" if result.run_dir else None
+        if metrics_file is not None and metrics_file.is_file():
+            client.log_artifact(run_id, str(metrics_file), "metrics")
+        if log_checkpoint and result.checkpoint is not None:
+            client.log_artifact(run_id, str(result.checkpoint), "checkpoints")
+            client.set_tag(run_id, "checkpoint", str(result.checkpoint))
+    except BaseException as e:
+        status = _status_for(e)
+        try:
+            if status == "KILLED":
+                client.set_tag(run_id, "pruned", "true")
+            else:
+                client.set_tag(run_id, "error", f"{type(e).__name__}: {e}"[:5000])
+        finally:
+            if monitor is not None:
+                monitor.finish()
+            tracker.end_run(run_id, status)
+        raise
+    if monitor is not None:
+        monitor.finish()
+    tracker.end_run(run_id, "FINISHED")
+    return TrackedRun(result, run_id, exp_id, tracker.uri)

@@ -1,0 +1,138 @@
+"""exgrpo.tracking against a real MLflow sqlite store in tmp_path (no mocks)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+
+mlflow = pytest.importorskip("mlflow")
+
+from exgrpo.config import load_experiment  # noqa: E402
+from exgrpo.tracking import (  # noqa: E402
+    Tracker,
+    TrackingError,
+    check_reachable,
+    curated_params,
+    resolve_tracking_uri,
+    sanitize_metric_name,
+    tracked_train,
+)
+
+TINY = {
+    "task.max_operand": 5, "train.batch_size": 16, "algorithm.group_size": 4, "train.max_steps": 8,
+    "policy.hidden": 32, "policy.layers": 2,
+}
+
+
+def tiny_cfg(tmp_path, **extra):
+    return load_experiment("experiments/toy.yaml", {**TINY, "output_dir": str(tmp_path / "runs"), **extra})
+
+
+def test_sanitize_metric_name():
+    assert sanitize_metric_name("val/pass@k(16)") == "val/pass_at_k_16"
+    assert sanitize_metric_name("val/avg@4") == "val/avg_at_4"
+    assert sanitize_metric_name("pool/bucket_3") == "pool/bucket_3"
+    assert sanitize_metric_name("a (b), c") == "a _b_ c"
+    from mlflow.utils.validation import validate_param_and_metric_name
+
+    for name in ["x@y", "f(w)", "a[b]", "p,q", "val/acc@1 (greedy)"]:
+        assert validate_param_and_metric_name(sanitize_metric_name(name))
+
+
+def test_uri_resolution(monkeypatch, tmp_path):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert resolve_tracking_uri().endswith("/mlruns/mlflow.db")
+    assert resolve_tracking_uri().startswith("sqlite:///")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/env.db")
+    assert resolve_tracking_uri() == f"sqlite:///{tmp_path}/env.db"
+    assert resolve_tracking_uri("http://127.0.0.1:1") == "http://127.0.0.1:1"
+
+
+def test_unreachable_server_fails_fast_before_training(tmp_path):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens here
+    uri = f"http://127.0.0.1:{port}"
+    t0 = time.perf_counter()
+    with pytest.raises(TrackingError, match="not reachable"):
+        check_reachable(uri, timeout=2)
+    with pytest.raises(TrackingError, match=f"127.0.0.1:{port}"):
+        tracked_train(tiny_cfg(tmp_path), tracking_uri=uri)
+    assert time.perf_counter() - t0 < 10
+    assert not (tmp_path / "runs").exists(), "training must not start when the store is unreachable"
+    with pytest.raises(TrackingError, match="file store"):
+        check_reachable(f"file://{tmp_path}/mlruns")
+
+
+def test_curated_params_truncated_and_complete(tmp_path):
+    cfg = tiny_cfg(tmp_path, name="x" * 7000)
+    params = curated_params(cfg, extra_keys=["algorithm.notebook.kl_beta", "no.such.key"])
+    from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
+
+    assert 35 <= len(params) <= 50
+    assert len(params["name"]) == MAX_PARAM_VAL_LENGTH
+    assert params["algorithm.experience_ratio"] == "0.5"
+    assert "algorithm.notebook.kl_beta" in params and "no.such.key" not in params
+
+
+def test_tracked_toy_run_reads_back(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"
+    tracker = Tracker(uri)
+    parent = tracker.start_run("toy", "parent", {"kind": "compare"})
+    cfg = tiny_cfg(tmp_path, **{"algorithm.replay": "buckets", "algorithm.replay_start_pass_rate": 0.0})
+    run = tracked_train(cfg, tracking_uri=uri, experiment="toy", parent_run_id=parent, arm="exgrpo-early",
+                        study="s1", system_metrics=True)
+    tracker.end_run(parent)
+
+    client = mlflow.MlflowClient(uri)
+    exp = client.get_experiment_by_name("toy")
+    assert exp.artifact_location.startswith(f"file://{tmp_path}/mlruns/artifacts")
+    mlflow.set_tracking_uri(uri)
+    df = mlflow.search_runs([exp.experiment_id], filter_string="tags.algo = 'exgrpo'")
+    assert list(df["run_id"]) == [run.run_id]
+    r = client.get_run(run.run_id)
+    assert r.info.status == "FINISHED"
+    tags = r.data.tags
+    assert tags["mlflow.parentRunId"] == parent
+    assert {tags[k] for k in ("algo", "arm", "tier", "task", "seed", "study")} == {
+        "exgrpo", "exgrpo-early", "toy", "toy_arithmetic", "0", "s1"}
+    assert tags["model"].startswith("mlp-")
+    assert r.data.params["train.max_steps"] == "8" and r.data.params["algorithm.replay"] == "buckets"
+
+    hist = client.get_metric_history(run.run_id, "batch/solved")
+    assert [m.step for m in hist] == list(range(1, 9))
+    val = client.get_metric_history(run.run_id, "val/accuracy")
+    assert [m.step for m in val] == [4, 8]  # 58 training questions / 16 per step -> eval every 4 steps
+    assert val[-1].value == pytest.approx(run.result.final_metrics["val/accuracy"])
+    assert len(client.get_metric_history(run.run_id, "pool/bucket_2")) == 8
+    assert any(k.startswith("system/") for k in r.data.metrics), "system metrics were requested"
+
+    arts = {a.path for a in client.list_artifacts(run.run_id)}
+    assert {"config", "checkpoints", "metrics"} <= arts
+    ckpts = [a.path for a in client.list_artifacts(run.run_id, "checkpoints")]
+    assert ckpts == [f"checkpoints/{run.result.checkpoint.name}"]
+    local = mlflow.artifacts.download_artifacts(run_id=run.run_id, artifact_path="config/resolved_config.json",
+                                                tracking_uri=uri, dst_path=str(tmp_path / "dl"))
+    resolved = json.loads(open(local).read())
+    assert resolved["algorithm"]["replay"] == "buckets" and resolved["train"]["max_steps"] == 8
+
+
+def test_failed_run_is_marked_failed(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+
+    def boom(step, metrics):
+        if step == 2:
+            raise RuntimeError("disk on fire")
+
+    cfg = tiny_cfg(tmp_path)
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        tracked_train(cfg, tracking_uri=uri, callbacks=[boom])
+    client = mlflow.MlflowClient(uri)
+    (r,) = client.search_runs([client.get_experiment_by_name(cfg.name).experiment_id])
+    assert r.info.status == "FAILED"
+    assert "disk on fire" in r.data.tags["error"]
+    assert r.data.tags["algo"] == "grpo"
