@@ -73,6 +73,10 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         outcomes = run_local(cc, workers=args.workers, on_done=done)
     rows = summarize(outcomes, list(cc.arms), cc.baseline)
     print(format_table(rows, cc.metric, cc.baseline))
+    from exgrpo.report import comparison_figure
+
+    report = Path(args.report or cc.base.output_dir / cc.base.name / "comparison.png")
+    print(f"report: {comparison_figure(outcomes, list(cc.arms), cc.metric, report)}")
     if args.json:
         Path(args.json).write_text(json.dumps([o.__dict__ for o in outcomes], indent=2))
     return 0
@@ -112,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a base config field")
     c.add_argument("--output-dir", help="root of run directories (default: runs/)")
     c.add_argument("--json", help="also write per-run outcomes to this JSON file")
+    c.add_argument("--report", help="comparison figure path (default OUTPUT_DIR/NAME/comparison.png)")
     c.add_argument("--no-progress", action="store_true", help="no progress bar")
     c.set_defaults(fn=_cmd_compare)
 

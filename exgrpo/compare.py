@@ -26,6 +26,7 @@ class RunOutcome:
     curve_steps: list[float] = field(default_factory=list)
     curve_values: list[float] = field(default_factory=list)
     run_id: str | None = None
+    run_dir: str | None = None
 
 
 @dataclass
@@ -45,7 +46,7 @@ def run_one(cfg: ExperimentConfig, arm: str, metric: str = "val/accuracy") -> Ru
     evals = [h for h in result.history if metric in h]
     return RunOutcome(
         arm, cfg.seed, float(result.final_metrics[metric]),
-        [h["step"] for h in evals], [h[metric] for h in evals],
+        [h["step"] for h in evals], [h[metric] for h in evals], run_dir=str(result.run_dir),
     )
 
 

@@ -1,0 +1,55 @@
+import subprocess
+import sys
+
+import pytest
+
+from exgrpo.compare import RunOutcome, summarize
+from exgrpo.stats import bootstrap_ci, mean_ci, paired_difference, steps_to_target
+
+
+def test_mean_ci_exact():
+    e = mean_ci([1.0, 2.0, 3.0])
+    # t_{0.975, 2} = 4.302653; s = 1; half = 4.302653 / sqrt(3)
+    assert e.mean == 2.0 and e.half_width == pytest.approx(4.302653 / 3**0.5, rel=1e-6)
+    assert mean_ci([5.0]).half_width == 0.0
+    b = bootstrap_ci([1.0, 2.0, 3.0, 4.0])
+    assert b.low < 2.5 < b.high
+
+
+def test_paired_difference_and_steps_to_target():
+    d = paired_difference([0.5, 0.6, 0.7], [0.4, 0.5, 0.6])
+    assert d.mean == pytest.approx(0.1) and d.half_width == pytest.approx(0.0, abs=1e-12)
+    with pytest.raises(ValueError, match="seeds must match"):
+        paired_difference([1.0], [1.0, 2.0])
+    assert steps_to_target([1, 2, 3], [0.1, 0.5, 0.9], 0.5) == 2.0
+    assert steps_to_target([1, 2], [0.1, 0.2], 0.5) is None
+
+
+def test_summarize_pairs_by_seed():
+    outs = [RunOutcome("grpo", s, 0.25 * s, [1, 2], [0.0, 0.25 * s]) for s in range(3)]
+    outs += [RunOutcome("ex", s, 0.25 * s + 0.125, [1, 2], [0.25 * s, 0.25 * s + 0.125]) for s in range(3)]
+    rows = {r.arm: r for r in summarize(outs, ["grpo", "ex"], "grpo")}
+    assert rows["ex"].diff_vs_baseline.mean == pytest.approx(0.125)
+    assert rows["grpo"].diff_vs_baseline is None
+    assert rows["ex"].steps_to_baseline_final == 1  # grpo's mean final 0.25 is reached at step 1 by seed 1, 2
+
+
+def test_compare_cli_end_to_end(tmp_path):
+    cfg = tmp_path / "cmp.yaml"
+    cfg.write_text(
+        "base:\n  name: tiny\n  task: {max_operand: 5}\n  policy: {hidden: 16, layers: 2}\n"
+        "  algorithm: {group_size: 4, replay_start_pass_rate: 0.0}\n  train: {batch_size: 16, epochs: 3, lr: 0.01}\n"
+        "arms:\n  grpo: {algorithm.replay: none}\n  exgrpo: {algorithm.replay: buckets}\n"
+        "baseline: grpo\nseeds: [0, 1, 2]\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "exgrpo.cli", "compare", str(cfg), "--seeds", "2", "--workers", "2",
+         "--output-dir", str(tmp_path / "runs"), "--no-progress"],
+        capture_output=True, text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "| grpo | 2 |" in out.stdout and "| exgrpo | 2 |" in out.stdout
+    assert (tmp_path / "runs" / "tiny" / "comparison.png").stat().st_size > 10_000
+    for arm in ("grpo", "exgrpo"):
+        for seed in (0, 1):
+            assert (tmp_path / "runs" / f"tiny-{arm}" / f"seed{seed}" / "metrics.jsonl").exists()
