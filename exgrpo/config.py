@@ -164,7 +164,8 @@ class AlgorithmConfig(_Strict):
     replay: ReplayKind = ReplayKind.BUCKETS
     """Experience replay: none (GRPO), buckets (paper ExGRPO) or notebook."""
     group_size: int = Field(8, ge=2)
-    """K: rollouts per question (a replayed question gets K-1 fresh ones plus the replayed one)."""
+    """K: rollouts per question (a replayed question gets K-1 fresh ones plus the replayed one, which
+    counts toward its k, as in the reference: spec §11.7)."""
     advantage_std_norm: bool = False
     """Divide group-centred rewards by the group std (reference: off, Dr.GRPO style)."""
     clip_eps: float = Field(0.2, gt=0.0, lt=1.0)
@@ -202,8 +203,6 @@ class AlgorithmConfig(_Strict):
     """c of truncation f(w) = min(w, c)."""
     is_correction: bool = True
     """Use the stored behaviour log-probs for replayed tokens (else w = 1 at the current policy)."""
-    replay_counts_toward_k: bool = True
-    """Count the replayed trajectory in its group's k (reference behaviour; spec §11.7)."""
     pool_max_per_question: int | None = Field(None, ge=1)
     """Keep at most this many trajectories per question (oldest dropped); None: unbounded."""
     pool_max_questions: int | None = Field(None, ge=1)

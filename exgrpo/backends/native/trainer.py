@@ -109,6 +109,7 @@ class Trainer:
         replayed, current_logp = (
             select_replays(replay_qids, self.pool, self.policy, self.task, algo, self.rng) if replay_qids else ([], None)
         )
+        picked_buckets = [self.pool.bucket_of(q) for q in replay_qids]
         fresh_qids = self.fresh.next(cfg.train.batch_size - len(replay_qids), self.pool.retired)
 
         # 4. rollouts
@@ -142,8 +143,8 @@ class Trainer:
                 "train/epoch": float(self.epoch),
             }
         )
-        if batch.n_replayed:
-            metrics["replay/picked_bucket_mean"] = float(np.mean([self.pool.bucket_of(q) for q in replay_qids if q in self.pool] or [0]))
+        if picked_buckets:
+            metrics["replay/picked_bucket_mean"] = float(np.mean(picked_buckets))
         metrics.update(self.pool.stats() if algo.replay == ReplayKind.BUCKETS else {})
         if algo.replay == ReplayKind.NOTEBOOK:
             metrics.update(self.buffer.stats())
@@ -282,8 +283,9 @@ class Trainer:
                     last_ckpt = ckpt.save(self, run_dir)
                 if stop_after_step is not None and self.step >= stop_after_step:
                     break
-        final = {k: v for k, v in self.history[-1].items()} if self.history else {}
-        final.update(self.evaluate()) if "val/accuracy" not in final else None
+        final = dict(self.history[-1]) if self.history else {}
+        if "val/accuracy" not in final:  # stopped early, between evaluations
+            final.update(self.evaluate())
         return TrainResult(final, self.history, run_dir, last_ckpt)
 
     # ------------------------------------------------------------------ state
