@@ -7,7 +7,7 @@ export PYTHONDONTWRITEBYTECODE WANDB_MODE=disabled TOKENIZERS_PARALLELISM=false 
        RAY_AUTH_MODE=disabled PREFECT_SERVER_ANALYTICS_ENABLED=false PREFECT_CLI_PROMPT=false \
        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=90 MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false
 
-.PHONY: venv demo test bench clean
+.PHONY: venv demo test bench clean ui
 
 $(STAMP): requirements-cpu.txt pyproject.toml
 	python3 -m venv .venv
@@ -22,6 +22,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+ui: $(STAMP)   # Prefect :4200, MLflow :5000, optuna-dashboard :8080 on 127.0.0.1; Ctrl-C stops all
+	.venv/bin/exgrpo ui
 
 bench: $(STAMP)
 	$(PY) bench/bench_toy_step.py

@@ -90,6 +90,52 @@ def _cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    import os
+
+    from exgrpo.sweep import load_sweep
+    from exgrpo.tracking import TrackingError, project_root
+
+    overrides = parse_set(args.set)
+    if args.study_name:
+        overrides["study.name"] = args.study_name
+    sc = load_sweep(args.config, overrides)  # fails here, before any work, on a bad space
+    flow_file = project_root() / "flows" / "sweep.py"
+    try:
+        if args.no_prefect or not flow_file.is_file():
+            from exgrpo.sweep import run_sweep
+
+            res = run_sweep(sc, storage=args.storage, tracking_uri=args.tracking_uri, ray_address=args.ray_address,
+                            n_trials=args.n_trials,
+                            on_trial=lambda o: print(f"  trial {o['number']}: {o['state']} {o.get('value')}"
+                                                     f" {(o.get('error') or '').splitlines()[0] if o.get('error') else ''}",
+                                                     flush=True))
+            print(res.table())
+            print(json.dumps({"study": res.study_name, "storage": res.storage, "best_value": res.best_value,
+                              "best_params": res.best_params, "counts": res.counts,
+                              "mlflow_parent_run_id": res.parent_run_id}, indent=2, default=str))
+            return 0
+        for k, v in {"PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90", "RAY_AUTH_MODE": "disabled"}.items():
+            os.environ.setdefault(k, v)
+        from prefect.flows import load_flow_from_entrypoint
+
+        flow = load_flow_from_entrypoint(f"{flow_file}:sweep_flow")
+        out = flow(config=str(args.config), n_trials=args.n_trials, overrides=overrides, storage=args.storage,
+                   tracking_uri=args.tracking_uri, ray_address=args.ray_address)
+        print(json.dumps({k: v for k, v in out.items() if k != "trials"}, indent=2, default=str))
+        return 0
+    except TrackingError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _cmd_ui(args: argparse.Namespace) -> int:
+    from exgrpo.tracking.ui import main as ui_main
+
+    return ui_main(args.host, args.prefect_port, args.mlflow_port, args.optuna_port, args.tracking_uri, args.storage)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="exgrpo", description="ExGRPO Lab: GRPO with experience replay.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -119,6 +165,30 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--report", help="comparison figure path (default OUTPUT_DIR/NAME/comparison.png)")
     c.add_argument("--no-progress", action="store_true", help="no progress bar")
     c.set_defaults(fn=_cmd_compare)
+
+    w = sub.add_parser("sweep", help="run or resume an Optuna sweep (trials as Ray tasks, MLflow runs)",
+                       description="Run the study of a sweep YAML (e.g. experiments/toy-sweep.yaml) through the "
+                       "Prefect sweep flow on Prefect's local API (ephemeral unless PREFECT_API_URL is set), or "
+                       "directly with --no-prefect. Re-running with the same study name resumes it.")
+    w.add_argument("config", help="sweep YAML with study:, base:, budget_steps: and space:")
+    w.add_argument("--n-trials", type=int, help="total finished trials of the study (default: the file's)")
+    w.add_argument("--study-name", help="same as --set study.name=NAME")
+    w.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override the sweep file: study.*, budget_steps, base.<config field>, space.<field>.<attr>")
+    w.add_argument("--storage", help="Optuna storage URL (default: the file's, else sqlite:///<project>/studies/optuna.db)")
+    w.add_argument("--tracking-uri", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, else <project>/mlruns/mlflow.db)")
+    w.add_argument("--ray-address", help="Ray cluster address (default: a local Ray with 2 CPUs)")
+    w.add_argument("--no-prefect", action="store_true", help="run the study directly, without a Prefect flow run")
+    w.set_defaults(fn=_cmd_sweep)
+
+    u = sub.add_parser("ui", help="start the Prefect, MLflow and Optuna UIs on 127.0.0.1 (Ctrl-C stops all)")
+    u.add_argument("--host", default="127.0.0.1")
+    u.add_argument("--prefect-port", type=int, default=4200)
+    u.add_argument("--mlflow-port", type=int, default=5000)
+    u.add_argument("--optuna-port", type=int, default=8080)
+    u.add_argument("--tracking-uri", help="MLflow store to serve (default: MLFLOW_TRACKING_URI, else <project>/mlruns/mlflow.db)")
+    u.add_argument("--storage", help="Optuna storage to serve (default: sqlite:///<project>/studies/optuna.db)")
+    u.set_defaults(fn=_cmd_ui)
 
     g = sub.add_parser("config", help="print every config field with its doc, or a resolved config")
     g.add_argument("config", nargs="?", help="experiment YAML to resolve")

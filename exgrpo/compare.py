@@ -50,8 +50,16 @@ def run_one(cfg: ExperimentConfig, arm: str, metric: str = "val/accuracy") -> Ru
     )
 
 
-def _run_one_job(args: tuple[ExperimentConfig, str, str]) -> RunOutcome:
-    return run_one(*args)
+Runner = Callable[[ExperimentConfig, str, str], RunOutcome]
+"""(config, arm, metric) -> RunOutcome: trains one (arm, seed); default :func:`run_one`. A runner
+given to :func:`run_local` with workers > 1 must be picklable (a module-level function or a
+``functools.partial`` of one), e.g. one that also logs to MLflow."""
+
+
+def _run_one_job(args: tuple) -> RunOutcome:
+    cfg, arm, metric, *rest = args
+    runner = rest[0] if rest and rest[0] is not None else run_one
+    return runner(cfg, arm, metric)
 
 
 def jobs(cc: CompareConfig) -> list[tuple[ExperimentConfig, str]]:
@@ -59,9 +67,11 @@ def jobs(cc: CompareConfig) -> list[tuple[ExperimentConfig, str]]:
     return [(cc.arm_config(arm, seed), arm) for seed in cc.seeds for arm in cc.arms]
 
 
-def run_local(cc: CompareConfig, workers: int = 2, on_done: Callable[[RunOutcome], None] | None = None) -> list[RunOutcome]:
-    """Run every (arm, seed) in ``workers`` spawned processes (1: in this process)."""
-    todo = [(cfg, arm, cc.metric) for cfg, arm in jobs(cc)]
+def run_local(cc: CompareConfig, workers: int = 2, on_done: Callable[[RunOutcome], None] | None = None,
+              runner: Runner | None = None) -> list[RunOutcome]:
+    """Run every (arm, seed) in ``workers`` spawned processes (1: in this process), each through
+    ``runner`` (default :func:`run_one`)."""
+    todo = [(cfg, arm, cc.metric, runner) for cfg, arm in jobs(cc)]
     out: list[RunOutcome] = []
     if workers <= 1:
         for job in todo:

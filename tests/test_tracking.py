@@ -8,6 +8,8 @@ import time
 
 import pytest
 
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
 mlflow = pytest.importorskip("mlflow")
 
 from exgrpo.config import load_experiment  # noqa: E402
@@ -136,3 +138,24 @@ def test_failed_run_is_marked_failed(tmp_path):
     assert r.info.status == "FAILED"
     assert "disk on fire" in r.data.tags["error"]
     assert r.data.tags["algo"] == "grpo"
+
+
+def test_tracked_compare_on_a_process_pool(tmp_path):
+    """The compare runner hook: spawned processes, each (arm, seed) an MLflow child of one parent."""
+    from exgrpo.config import load_compare
+    from exgrpo.tracking.compare import run_tracked_compare
+
+    cc = load_compare("experiments/toy.yaml", {**{k: v for k, v in TINY.items()}, "output_dir": str(tmp_path / "runs"),
+                                               "name": "pp"})
+    cc = cc.model_copy(update={"arms": {"grpo": cc.arms["grpo"], "exgrpo": cc.arms["exgrpo"]}, "seeds": [0]})
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    res = run_tracked_compare(cc, tracking_uri=uri, executor="process", workers=2)
+    assert sorted(o.arm for o in res.outcomes) == ["exgrpo", "grpo"] and all(o.run_id for o in res.outcomes)
+    client = mlflow.MlflowClient(uri)
+    runs = client.search_runs([res.experiment_id])
+    assert len(runs) == 3
+    parent = client.get_run(res.parent_run_id)
+    assert parent.info.status == "FINISHED" and parent.data.tags["kind"] == "compare"
+    assert {r.data.tags.get("mlflow.parentRunId") for r in runs if r.info.run_id != res.parent_run_id} == {res.parent_run_id}
+    assert parent.data.metrics["grpo/final_mean"] == pytest.approx([o.final for o in res.outcomes if o.arm == "grpo"][0])
+    assert "| grpo | 1 |" in res.table

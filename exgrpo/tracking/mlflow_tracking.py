@@ -167,7 +167,7 @@ CURATED_PARAMS: tuple[str, ...] = (
     "algorithm.loss_agg", "algorithm.experience_ratio", "algorithm.replay_start_pass_rate",
     "algorithm.bucket_lbound", "algorithm.bucket_rbound", "algorithm.bucket_weighting", "algorithm.bucket_sigma",
     "algorithm.selection_metric", "algorithm.selection_mode", "algorithm.shaping", "algorithm.shaping_gamma",
-    "algorithm.is_clip", "algorithm.is_correction", "algorithm.replay_counts_toward_k",
+    "algorithm.is_clip", "algorithm.is_correction",
     "algorithm.pool_max_per_question", "algorithm.pool_max_questions",
     "algorithm.notebook.per", "algorithm.notebook.tau", "algorithm.notebook.lambda_max",
     "train.batch_size", "train.epochs", "train.max_steps", "train.optimizer", "train.lr",
@@ -317,17 +317,20 @@ def tracked_train(
     tags: Mapping[str, Any] | None = None,
     extra_params: Iterable[str] = (),
     callbacks: Iterable[Callable[[int, dict[str, float]], None]] = (),
-    system_metrics: bool = False,
+    system_metrics: bool | None = None,
     log_checkpoint: bool = True,
     resume: bool = False,
     progress: bool = False,
     check: bool = True,
+    on_start: Callable[[str], None] | None = None,
 ) -> TrackedRun:
     """Train ``cfg`` into one MLflow run of experiment ``experiment`` (default ``cfg.name``):
     tags, curated params, the resolved config, per-step metrics, the final checkpoint.
 
     The run ends FINISHED, FAILED (tag ``error``) or KILLED (pruned; tag ``pruned=true``); the
-    exception is re-raised."""
+    exception is re-raised. ``on_start(run_id)`` is called once the run exists. System metrics
+    (CPU, memory; ``system/*``) are sampled when ``system_metrics`` is true, or when it is None and
+    ``MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING=true``."""
     from exgrpo.backends.native.trainer import train
 
     tracker = Tracker(tracking_uri, check=check)
@@ -337,7 +340,11 @@ def tracked_train(
                                run_tags(cfg, arm, study, tags), parent_run_id)
     client = tracker.client
     monitor = None
+    if system_metrics is None:
+        system_metrics = os.environ.get("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", "").lower() in ("true", "1")
     try:
+        if on_start is not None:
+            on_start(run_id)
         tracker.log_params(run_id, curated_params(cfg, extra_params))
         client.log_dict(run_id, cfg.model_dump(mode="json"), "config/resolved_config.json")
         if system_metrics:

@@ -1,0 +1,155 @@
+"""A comparison logged to MLflow: one parent run with the statistics, one child run per (arm, seed).
+
+No Prefect import: ``flows/compare.py`` calls :func:`run_tracked_compare` and publishes its table.
+Runs go to Ray tasks (1 CPU each; ``ray.init(num_cpus=2)`` locally or a cluster address) or to the
+spawned process pool of :func:`exgrpo.compare.run_local`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Literal
+
+from exgrpo.compare import ArmSummary, RunOutcome, format_table, jobs, run_local, summarize
+from exgrpo.config import CompareConfig, ExperimentConfig
+from exgrpo.tracking.mlflow_tracking import Tracker, curated_params, model_tag, run_url, tracked_train
+
+
+def tracked_run_one(cfg: ExperimentConfig, arm: str, metric: str = "val/accuracy", *, tracking_uri: str,
+                    experiment: str, parent_run_id: str | None, study: str | None = None) -> RunOutcome:
+    """:func:`exgrpo.compare.run_one` with an MLflow child run (a ``compare.Runner``)."""
+    run = tracked_train(cfg, tracking_uri=tracking_uri, experiment=experiment, parent_run_id=parent_run_id,
+                        arm=arm, study=study, run_name=f"{arm}-seed{cfg.seed}", check=False)
+    evals = [h for h in run.result.history if metric in h]
+    return RunOutcome(arm, cfg.seed, float(run.result.final_metrics[metric]),
+                      [h["step"] for h in evals], [h[metric] for h in evals], run_id=run.run_id)
+
+
+@dataclass
+class TrackedComparison:
+    parent_run_id: str
+    experiment_id: str
+    tracking_uri: str
+    metric: str
+    baseline: str
+    outcomes: list[RunOutcome]
+    rows: list[ArmSummary]
+    table: str
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return run_url(self.experiment_id, self.parent_run_id, self.tracking_uri)
+
+    def child_url(self, o: RunOutcome) -> str:
+        return run_url(self.experiment_id, o.run_id or "", self.tracking_uri)
+
+    def table_rows(self) -> list[dict[str, object]]:
+        """One dict per arm (for a Prefect table artifact)."""
+        out = []
+        for r in self.rows:
+            d = r.diff_vs_baseline
+            out.append({
+                "arm": r.arm, "seeds": r.final.n, f"final {self.metric}": round(r.final.mean, 4),
+                "ci95 low": round(r.final.low, 4), "ci95 high": round(r.final.high, 4),
+                f"diff vs {self.baseline}": None if d is None else round(d.mean, 4),
+                "diff ci95": None if d is None else f"[{d.low:+.4f}, {d.high:+.4f}]",
+                f"step reaching {self.baseline}'s final": r.steps_to_baseline_final,
+            })
+        return out
+
+
+def _finite(x: float | None) -> bool:
+    return x is not None and isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def run_tracked_compare(
+    cc: CompareConfig,
+    *,
+    tracking_uri: str | None = None,
+    executor: Literal["ray", "process"] = "ray",
+    workers: int = 2,
+    ray_address: str | None = None,
+    run_name: str | None = None,
+    on_done: Callable[[RunOutcome], None] | None = None,
+) -> TrackedComparison:
+    """Train every (arm, seed) as an MLflow child run, then log the statistics on the parent.
+
+    A failed child marks its run FAILED; the others finish, the statistics cover them, and the
+    call then raises listing the failures (the parent run ends FAILED)."""
+    tracker = Tracker(tracking_uri)  # unreachable store: an error here, before any training
+    base = cc.base
+    experiment = base.name
+    exp_id = tracker.experiment_id(experiment)
+    parent = tracker.start_run(experiment, run_name or f"compare-{base.name}", {
+        "kind": "compare", "arms": ",".join(cc.arms), "baseline": cc.baseline, "tier": str(base.tier.value),
+        "task": str(getattr(base.task, "kind", "")), "model": model_tag(base), "metric": cc.metric,
+    })
+    status = "FAILED"
+    try:
+        tracker.log_params(parent, {**curated_params(base), "compare.seeds": ",".join(map(str, cc.seeds)),
+                                    "compare.metric": cc.metric, "compare.baseline": cc.baseline})
+        tracker.client.log_dict(parent, cc.model_dump(mode="json"), "config/compare.json")
+        todo = []
+        for cfg, arm in jobs(cc):  # absolute run dirs: workers may not share the driver's cwd
+            todo.append((cfg.model_copy(update={"output_dir": Path(cfg.output_dir).resolve()}), arm))
+        runner = partial(tracked_run_one, tracking_uri=tracker.uri, experiment=experiment, parent_run_id=parent)
+        outcomes: list[RunOutcome] = []
+        failures: list[str] = []
+
+        def done(o: RunOutcome) -> None:
+            outcomes.append(o)
+            on_done and on_done(o)
+
+        if executor == "ray":
+            import ray
+
+            from exgrpo.sweep import ensure_ray
+
+            ensure_ray(ray_address)
+            remote = ray.remote(num_cpus=1, max_retries=0)(tracked_run_one)
+            refs = {remote.remote(cfg, arm, cc.metric, tracking_uri=tracker.uri, experiment=experiment,
+                                  parent_run_id=parent): (arm, cfg.seed) for cfg, arm in todo}
+            while refs:
+                ready, _ = ray.wait(list(refs), num_returns=1)
+                for ref in ready:
+                    arm, seed = refs.pop(ref)
+                    try:
+                        done(ray.get(ref))
+                    except Exception as e:
+                        failures.append(f"{arm} seed {seed}: {type(e).__name__}: {str(e).splitlines()[-1] if str(e) else ''}")
+        elif executor == "process":
+            sub = cc.model_copy(update={"base": cc.base.model_copy(update={"output_dir": Path(base.output_dir).resolve()})})
+            for o in run_local(sub, workers=workers, runner=runner):
+                done(o)
+        else:
+            raise ValueError(f"executor={executor!r}: use 'ray' or 'process'")
+
+        rows = summarize(outcomes, list(cc.arms), cc.baseline) if outcomes else []
+        table = format_table(rows, cc.metric, cc.baseline)
+        metrics: dict[str, float] = {}
+        for r in rows:
+            metrics[f"{r.arm}/final_mean"] = r.final.mean
+            metrics[f"{r.arm}/final_ci_low"] = r.final.low
+            metrics[f"{r.arm}/final_ci_high"] = r.final.high
+            if r.diff_vs_baseline is not None:
+                metrics[f"{r.arm}/diff_vs_{cc.baseline}"] = r.diff_vs_baseline.mean
+                metrics[f"{r.arm}/diff_vs_{cc.baseline}_ci_low"] = r.diff_vs_baseline.low
+                metrics[f"{r.arm}/diff_vs_{cc.baseline}_ci_high"] = r.diff_vs_baseline.high
+            if r.steps_to_baseline_final is not None:
+                metrics[f"{r.arm}/steps_to_baseline_final"] = float(r.steps_to_baseline_final)
+        tracker.log_metrics(parent, {k: v for k, v in metrics.items() if _finite(v)})
+        tracker.client.log_text(parent, table + "\n", "comparison.md")
+        tracker.client.log_dict(parent, [o.__dict__ for o in outcomes], "outcomes.json")
+        result = TrackedComparison(parent, exp_id, tracker.uri, cc.metric, cc.baseline, outcomes, rows, table, failures)
+        if failures:
+            tracker.client.set_tag(parent, "error", "; ".join(failures)[:5000])
+            raise RuntimeError(f"{len(failures)} of {len(todo)} runs failed: " + "; ".join(failures))
+        status = "FINISHED"
+        return result
+    finally:
+        tracker.end_run(parent, status)

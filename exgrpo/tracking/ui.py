@@ -1,0 +1,172 @@
+"""``exgrpo ui``: the Prefect server, the MLflow UI and optuna-dashboard on loopback, over the
+project's local stores; prints the URLs, stops all three on Ctrl-C.
+
+Stores: MLflow ``<project>/mlruns/mlflow.db`` (artifacts ``<project>/mlruns/artifacts``), Optuna
+``<project>/studies/optuna.db``, Prefect ``$PREFECT_HOME`` (default ``<project>/.prefect``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from exgrpo.tracking.mlflow_tracking import _sqlite_path, project_root, resolve_tracking_uri
+
+
+@dataclass
+class Service:
+    name: str
+    url: str
+    health: str
+    cmd: list[str]
+    proc: subprocess.Popen | None = None
+    log: Path | None = None
+
+
+def _exe(name: str) -> str:
+    local = Path(sys.executable).parent / name
+    found = str(local) if local.exists() else shutil.which(name)
+    if not found:
+        raise RuntimeError(f"`{name}` not found next to {sys.executable} or on PATH; install the orchestration "
+                           "extra: pip install -e '.[orchestration]'")
+    return found
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+            return True
+        except OSError:
+            return False
+
+
+def _ready(url: str) -> bool:
+    import requests
+
+    try:
+        return requests.get(url, timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def services(host: str = "127.0.0.1", prefect_port: int = 4200, mlflow_port: int = 5000, optuna_port: int = 8080,
+             tracking_uri: str | None = None, storage: str | None = None) -> list[Service]:
+    """The commands (not started)."""
+    from exgrpo.sweep import resolve_storage
+
+    uri = resolve_tracking_uri(tracking_uri)
+    out = [Service("prefect", f"http://{host}:{prefect_port}", f"http://{host}:{prefect_port}/api/health",
+                   [_exe("prefect"), "server", "start", "--host", host, "--port", str(prefect_port)])]
+    db = _sqlite_path(uri)
+    if db is not None:
+        db.parent.mkdir(parents=True, exist_ok=True)
+        out.append(Service("mlflow", f"http://{host}:{mlflow_port}", f"http://{host}:{mlflow_port}/health", [
+            _exe("mlflow"), "server", "--host", host, "--port", str(mlflow_port), "--backend-store-uri", uri,
+            "--artifacts-destination", str(db.parent / "artifacts"), "--workers", "1"]))
+    storage = resolve_storage(storage)
+    out.append(Service("optuna-dashboard", f"http://{host}:{optuna_port}", f"http://{host}:{optuna_port}/api/studies",
+                       [_exe("optuna-dashboard"), storage, "--host", host, "--port", str(optuna_port),
+                        "--server", "wsgiref"]))
+    return out
+
+
+def start(svcs: list[Service], log_dir: Path, timeout: float = 120.0) -> None:
+    """Start every service in its own process group; wait until each answers its health URL."""
+    import optuna
+
+    for s in svcs:
+        port = int(s.url.rsplit(":", 1)[1])
+        if not _port_free(s.url.split("//")[1].rsplit(":", 1)[0], port):
+            raise RuntimeError(f"{s.name}: port {port} is in use; pick another (see `exgrpo ui --help`)")
+    for s in svcs:
+        if s.name == "optuna-dashboard":  # the dashboard needs the storage to exist
+            optuna.storages.RDBStorage(s.cmd[1])
+    log_dir.mkdir(parents=True, exist_ok=True)
+    env = os.environ.copy()
+    env.setdefault("PREFECT_HOME", str(project_root() / ".prefect"))
+    env.update(PREFECT_SERVER_ANALYTICS_ENABLED="false", MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+    for s in svcs:
+        s.log = log_dir / f"{s.name}.log"
+        s.proc = subprocess.Popen(s.cmd, stdout=s.log.open("w"), stderr=subprocess.STDOUT, env=env,
+                                  start_new_session=True)
+    deadline = time.monotonic() + timeout
+    pending = list(svcs)
+    while pending:
+        for s in list(pending):
+            if s.proc.poll() is not None:
+                stop(svcs)
+                tail = s.log.read_text()[-2000:] if s.log else ""
+                raise RuntimeError(f"{s.name} exited with code {s.proc.returncode}; log {s.log}:\n{tail}")
+            if _ready(s.health):
+                pending.remove(s)
+        if pending and time.monotonic() > deadline:
+            stop(svcs)
+            raise RuntimeError(f"not ready after {timeout:.0f} s: {[s.name for s in pending]} (logs in {log_dir})")
+        time.sleep(0.5)
+
+
+def stop(svcs: list[Service], grace: float = 10.0) -> None:
+    """SIGTERM each service's process group (twice for Prefect), then SIGKILL what is left."""
+    for s in svcs:
+        if s.proc is not None and s.proc.poll() is None:
+            try:
+                os.killpg(s.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + grace
+    for s in svcs:
+        if s.proc is None:
+            continue
+        try:
+            s.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(s.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            s.proc.wait(timeout=5)
+
+
+def main(host: str = "127.0.0.1", prefect_port: int = 4200, mlflow_port: int = 5000, optuna_port: int = 8080,
+         tracking_uri: str | None = None, storage: str | None = None) -> int:
+    svcs = services(host, prefect_port, mlflow_port, optuna_port, tracking_uri, storage)
+    log_dir = Path(os.environ.get("PREFECT_HOME") or project_root() / ".prefect") / "ui-logs"
+
+    def _interrupt(signum, frame):  # SIGTERM, and SIGINT even when started in the background
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
+    print("starting " + ", ".join(s.name for s in svcs) + f" (logs in {log_dir}) ...", flush=True)
+    t0 = time.monotonic()
+    try:
+        start(svcs, log_dir)
+    except KeyboardInterrupt:
+        stop(svcs)
+        return 130
+    print(f"ready in {time.monotonic() - t0:.1f} s:")
+    for s in svcs:
+        print(f"  {s.name:17s} {s.url}")
+    print(f"\nexport PREFECT_API_URL=http://{host}:{prefect_port}/api   # flows/deployments use this server")
+    if any(s.name == "mlflow" for s in svcs):
+        print(f"MLflow store: {resolve_tracking_uri(tracking_uri)} (the UI reads the same file)")
+    print("Ctrl-C stops all.", flush=True)
+    try:
+        while all(s.proc.poll() is None for s in svcs):
+            time.sleep(1)
+        dead = [s for s in svcs if s.proc.poll() is not None]
+        print(f"{dead[0].name} exited (code {dead[0].proc.returncode}); stopping the others", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\nstopping ...", flush=True)
+        return 0
+    finally:
+        stop(svcs)

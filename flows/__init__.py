@@ -1,0 +1,1 @@
+"""Prefect flows (thin: parse config, call exgrpo, report). Deployments: ../prefect.yaml."""

@@ -1,0 +1,192 @@
+"""Prefect flows on Prefect's real ephemeral API, with real Ray (2 CPUs) and real MLflow sqlite."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+
+import pytest
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+# Prefect reads its settings at import: point it at a throw-away home first (stack-notes §10).
+_HOME = tempfile.mkdtemp(prefix="prefect-home-")
+atexit.register(shutil.rmtree, _HOME, True)
+for k, v in {
+    "PREFECT_HOME": _HOME, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_CLI_PROMPT": "false",
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90", "PREFECT_LOGGING_LEVEL": "WARNING",
+    "PREFECT_SERVER_UI_ENABLED": "false", "RAY_AUTH_MODE": "disabled",
+}.items():
+    os.environ.setdefault(k, v)
+os.environ.pop("PREFECT_API_URL", None)
+if "RAY_TMPDIR" not in os.environ:  # short: Ray's unix socket paths are length-limited
+    os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    atexit.register(shutil.rmtree, os.environ["RAY_TMPDIR"], True)
+
+prefect = pytest.importorskip("prefect")
+mlflow = pytest.importorskip("mlflow")
+pytest.importorskip("ray")
+yaml = pytest.importorskip("yaml")
+
+from flows.compare import compare_flow  # noqa: E402
+from flows.evaluate import evaluate_flow  # noqa: E402
+from flows.sweep import sweep_flow  # noqa: E402
+
+
+def test_prefect_yaml_declares_the_deployments():
+    from prefect.flows import load_flow_from_entrypoint
+
+    d = yaml.safe_load(open("prefect.yaml"))
+    deps = {x["name"]: x for x in d["deployments"]}
+    assert set(deps) == {"train", "compare", "sweep", "evaluate"}
+    for dep in deps.values():
+        assert dep["work_pool"]["name"] == "local-pool"
+        flow = load_flow_from_entrypoint(dep["entrypoint"])
+        assert set(dep.get("parameters") or {}) <= set(flow.parameters.properties), dep["name"]
+    scheds = deps["sweep"]["schedules"]
+    assert len(scheds) == 2 and scheds[0]["parameters"] != scheds[1]["parameters"]
+    assert {s["slug"] for s in scheds} == {"nightly-small", "weekly-full"}
+
+
+def test_compare_flow_parent_and_children_in_mlflow(tmp_path):
+    cfg = tmp_path / "cmp.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "base": {"name": "flowcmp", "output_dir": str(tmp_path / "runs"),
+                 "task": {"max_operand": 5}, "policy": {"hidden": 32, "layers": 2},
+                 "algorithm": {"group_size": 4, "replay_start_pass_rate": 0.0},
+                 "train": {"batch_size": 16, "max_steps": 8}},
+        "arms": {"grpo": {"algorithm.replay": "none"}, "exgrpo": {"algorithm.replay": "buckets"}},
+        "baseline": "grpo", "seeds": [0, 1],
+    }))
+    uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"
+    state = compare_flow(config=str(cfg), tracking_uri=uri, executor="ray", return_state=True)
+    assert state.is_completed(), state
+    out = state.result()
+    assert "| exgrpo | 2 |" in out["table"] and "| grpo | 2 |" in out["table"]
+
+    client = mlflow.MlflowClient(uri)
+    exp = client.get_experiment_by_name("flowcmp")
+    runs = client.search_runs([exp.experiment_id])
+    (parent,) = [r for r in runs if r.data.tags.get("kind") == "compare"]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert parent.info.run_id == out["parent_run_id"] and parent.info.status == "FINISHED"
+    assert len(runs) == 5 and len(children) == 4
+    assert sorted((r.data.tags["algo"], r.data.tags["seed"]) for r in children) == [
+        ("exgrpo", "0"), ("exgrpo", "1"), ("grpo", "0"), ("grpo", "1")]
+    assert all(r.info.status == "FINISHED" for r in children)
+    for arm in ("grpo", "exgrpo"):
+        assert f"{arm}/final_mean" in parent.data.metrics
+    assert "exgrpo/diff_vs_grpo" in parent.data.metrics
+    assert "comparison.md" in {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert set(out["runs"].values()) == {r.info.run_id for r in children}
+
+    # the flow published the table and links as Prefect artifacts
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with get_client(sync_client=True) as c:
+        arts = c.read_artifacts(artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id])))
+    by_key = {a.key: a for a in arts}
+    assert {"flowcmp-comparison", "flowcmp-comparison-table", "flowcmp-mlflow"} <= set(by_key)
+    md = by_key["flowcmp-comparison"].data
+    assert "| exgrpo | 2 |" in md and parent.info.run_id in md
+    assert by_key["flowcmp-comparison-table"].type == "table"
+    assert f"/runs/{parent.info.run_id}" in by_key["flowcmp-mlflow"].data  # a link artifact (markdown link)
+
+    # evaluate deployment's flow on one child's checkpoint, logged into that child run
+    child = children[0]
+    ev = evaluate_flow(checkpoint=child.data.tags["checkpoint"], run_id=child.info.run_id, tracking_uri=uri)
+    assert ev["step"] == 8
+    assert ev["val/accuracy"] == pytest.approx(child.data.metrics["val/accuracy"])
+    assert client.get_metric_history(child.info.run_id, "eval/accuracy")[0].step == 8
+
+
+def test_sweep_flow_runs_a_small_study(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    out = sweep_flow(config="experiments/toy-sweep.yaml", n_trials=2, tracking_uri=uri,
+                     storage=f"sqlite:///{tmp_path}/optuna.db",
+                     overrides={"study.name": "flow-study", "budget_steps": 4, "base.task.max_operand": 5,
+                                "base.train.batch_size": 16, "base.algorithm.group_size": 4,
+                                "base.policy.hidden": 16, "base.policy.layers": 1,
+                                "base.output_dir": str(tmp_path / "runs"),
+                                "space.algorithm.bucket_rbound.low": 2, "space.algorithm.bucket_rbound.high": 3,
+                                "space.algorithm.bucket_lbound.high": 1})
+    assert out["counts"]["COMPLETE"] + out["counts"]["FAIL"] == 2
+    assert out["trials"][0]["state"] in ("COMPLETE", "FAIL")
+    client = mlflow.MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("toy-sweep").experiment_id])
+    assert len([r for r in runs if r.data.tags.get("mlflow.parentRunId") == out["parent_run_id"]]) == 2
+
+
+def test_unreachable_tracking_server_fails_the_flow_before_training(tmp_path):
+    state = compare_flow(config="experiments/toy.yaml", tracking_uri="http://127.0.0.1:9", return_state=True,
+                         overrides={"output_dir": str(tmp_path / "runs")})
+    assert state.is_failed()
+    with pytest.raises(Exception, match="not reachable"):
+        state.result()
+    assert not (tmp_path / "runs").exists()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_cli_sweep_rejects_a_bad_space_before_any_work(tmp_path):
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "exgrpo.cli", "sweep", "experiments/toy-sweep.yaml",
+                        "--set", "space.algorithm.experiance_ratio.low=0.2", "--no-prefect",
+                        "--tracking-uri", f"sqlite:///{tmp_path}/m.db", "--storage", f"sqlite:///{tmp_path}/o.db"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    assert "algorithm.experiance_ratio: unknown config field; did you mean algorithm.experience_ratio" in p.stderr
+    assert not (tmp_path / "o.db").exists() and not (tmp_path / "m.db").exists()
+
+
+def test_ui_starts_three_servers_and_stops_them(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+    import requests
+
+    ports = [_free_port() for _ in range(3)]
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "ph"), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/m/mlflow.db"}
+    proc = subprocess.Popen([sys.executable, "-m", "exgrpo.cli", "ui", "--prefect-port", str(ports[0]),
+                             "--mlflow-port", str(ports[1]), "--optuna-port", str(ports[2]),
+                             "--storage", f"sqlite:///{tmp_path}/o/optuna.db"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        lines = []
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if "Ctrl-C stops all" in line:
+                break
+        out = "".join(lines)
+        assert "Ctrl-C stops all" in out, out
+        for port in ports:
+            assert f"http://127.0.0.1:{port}" in out
+        assert requests.get(f"http://127.0.0.1:{ports[0]}/api/health", timeout=5).json() is True
+        assert requests.get(f"http://127.0.0.1:{ports[1]}/health", timeout=5).text == "OK"
+        assert "study_summaries" in requests.get(f"http://127.0.0.1:{ports[2]}/api/studies", timeout=5).json()
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert len(children) >= 3
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+    time.sleep(1)
+    assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]

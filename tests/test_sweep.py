@@ -1,0 +1,197 @@
+"""exgrpo.sweep with real Optuna sqlite storage, real local Ray (2 CPUs) and real MLflow sqlite."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+
+import pytest
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+optuna = pytest.importorskip("optuna")
+pytest.importorskip("ray")
+mlflow = pytest.importorskip("mlflow")
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+if "RAY_TMPDIR" not in os.environ:  # short: Ray's unix socket paths are length-limited
+    os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    atexit.register(shutil.rmtree, os.environ["RAY_TMPDIR"], True)  # runs after Ray's own atexit shutdown
+
+from optuna.trial import TrialState  # noqa: E402
+
+from exgrpo.config import ConfigError  # noqa: E402
+from exgrpo.sweep import (  # noqa: E402
+    SweepError,
+    load_sweep,
+    open_study,
+    paper_defaults,
+    run_sweep,
+    run_trial,
+    safe_tell,
+)
+
+TINY_BASE = {
+    "base.task.max_operand": 5, "base.train.batch_size": 16, "base.algorithm.group_size": 4,
+    "base.policy.hidden": 32, "base.policy.layers": 2, "budget_steps": 8,
+}
+
+
+def sweep_dict(tmp_path, **space):
+    return {
+        "study": {"name": "s", "n_trials": 4, "parallel": 2, "pruner": "median", "pruner_startup_trials": 2},
+        "base": "experiments/toy.yaml",
+        "base_overrides": {"name": "tiny-sweep", "algorithm.replay": "buckets", "output_dir": str(tmp_path / "runs")},
+        "budget_steps": 8,
+        "space": space or {"algorithm.experience_ratio": {"type": "float", "low": 0.1, "high": 0.9}},
+    }
+
+
+# ------------------------------------------------------------------ validation (no Ray)
+def test_unknown_field_named_with_close_matches(tmp_path):
+    d = sweep_dict(tmp_path, **{"algorithm.experiance_ratio": {"type": "float", "low": 0.1, "high": 0.9},
+                                "is_clip": {"type": "float", "low": 1, "high": 4}})
+    with pytest.raises(SweepError) as e:
+        load_sweep(d)
+    msg = str(e.value)
+    assert "algorithm.experiance_ratio: unknown config field; did you mean algorithm.experience_ratio" in msg
+    assert "is_clip: unknown config field; did you mean algorithm.is_clip" in msg
+
+
+def test_empty_space_and_bad_ranges(tmp_path):
+    d = sweep_dict(tmp_path)
+    d["space"] = {}
+    with pytest.raises(SweepError, match="search space is empty"):
+        load_sweep(d)
+    with pytest.raises(SweepError, match="low=0.9 must be < high=0.1"):
+        load_sweep(sweep_dict(tmp_path, **{"algorithm.experience_ratio": {"type": "float", "low": 0.9, "high": 0.1}}))
+    with pytest.raises(SweepError, match="log scale needs low > 0"):
+        load_sweep(sweep_dict(tmp_path, **{"algorithm.is_clip": {"type": "float", "low": 0, "high": 2, "log": True}}))
+    with pytest.raises(SweepError, match="categorical needs a non-empty"):
+        load_sweep(sweep_dict(tmp_path, **{"algorithm.shaping": {"type": "categorical", "choices": []}}))
+    d = sweep_dict(tmp_path)
+    d["study"]["sampler"] = "grid"
+    with pytest.raises(SweepError, match="grid over a float range needs `step`"):
+        load_sweep(d)
+    d["study"]["bogus"] = 1
+    with pytest.raises(SweepError, match="study.bogus: unknown key"):
+        load_sweep(d)
+    with pytest.raises(ConfigError, match="group_size"):
+        load_sweep(sweep_dict(tmp_path), {"base.algorithm.group_size": 1})
+
+
+def test_repo_sweep_file_is_valid():
+    sc = load_sweep("experiments/toy-sweep.yaml")
+    assert sc.study.sampler == "tpe" and sc.budget_steps == 200
+    d = paper_defaults(sc)
+    assert d["algorithm.experience_ratio"] == 0.5 and d["algorithm.bucket_rbound"] == 15
+    assert d["algorithm.shaping"] == "policy_shaping" and d["algorithm.shaping_gamma"] == 0.1
+
+
+def test_existing_study_with_other_space_is_an_error(tmp_path):
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    sc = load_sweep(sweep_dict(tmp_path))
+    study, url, created = open_study(sc, storage)
+    assert created
+    (first,) = study.get_trials(states=(TrialState.WAITING,))
+    assert first.system_attrs["fixed_params"] == {"algorithm.experience_ratio": 0.5}, "paper defaults go first"
+    _, _, created = open_study(sc, storage)  # same space: resumes
+    assert not created
+    other = load_sweep(sweep_dict(tmp_path, **{"algorithm.experience_ratio": {"type": "float", "low": 0.2, "high": 0.9}}))
+    with pytest.raises(SweepError, match=r"'s' .* different search space \(differs in: algorithm.experience_ratio\)"):
+        open_study(other, storage)
+
+
+def test_grid_sampler_enumerates_the_space(tmp_path):
+    d = sweep_dict(tmp_path, **{"algorithm.shaping": {"type": "categorical", "choices": ["identity", "truncate"]},
+                                "algorithm.bucket_lbound": {"type": "int", "low": 0, "high": 1}})
+    d["study"]["sampler"] = "grid"
+    d["study"]["enqueue_defaults"] = False
+    sc = load_sweep(d)
+    study, _, _ = open_study(sc, f"sqlite:///{tmp_path}/g.db")
+    dists = {k: v.distribution() for k, v in sc.space.items()}
+    seen = set()
+    for _ in range(4):
+        t = study.ask(dists)
+        seen.add((t.params["algorithm.shaping"], t.params["algorithm.bucket_lbound"]))
+        safe_tell(study, t, 0.0)
+    assert len(seen) == 4
+
+
+# ------------------------------------------------------------------ pruning path (in process)
+def test_trial_is_pruned_from_the_worker_side(tmp_path):
+    """run_trial loads the study by name, reports val/accuracy at eval steps and prunes itself."""
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    d = sweep_dict(tmp_path)
+    d["study"].update(pruner_startup_trials=1, enqueue_defaults=False)
+    sc = load_sweep(d, TINY_BASE)
+    study, url, _ = open_study(sc, storage)
+    dists = {k: v.distribution() for k, v in sc.space.items()}
+    strong = study.ask(dists)  # a finished trial that was perfect at every eval step
+    for step in (4, 8):
+        strong.report(1.0, step)
+    study.tell(strong, 1.0)
+    trial = study.ask(dists)
+    out = run_trial({"sweep": sc.model_dump(mode="json"), "number": trial.number, "trial_id": trial._trial_id,
+                     "params": trial.params, "storage": url, "tracking_uri": uri, "experiment": "tiny-sweep",
+                     "parent_run_id": None})
+    assert out["state"] == "PRUNED", out
+    assert "pruned at step 4" in out["error"]
+    ft = study.get_trials()[trial.number]
+    assert list(ft.intermediate_values) == [4]
+    run = mlflow.MlflowClient(uri).get_run(out["run_id"])
+    assert run.info.status == "KILLED" and run.data.tags["pruned"] == "true"
+
+
+# ------------------------------------------------------------------ the whole loop on Ray
+def test_sweep_on_ray_with_a_crashing_trial_then_resume(tmp_path):
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"
+    d = sweep_dict(tmp_path, **{"algorithm.experience_ratio": {"type": "float", "low": 0.1, "high": 0.9},
+                                "algorithm.bucket_rbound": {"type": "categorical", "choices": [3, 99]}})
+    # trial 0: the paper defaults (rbound = K-1 = 3); trial 1: rbound 99 > K -> the trial's config is invalid
+    d["study"].update(enqueue=[{"algorithm.bucket_rbound": 99, "algorithm.experience_ratio": 0.3}],
+                      pruner="none", n_startup_trials=10)
+    sc = load_sweep(d, TINY_BASE)
+    seen = []
+    res = run_sweep(sc, storage=storage, tracking_uri=uri, on_trial=seen.append)
+
+    assert len(res.outcomes) == 4 == len(seen)
+    by_number = {o["number"]: o for o in res.outcomes}
+    assert by_number[0]["params"] == {"algorithm.experience_ratio": 0.5, "algorithm.bucket_rbound": 3}
+    assert by_number[0]["state"] == "COMPLETE"
+    assert by_number[1]["state"] == "FAIL" and "bucket_rbound=99" in by_number[1]["error"]
+    for o in res.outcomes:
+        assert o["state"] == ("FAIL" if o["params"]["algorithm.bucket_rbound"] == 99 else "COMPLETE"), o
+    study = optuna.load_study(study_name="s", storage=storage)
+    states = [t.state for t in study.trials]
+    assert states.count(TrialState.FAIL) >= 1 and states.count(TrialState.COMPLETE) >= 2
+    assert "bucket_rbound=99" in study.trials[1].user_attrs["error"]
+    assert res.counts["FAIL"] + res.counts["COMPLETE"] == 4
+    assert "| 1 | FAIL |" in res.table()
+
+    client = mlflow.MlflowClient(uri)
+    exp = client.get_experiment_by_name("tiny-sweep")
+    runs = client.search_runs([exp.experiment_id])
+    parent = [r for r in runs if r.data.tags.get("kind") == "sweep"]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == res.parent_run_id]
+    assert len(parent) == 1 and parent[0].info.run_id == res.parent_run_id
+    assert len(children) == 4
+    assert {r.info.status for r in children if "error" in r.data.tags} == {"FAILED"}
+    assert all(r.data.tags["study"] == "s" for r in children)
+    ok = [r for r in children if r.info.status == "FINISHED"]
+    assert all("algorithm.experience_ratio" in r.data.params for r in ok)
+    assert all(len(client.get_metric_history(r.info.run_id, "val/accuracy")) == 2 for r in ok)
+    assert parent[0].data.metrics["trials_complete"] == res.counts["COMPLETE"]
+    assert {t.user_attrs["mlflow_run_id"] for t in study.trials} == {r.info.run_id for r in children}
+
+    # resume by study name: the study grows to 5 trials, under the same parent run
+    res2 = run_sweep(sc, storage=storage, tracking_uri=uri, n_trials=5)
+    assert len(res2.outcomes) == 1 and res2.outcomes[0]["number"] == 4
+    assert res2.parent_run_id == res.parent_run_id
+    assert len(optuna.load_study(study_name="s", storage=storage).trials) == 5
+    res3 = run_sweep(sc, storage=storage, tracking_uri=uri, n_trials=5)
+    assert res3.outcomes == []
