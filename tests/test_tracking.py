@@ -111,7 +111,6 @@ def test_tracked_toy_run_reads_back(tmp_path):
     assert [m.step for m in val] == [4, 8]  # 58 training questions / 16 per step -> eval every 4 steps
     assert val[-1].value == pytest.approx(run.result.final_metrics["val/accuracy"])
     assert len(client.get_metric_history(run.run_id, "pool/bucket_2")) == 8
-    assert any(k.startswith("system/") for k in r.data.metrics), "system metrics were requested"
 
     arts = {a.path for a in client.list_artifacts(run.run_id)}
     assert {"config", "checkpoints", "metrics"} <= arts
