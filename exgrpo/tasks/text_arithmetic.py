@@ -52,9 +52,9 @@ class ArithmeticProblemsConfig(_Strict):
     """Fewest operands in an expression."""
     max_operands: int = Field(3, ge=2, le=6)
     """Most operands in an expression."""
-    max_operand: int = Field(50, ge=1, le=999)
+    max_operand: int = Field(20, ge=1, le=999)
     """Operands of + and - are drawn from 0..max_operand."""
-    max_factor: int = Field(12, ge=1, le=999)
+    max_factor: int = Field(9, ge=1, le=999)
     """Operands next to a * are drawn from 0..max_factor (keeps products short)."""
     ops: str = "+-*"
     """Operators to draw from (a subset of "+-*")."""

@@ -155,7 +155,7 @@ def build_packed_batch(
     for i, r in enumerate(rows):
         prompt_ids[i, p - len(r) :] = torch.tensor(r, dtype=torch.long)
         prompt_mask[i, p - len(r) :] = 1
-    resp_ids = torch.where(response_mask, response_tokens.long(), torch.full_like(response_tokens, pad_id, dtype=torch.long))
+    resp_ids = response_tokens.long().masked_fill(~response_mask, pad_id)
     input_ids = torch.cat([prompt_ids, resp_ids], dim=1)
     attention_mask = torch.cat([prompt_mask, response_mask.long()], dim=1)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp_min(0)

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -26,6 +27,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable
 from typing import Literal
 
 import numpy as np
@@ -41,7 +43,10 @@ from exgrpo.tasks.text_arithmetic import (
     sample_sft_problems,
 )
 
-__all__ = ["TinyLM", "TinyLMConfig", "build_model", "cache_root", "config_hash", "greedy_accuracy", "load_tiny_lm", "sft"]
+__all__ = [
+    "TinyLM", "TinyLMConfig", "build_model", "cache_root", "config_hash", "greedy_accuracy", "load_tiny_lm", "sft",
+    "train_tiny_lm",
+]
 
 CACHE_FORMAT = 1
 """Bump to invalidate every cached tiny LM (e.g. when the SFT data format changes)."""
@@ -59,19 +64,19 @@ class TinyLMConfig(_Strict):
     """transformers model family the model is built from (config only, no hub)."""
     hidden_size: int = Field(128, ge=8)
     """Model width."""
-    num_layers: int = Field(4, ge=1)
+    num_layers: int = Field(2, ge=1)
     """Decoder layers."""
     num_heads: int = Field(4, ge=1)
     """Attention heads."""
     num_kv_heads: int = Field(2, ge=1)
     """Key/value heads (grouped-query attention)."""
-    intermediate_size: int = Field(384, ge=8)
+    intermediate_size: int = Field(256, ge=8)
     """MLP width."""
     max_position_embeddings: int = Field(128, ge=16)
     """Longest prompt + response."""
     problems: ArithmeticProblemsConfig = ArithmeticProblemsConfig()
     """SFT question distribution (the RL task should use the same)."""
-    sft_steps: int = Field(500, ge=0)
+    sft_steps: int = Field(400, ge=0)
     """Optimiser steps of the warm start (the knob that sets the warm-start accuracy)."""
     sft_batch_size: int = Field(64, ge=1)
     """Sequences per SFT step."""
@@ -85,7 +90,7 @@ class TinyLMConfig(_Strict):
     """Seed of the initial weights and of the SFT data."""
     eval_questions: int = Field(500, ge=0)
     """Validation questions of the default RL task used to record the warm-start accuracy (0: skip)."""
-    eval_max_new_tokens: int = Field(48, ge=1)
+    eval_max_new_tokens: int = Field(40, ge=1)
     """Response budget of that evaluation."""
 
 
@@ -107,13 +112,18 @@ def cache_root(cache_dir: str | Path | None = None) -> Path:
     return Path(os.environ.get("EXGRPO_CACHE") or Path.home() / ".cache" / "exgrpo")
 
 
+_NOT_HASHED = {"eval_questions", "eval_max_new_tokens"}
+
+
 def config_hash(cfg: TinyLMConfig) -> str:
-    payload = json.dumps({"format": CACHE_FORMAT, "config": cfg.model_dump(mode="json")}, sort_keys=True)
+    """Cache key: everything that determines the weights (the evaluation settings do not)."""
+    fields = cfg.model_dump(mode="json", exclude=_NOT_HASHED)
+    payload = json.dumps({"format": CACHE_FORMAT, "config": fields}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
 def build_model(cfg: TinyLMConfig, tokenizer: CharTokenizer) -> torch.nn.Module:
-    """A randomly initialised model (seeded by ``cfg.seed``) from a transformers config."""
+    """A randomly initialised model (seeded by ``cfg.seed``; the global torch RNG is left as it was)."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     common = dict(
@@ -123,8 +133,9 @@ def build_model(cfg: TinyLMConfig, tokenizer: CharTokenizer) -> torch.nn.Module:
         bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id, tie_word_embeddings=True,
     )
     config_cls, model_cls = (LlamaConfig, LlamaForCausalLM) if cfg.arch == "llama" else (Qwen2Config, Qwen2ForCausalLM)
-    torch.manual_seed(cfg.seed)
-    model = model_cls(config_cls(**common))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        model = model_cls(config_cls(**common))
     _set_generation_ids(model, tokenizer)
     return model
 
@@ -143,8 +154,14 @@ def _lr_at(step: int, cfg: TinyLMConfig) -> float:
     return cfg.sft_lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
-def sft(cfg: TinyLMConfig, model: torch.nn.Module, tokenizer: CharTokenizer, progress: bool = True) -> dict:
-    """Supervised warm start in place; returns {"sft_seconds", "sft_final_loss", "sft_loss_curve"}."""
+def sft(
+    cfg: TinyLMConfig, model: torch.nn.Module, tokenizer: CharTokenizer, progress: bool = True,
+    on_step: Callable[[int, float], None] | None = None,
+) -> dict:
+    """Supervised warm start in place; returns {"sft_seconds", "sft_final_loss" (an EMA of the
+    per-step loss, decay 0.95), "sft_loss_curve" (the raw loss every 10 steps)}.
+    ``on_step(step, loss)`` is called after every optimiser step (e.g. to evaluate along the way)."""
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from exgrpo.core.selection import pad_right
@@ -158,14 +175,15 @@ def sft(cfg: TinyLMConfig, model: torch.nn.Module, tokenizer: CharTokenizer, pro
     t0 = time.perf_counter()
     bar = Progress(
         TextColumn("[bold]tiny-lm SFT"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-        TimeElapsedColumn(), disable=not progress, transient=False,
+        TimeElapsedColumn(), console=Console(stderr=True), disable=not progress, transient=False,
     )
     with bar:
         task = bar.add_task("sft", total=cfg.sft_steps, info="")
         for step in range(cfg.sft_steps):
             pairs = sample_sft_problems(cfg.problems, rng, cfg.sft_batch_size)
             prompts = [tokenizer.encode(q, add_bos=True, strict=True) for q, _ in pairs]
-            resp, mask = pad_right([tokenizer.encode(s, add_eos=True, strict=True) for _, s in pairs], pad=tokenizer.pad_id)
+            targets = [tokenizer.encode(s, add_eos=True, strict=True) for _, s in pairs]
+            resp, mask = pad_right(targets, pad=tokenizer.pad_id)
             out = engine.score(prompts, resp, mask, temperature=1.0)
             loss = -out.logp.sum() / mask.sum()
             for g in opt.param_groups:
@@ -174,7 +192,9 @@ def sft(cfg: TinyLMConfig, model: torch.nn.Module, tokenizer: CharTokenizer, pro
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
-            v = float(loss)
+            v = float(loss.detach())
+            if on_step is not None:
+                on_step(step, v)
             ema = v if ema is None else 0.95 * ema + 0.05 * v
             if step % 10 == 0 or step == cfg.sft_steps - 1:
                 curve.append(round(v, 4))
@@ -199,6 +219,66 @@ def greedy_accuracy(
     return hits / max(1, len(qids))
 
 
+@contextlib.contextmanager
+def _quiet_hf(enabled: bool):
+    """Silence transformers' save/load progress bars (``enabled``: do it)."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    if enabled and was:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled and was:
+            hf_logging.enable_progress_bar()
+
+
+@contextlib.contextmanager
+def _exclusive(lock_path: Path):
+    """An exclusive inter-process lock (POSIX flock; a no-op where fcntl is missing), so parallel
+    runs that need the same uncached model train it once and the others wait and load it."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - non-POSIX
+        yield
+        return
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _load_cached(path: Path) -> TinyLM:
+    from transformers import AutoModelForCausalLM
+
+    record = json.loads((path / RECORD_FILE).read_text())
+    tokenizer = CharTokenizer.load(path)
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval()
+    _set_generation_ids(model, tokenizer)
+    return TinyLM(model, tokenizer, path, record, cache_hit=True)
+
+
+def train_tiny_lm(cfg: TinyLMConfig, progress: bool = True) -> TinyLM:
+    """Build and SFT a tiny LM (no cache), recording SFT time/loss and the warm-start accuracy."""
+    tokenizer = CharTokenizer()
+    model = build_model(cfg, tokenizer)
+    record: dict = {"config": cfg.model_dump(mode="json"), "hash": config_hash(cfg), "format": CACHE_FORMAT}
+    record.update(sft(cfg, model, tokenizer, progress=progress))
+    if cfg.eval_questions:
+        task = TextArithmetic(TextArithmeticTaskConfig(problems=cfg.problems), tokenizer=tokenizer)
+        ids = task.val_ids[: cfg.eval_questions]
+        t0 = time.perf_counter()
+        record["warm_start_accuracy"] = greedy_accuracy(model, tokenizer, task, ids, cfg.eval_max_new_tokens)
+        record["warm_start_eval_questions"] = len(ids)
+        record["warm_start_eval_seconds"] = time.perf_counter() - t0
+    record["torch_threads"] = torch.get_num_threads()
+    return TinyLM(model, tokenizer, None, record, cache_hit=False)
+
+
 def load_tiny_lm(
     cfg: TinyLMConfig | None = None,
     cache_dir: str | Path | None = None,
@@ -209,44 +289,28 @@ def load_tiny_lm(
     """The warm-started tiny LM for ``cfg``: from the cache if present, else trained and cached.
 
     ``use_cache=False`` trains without reading or writing the cache; ``retrain=True`` trains and
-    overwrites the cached copy."""
-    from transformers import AutoModelForCausalLM
-
+    overwrites the cached copy. A cache entry is complete once its ``tiny_lm.json`` exists (it is
+    written last, into a temporary directory that is then renamed into place)."""
     cfg = cfg or TinyLMConfig()
-    tokenizer = CharTokenizer()
-    path = cache_root(cache_dir) / "tiny-lm" / config_hash(cfg)
-    if use_cache and not retrain and (path / RECORD_FILE).is_file():
-        record = json.loads((path / RECORD_FILE).read_text())
-        tokenizer = CharTokenizer.load(path)
-        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval()
-        _set_generation_ids(model, tokenizer)
-        return TinyLM(model, tokenizer, path, record, cache_hit=True)
-
-    model = build_model(cfg, tokenizer)
-    record: dict = {"config": cfg.model_dump(mode="json"), "hash": config_hash(cfg), "format": CACHE_FORMAT}
-    record.update(sft(cfg, model, tokenizer, progress=progress))
-    if cfg.eval_questions:
-        task = TextArithmetic(TextArithmeticTaskConfig(problems=cfg.problems))
-        ids = task.val_ids[: cfg.eval_questions]
-        t0 = time.perf_counter()
-        record["warm_start_accuracy"] = greedy_accuracy(model, tokenizer, task, ids, cfg.eval_max_new_tokens)
-        record["warm_start_eval_questions"] = len(ids)
-        record["warm_start_eval_seconds"] = time.perf_counter() - t0
-    record["torch_threads"] = torch.get_num_threads()
     if not use_cache:
-        return TinyLM(model, tokenizer, None, record, cache_hit=False)
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
-    try:
-        model.save_pretrained(tmp)
-        tokenizer.save(tmp)
-        (tmp / RECORD_FILE).write_text(json.dumps(record, indent=1))  # written last: marks a complete entry
-        if path.exists():
-            shutil.rmtree(path)
-        os.replace(tmp, path)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not (path / RECORD_FILE).is_file():  # lost a race and the winner is not there either
-            raise
-    return TinyLM(model, tokenizer, path, record, cache_hit=False)
+        return train_tiny_lm(cfg, progress)
+    path = cache_root(cache_dir) / "tiny-lm" / config_hash(cfg)
+    with _quiet_hf(not progress):
+        if not retrain and (path / RECORD_FILE).is_file():
+            return _load_cached(path)
+        with _exclusive(path.parent / f".{path.name}.lock"):
+            if not retrain and (path / RECORD_FILE).is_file():  # another process trained it meanwhile
+                return _load_cached(path)
+            tiny = train_tiny_lm(cfg, progress)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
+            try:
+                tiny.model.save_pretrained(tmp)
+                tiny.tokenizer.save(tmp)
+                (tmp / RECORD_FILE).write_text(json.dumps(tiny.record, indent=1))  # last: marks completion
+                if path.exists():
+                    shutil.rmtree(path)
+                os.replace(tmp, path)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+    tiny.path = path
+    return tiny

@@ -1,0 +1,73 @@
+"""An HF causal LM as the native trainer's Policy (interfaces.py).
+
+Prompt rows are unpadded token-id lists (``task.prompts(qids)``); responses are right-padded (N, T)
+tensors with a bool mask through EOS. Sampling and scoring go through one
+:class:`~exgrpo.backends.native.lm.engine.RolloutEngine`, so behaviour log-probs of fresh rows
+and ``score`` of the same rows agree (same temperature, same packed layout).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+
+from exgrpo.backends.native.interfaces import Rollout, Scores
+from exgrpo.backends.native.lm.engine import RolloutEngine, SamplingParams
+
+__all__ = ["LMPolicy", "LMPolicyConfig"]
+
+
+class LMPolicyConfig(BaseModel):
+    """Sampling settings of an LM policy (the model itself comes from the tier, e.g. TinyLMConfig)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+    kind: str = "lm"
+    """Policy registry key."""
+    max_new_tokens: int = Field(40, ge=1)
+    """Longest response, EOS included (also the L of token-sum-norm aggregation)."""
+    temperature: float = Field(1.0, gt=0.0)
+    """Sampling temperature; log-probs/entropies (behaviour and current) are of softmax(logits / T)."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling mass (1: plain sampling; <1 makes behaviour log-probs approximate, see engine)."""
+
+
+class LMPolicy(nn.Module):
+    """Policy protocol over a ``transformers`` causal LM (its parameters are this module's)."""
+
+    def __init__(self, model: nn.Module, pad_id: int, eos_id: int, cfg: LMPolicyConfig | None = None) -> None:
+        super().__init__()
+        self.cfg = cfg = cfg or LMPolicyConfig()
+        self.model = model
+        self.max_response_length = cfg.max_new_tokens
+        self.pad_id, self.eos_id = int(pad_id), int(eos_id)
+        params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p)
+        self._engine = RolloutEngine(model, self.pad_id, self.eos_id, params)
+
+    @property
+    def engine(self) -> RolloutEngine:
+        self._engine.model = self.model  # follow a swapped model
+        return self._engine
+
+    @classmethod
+    def from_tiny_lm(cls, tiny, cfg: LMPolicyConfig | None = None) -> LMPolicy:
+        """From a :class:`~exgrpo.backends.native.lm.tiny_lm.TinyLM` (what ``load_tiny_lm`` returns)."""
+        return cls(tiny.model, tiny.tokenizer.pad_id, tiny.tokenizer.eos_id, cfg)
+
+    def generate(self, prompts: Sequence[Sequence[int]], generator: torch.Generator, greedy: bool = False) -> Rollout:
+        """One response per prompt row; randomness only from ``generator`` (reproducible)."""
+        out = self.engine.generate(prompts, generator=generator, greedy=greedy)
+        return Rollout(tokens=out.tokens, mask=out.mask, logp=out.logp, entropy=out.entropy)
+
+    def score(
+        self, prompts: Sequence[Sequence[int]], tokens: torch.Tensor, mask: torch.Tensor, full: bool = False
+    ) -> Scores:
+        """(N, T) log-probs/entropies of right-padded responses (one forward), differentiable."""
+        out = self.engine.score(prompts, tokens, mask, full=full)
+        return Scores(logp=out.logp, entropy=out.entropy, full_logp=out.full_logp)
+
+    def forward(self, prompts, tokens, mask):  # noqa: D102 - nn.Module convention
+        return self.score(prompts, tokens, mask)

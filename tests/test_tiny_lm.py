@@ -1,0 +1,160 @@
+"""Tiny-lm tier: character tokenizer, text-arithmetic task and reward, cached SFT warm start."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from exgrpo.backends.native.lm.tokenizer import DEFAULT_CHARS, CharTokenizer
+from exgrpo.core.selection import pad_right
+from exgrpo.tasks.text_arithmetic import (
+    ArithmeticProblemsConfig,
+    TextArithmetic,
+    TextArithmeticTaskConfig,
+    extract_final_integer,
+    is_rl_question,
+    question_text,
+    sample_problem,
+    sample_sft_problems,
+    worked_solution,
+)
+
+SMALL_TASK = TextArithmeticTaskConfig(n_train=200, n_val=50, data_seed=7)
+
+
+# ---------------------------------------------------------------------------------- tokenizer
+def test_tokenizer_round_trip(tmp_path):
+    tok = CharTokenizer()
+    assert tok.vocab_size < 64 and tok.vocab_size == 4 + len(DEFAULT_CHARS)
+    text = "12+7*3=? 7*3=21 12+21=33 \\boxed{33} (x-1)/2, ok: -5."
+    ids = tok.encode(text, add_bos=True, add_eos=True, strict=True)
+    assert ids[0] == tok.bos_id and ids[-1] == tok.eos_id and len(ids) == len(text) + 2
+    assert tok.decode(ids) == text
+    assert tok.decode(ids, skip_special_tokens=False) == "<bos>" + text + "<eos>"
+    assert tok.decode(tok.encode(DEFAULT_CHARS)) == DEFAULT_CHARS
+    assert tok.encode("1#2") == [tok.token_to_id["1"], tok.unk_id, tok.token_to_id["2"]]
+    with pytest.raises(ValueError):
+        tok.encode("1#2", strict=True)
+    tok.save(tmp_path)
+    assert CharTokenizer.load(tmp_path) == tok
+
+
+# ---------------------------------------------------------------------------------- task
+@pytest.mark.parametrize(
+    "text,value",
+    [
+        ("7*3=21 12+21=33 \\boxed{33}", 33),
+        ("4-38=-34 -34+11=-23 \\boxed{-23}", -23),
+        ("\\boxed{5} then \\boxed{ 8 }", 8),
+        ("\\boxed{12} \\boxed{1", 12),  # an unterminated last box falls back to the previous box
+        ("\\boxed{x}", None),
+        ("\\boxed{}", None),
+        ("12+21=33", 33),  # no box: last integer
+        ("5-3", 3),  # a glued '-' is an operator
+        ("so -7", -7),
+        ("no digits", None),
+        ("", None),
+    ],
+)
+def test_extract_final_integer(text, value):
+    assert extract_final_integer(text) == value
+
+
+def test_worked_solutions_are_correct():
+    cfg = ArithmeticProblemsConfig()
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        nums, ops = sample_problem(cfg, rng)
+        q = question_text(nums, ops)
+        sol, ans = worked_solution(nums, ops)
+        assert ans == eval(q.removesuffix("=?"))  # noqa: S307 - our own digits and +-* only
+        assert sol.endswith(f"\\boxed{{{ans}}}") and extract_final_integer(sol) == ans
+    assert worked_solution([12, 7, 3], ["+", "*"]) == ("7*3=21 12+21=33 \\boxed{33}", 33)
+    assert worked_solution([2, 3, 4], ["*", "*"]) == ("2*3=6 6*4=24 \\boxed{24}", 24)
+
+
+def test_task_splits_prompts_and_determinism():
+    a, b = TextArithmetic(SMALL_TASK), TextArithmetic(SMALL_TASK)
+    assert a.questions == b.questions and a.train_ids == b.train_ids and a.val_ids == b.val_ids
+    assert len(a.train_ids) == 200 and len(a.val_ids) == 50 and not set(a.train_ids) & set(a.val_ids)
+    assert len(set(a.questions)) == len(a.questions) and all(is_rl_question(q) for q in a.questions)
+    c = TextArithmetic(SMALL_TASK.model_copy(update={"data_seed": 8}))
+    assert c.questions != a.questions
+    # the SFT side never produces an RL question
+    sft = sample_sft_problems(ArithmeticProblemsConfig(), np.random.default_rng(0), 500)
+    assert not any(is_rl_question(q) for q, _ in sft)
+    p = a.prompts([3, 3, 0])
+    assert p[0] == p[1] and p[0][0] == a.tokenizer.bos_id and a.tokenizer.decode(p[2]) == a.questions[0]
+
+
+def test_task_rewards_on_constructed_strings():
+    task = TextArithmetic(SMALL_TASK)
+    tok = task.tokenizer
+    q = task.val_ids[:4]
+    gold = [task.answers[i] for i in q]
+    texts = [
+        task.solution_text(q[0]),  # the worked solution: correct
+        f"1+1=2 \\boxed{{{gold[1] + 1}}}",  # wrong box
+        f"the answer is {gold[2]}",  # no box: last integer
+        f"\\boxed{{{gold[3]}}} junk 999",  # box wins over a later integer
+    ]
+    seqs = [tok.encode(t, add_eos=True) for t in texts]
+    seqs[2] = seqs[2][:-1]  # a truncated row (no EOS)
+    tokens, mask = pad_right(seqs, pad=tok.pad_id)
+    r = task.rewards(q, tokens, mask)
+    assert r.dtype == torch.float32 and r.tolist() == [1.0, 0.0, 1.0, 1.0]
+    # tokens beyond the mask are ignored
+    tokens2 = tokens.clone()
+    tokens2[~mask] = tok.encode("7")[0]
+    assert task.rewards(q, tokens2, mask).tolist() == [1.0, 0.0, 1.0, 1.0]
+
+
+# ---------------------------------------------------------------------------------- tiny LM
+def test_tiny_sft_runs_and_caches(tmp_path, monkeypatch):
+    pytest.importorskip("transformers")
+    from exgrpo.backends.native.lm.tiny_lm import TinyLMConfig, config_hash, load_tiny_lm
+
+    monkeypatch.setenv("EXGRPO_CACHE", str(tmp_path))
+    cfg = TinyLMConfig(
+        hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64, sft_steps=4,
+        sft_batch_size=8, sft_warmup=1, eval_questions=8, eval_max_new_tokens=8,
+    )
+    first = load_tiny_lm(cfg, progress=False)
+    assert not first.cache_hit and first.path == tmp_path / "tiny-lm" / config_hash(cfg)
+    for name in ("config.json", "model.safetensors", "char_vocab.json", "tiny_lm.json"):
+        assert (first.path / name).is_file(), name
+    rec = first.record
+    assert len(rec["sft_loss_curve"]) >= 1 and np.isfinite(rec["sft_final_loss"])
+    assert 0 <= rec["warm_start_accuracy"] <= 1
+
+    second = load_tiny_lm(cfg, progress=False)
+    assert second.cache_hit and second.tokenizer == first.tokenizer and second.record == rec
+    for (n1, p1), (n2, p2) in zip(first.model.state_dict().items(), second.model.state_dict().items()):
+        assert n1 == n2 and torch.equal(p1, p2), n1
+    # a different config is a different cache entry
+    assert config_hash(cfg.model_copy(update={"sft_steps": 5})) != config_hash(cfg)
+    assert config_hash(cfg.model_copy(update={"eval_questions": 3})) == config_hash(cfg)
+
+
+def test_lm_policy_runs_a_trainer_step(tmp_path):
+    """The tiny-lm pieces plug into the backend-agnostic trainer unchanged."""
+    pytest.importorskip("transformers")
+    from exgrpo.backends.native.lm.policy import LMPolicy, LMPolicyConfig
+    from exgrpo.backends.native.lm.tiny_lm import TinyLMConfig, build_model
+    from exgrpo.backends.native.trainer import Trainer
+    from exgrpo.config import ExperimentConfig
+
+    task = TextArithmetic(SMALL_TASK)
+    small = TinyLMConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
+    model = build_model(small, task.tokenizer)
+    policy = LMPolicy(model, task.tokenizer.pad_id, task.tokenizer.eos_id, LMPolicyConfig(max_new_tokens=12))
+    cfg = ExperimentConfig.model_validate(
+        {"output_dir": str(tmp_path), "train": {"batch_size": 4, "max_steps": 2}, "algorithm": {"group_size": 4}}
+    )
+    trainer = Trainer(cfg, task=task, policy=policy)
+    before = [p.detach().clone() for p in policy.parameters()]
+    m = trainer.train_step()
+    assert np.isfinite(m["actor/grad_norm"]) and 0 <= m["batch/solved"] <= 1
+    assert any(not torch.equal(a, b) for a, b in zip(before, policy.parameters()))
+    assert 0 <= trainer.evaluate()["val/accuracy"] <= 1
