@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import textwrap
+import typing
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -14,12 +15,23 @@ from exgrpo.config import ConfigError, ExperimentConfig, load_compare, load_expe
 
 
 def _field_docs(model: type[BaseModel] = ExperimentConfig, prefix: str = "") -> list[tuple[str, str, str]]:
-    """(dotted name, default, docstring) for every leaf field of the config."""
+    """(dotted name, default, docstring) for every leaf field of the config; a section that is a
+    union (e.g. ``task``: toy or text arithmetic) lists each member's fields under its ``kind``."""
     rows = []
     for name, f in model.model_fields.items():
-        ann = f.annotation
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            rows += _field_docs(ann, f"{prefix}{name}.")
+        members = [a for a in typing.get_args(f.annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
+        if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel):
+            members = [f.annotation]
+        if not members and typing.get_origin(f.annotation) is typing.Annotated:
+            inner = typing.get_args(f.annotation)[0]
+            members = [a for a in typing.get_args(inner) if isinstance(a, type) and issubclass(a, BaseModel)]
+        if members:
+            for m in members:
+                tag = ""
+                if len(members) > 1:
+                    tag = f"  [{name}.kind={m.model_fields['kind'].default}]"
+                sub = _field_docs(m, f"{prefix}{name}.")
+                rows += [(n, d, doc + tag if n.endswith(".kind") else doc) for n, d, doc in sub]
         else:
             default = f.default.value if hasattr(f.default, "value") else f.default
             rows.append((f"{prefix}{name}", json.dumps(default, default=str), f.description or ""))
@@ -136,6 +148,12 @@ def _cmd_ui(args: argparse.Namespace) -> int:
     return ui_main(args.host, args.prefect_port, args.mlflow_port, args.optuna_port, args.tracking_uri, args.storage)
 
 
+def _cmd_dashboard(args: argparse.Namespace) -> int:
+    from exgrpo.dashboard.cli import run
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="exgrpo", description="ExGRPO Lab: GRPO with experience replay.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -189,6 +207,16 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--tracking-uri", help="MLflow store to serve (default: MLFLOW_TRACKING_URI, else <project>/mlruns/mlflow.db)")
     u.add_argument("--storage", help="Optuna storage to serve (default: sqlite:///<project>/studies/optuna.db)")
     u.set_defaults(fn=_cmd_ui)
+
+    from exgrpo.dashboard.cli import add_arguments as _dashboard_arguments
+
+    d = sub.add_parser("dashboard", help="HTML report of a compare or sweep run, served on 127.0.0.1 (or --out FILE)",
+                       description="Build the comparison report of a compare parent run (learning curves with 95% CI "
+                       "bands, final table, pool dynamics) or the sweep report of a study (trials, importances, best "
+                       "configuration, history) from MLflow, log it on the parent run as dashboards/<kind>.html, and "
+                       "serve it on 127.0.0.1 (Ctrl-C stops) or write it with --out.")
+    _dashboard_arguments(d)
+    d.set_defaults(fn=_cmd_dashboard)
 
     g = sub.add_parser("config", help="print every config field with its doc, or a resolved config")
     g.add_argument("config", nargs="?", help="experiment YAML to resolve")

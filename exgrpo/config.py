@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -100,7 +100,7 @@ class _Strict(BaseModel):
 class ToyTaskConfig(_Strict):
     """Integer addition/subtraction from feature vectors (notebook-toy.md)."""
 
-    kind: str = "toy_arithmetic"
+    kind: Literal["toy_arithmetic"] = "toy_arithmetic"
     """Task registry key."""
     max_operand: int = Field(30, ge=1, le=1000)
     """Operands a, b are drawn from 0..max_operand; answers lie in [-max_operand, 2*max_operand]."""
@@ -113,12 +113,114 @@ class ToyTaskConfig(_Strict):
 class MLPPolicyConfig(_Strict):
     """MLP policy: logits over every candidate answer."""
 
-    kind: str = "mlp"
+    kind: Literal["mlp"] = "mlp"
     """Policy registry key."""
     hidden: int = Field(256, ge=1)
     """Width of each hidden block."""
     layers: int = Field(5, ge=1)
     """Number of Linear+ReLU blocks."""
+
+
+class ArithmeticProblemsConfig(_Strict):
+    """The distribution of arithmetic questions (shared by the SFT warm start and the RL task)."""
+
+    min_operands: int = Field(2, ge=2, le=6)
+    """Fewest operands in an expression."""
+    max_operands: int = Field(3, ge=2, le=6)
+    """Most operands in an expression."""
+    max_operand: int = Field(20, ge=1, le=999)
+    """Operands of + and - are drawn from 0..max_operand."""
+    max_factor: int = Field(9, ge=1, le=999)
+    """Operands next to a * are drawn from 0..max_factor (keeps products short)."""
+    ops: str = "+-*"
+    """Operators to draw from (a subset of "+-*")."""
+
+    @model_validator(mode="after")
+    def _check(self) -> ArithmeticProblemsConfig:
+        if self.min_operands > self.max_operands:
+            raise ValueError(f"min_operands={self.min_operands} must be <= max_operands={self.max_operands}")
+        if not self.ops or set(self.ops) - set("+-*"):
+            raise ValueError(f"ops={self.ops!r} must be a non-empty subset of '+-*'")
+        return self
+
+
+class TextArithmeticTaskConfig(_Strict):
+    """Text arithmetic questions with worked answers (tiny-lm tier)."""
+
+    kind: Literal["text_arithmetic"] = "text_arithmetic"
+    """Task registry key."""
+    problems: ArithmeticProblemsConfig = ArithmeticProblemsConfig()
+    """Question distribution (keep equal to the tiny LM's SFT distribution)."""
+    n_train: int = Field(2000, ge=1)
+    """Training questions."""
+    n_val: int = Field(500, ge=1)
+    """Held-out validation questions."""
+    data_seed: int = 1234
+    """Seed of the question set and of the train/validation split."""
+
+
+
+
+class TinyLMConfig(_Strict):
+    """Architecture, SFT data and SFT schedule of the tiny LM (all of it enters the cache key)."""
+
+    arch: Literal["llama", "qwen2"] = "llama"
+    """transformers model family the model is built from (config only, no hub)."""
+    hidden_size: int = Field(128, ge=8)
+    """Model width."""
+    num_layers: int = Field(2, ge=1)
+    """Decoder layers."""
+    num_heads: int = Field(4, ge=1)
+    """Attention heads."""
+    num_kv_heads: int = Field(2, ge=1)
+    """Key/value heads (grouped-query attention)."""
+    intermediate_size: int = Field(256, ge=8)
+    """MLP width."""
+    max_position_embeddings: int = Field(128, ge=16)
+    """Longest prompt + response."""
+    problems: ArithmeticProblemsConfig = ArithmeticProblemsConfig()
+    """SFT question distribution (the RL task should use the same)."""
+    sft_steps: int = Field(400, ge=0)
+    """Optimiser steps of the warm start (the knob that sets the warm-start accuracy)."""
+    sft_batch_size: int = Field(64, ge=1)
+    """Sequences per SFT step."""
+    sft_lr: float = Field(3e-3, gt=0)
+    """Peak learning rate (linear warm-up, cosine decay to 10%)."""
+    sft_warmup: int = Field(30, ge=0)
+    """Warm-up steps."""
+    sft_weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
+    seed: int = 0
+    """Seed of the initial weights and of the SFT data."""
+    eval_questions: int = Field(500, ge=0)
+    """Validation questions of the default RL task used to record the warm-start accuracy (0: skip)."""
+    eval_max_new_tokens: int = Field(40, ge=1)
+    """Response budget of that evaluation."""
+
+
+
+
+class LMPolicyConfig(_Strict):
+    """Sampling settings of an LM policy (the model itself comes from the tier, e.g. TinyLMConfig)."""
+
+    kind: Literal["lm"] = "lm"
+    """Policy registry key."""
+    max_new_tokens: int = Field(40, ge=1)
+    """Longest response, EOS included (also the L of token-sum-norm aggregation)."""
+    temperature: float = Field(1.0, gt=0.0)
+    """Sampling temperature; log-probs/entropies (behaviour and current) are of softmax(logits / T)."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling mass (1: plain sampling; <1 makes behaviour log-probs approximate, see engine)."""
+    model: TinyLMConfig = TinyLMConfig()
+    """The tiny LM (architecture + SFT warm start; cached by a hash of this section)."""
+
+
+TaskConfig = Annotated[ToyTaskConfig | TextArithmeticTaskConfig, Field(discriminator="kind")]
+"""Task section, chosen by ``kind`` (filled in from ``tier`` when absent)."""
+PolicyConfig = Annotated[MLPPolicyConfig | LMPolicyConfig, Field(discriminator="kind")]
+"""Policy section, chosen by ``kind`` (filled in from ``tier`` when absent)."""
+
+_TIER_KINDS = {"toy": ("toy_arithmetic", "mlp"), "tiny-lm": ("text_arithmetic", "lm")}
 
 
 class NotebookReplayConfig(_Strict):
@@ -255,6 +357,10 @@ class TrainConfig(_Strict):
     """Skip the optimiser step if the grad norm is non-finite or above this (reference: 500)."""
     eval_every_epochs: int = Field(1, ge=1)
     """Validate every this many epochs (and at the end)."""
+    eval_before_train: bool = False
+    """Also validate the initial (warm-start) policy, logged at step 0."""
+    eval_every_steps: int | None = Field(None, ge=1)
+    """Validate every this many steps instead (overrides eval_every_epochs); None: use epochs."""
     checkpoint_every: int = Field(0, ge=0)
     """Write a checkpoint every this many steps (0: only at the end)."""
     threads: int = Field(1, ge=1)
@@ -272,14 +378,46 @@ class ExperimentConfig(_Strict):
     """Seed of model init, sampling and replay."""
     output_dir: Path = Path("runs")
     """Where run directories (checkpoints, metrics) are written."""
-    task: ToyTaskConfig = ToyTaskConfig()
+    task: TaskConfig = ToyTaskConfig()
     """The task (training questions, validation split, reward)."""
-    policy: MLPPolicyConfig = MLPPolicyConfig()
+    policy: PolicyConfig = MLPPolicyConfig()
     """The policy model."""
     algorithm: AlgorithmConfig = AlgorithmConfig()
     """The RL algorithm."""
     train: TrainConfig = TrainConfig()
     """Optimisation and schedule."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kinds_from_tier(cls, data: Any) -> Any:
+        """Fill in ``task.kind``/``policy.kind`` from ``tier`` so YAML files need not repeat them."""
+        if not isinstance(data, dict):
+            return data
+        tier = str(data.get("tier", Tier.TOY.value))
+        if tier not in _TIER_KINDS:
+            return data  # tiers without a native task/policy are rejected by the check below
+        data = dict(data)
+        for section, kind in zip(("task", "policy"), _TIER_KINDS[tier], strict=True):
+            value = data.get(section)
+            if value is None:
+                data[section] = {"kind": kind}
+            elif isinstance(value, dict) and "kind" not in value:
+                data[section] = {"kind": kind, **value}
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ExperimentConfig:
+        if self.tier.value not in _TIER_KINDS:
+            raise ValueError(
+                f"tier={self.tier.value!r} has no native backend yet; use one of {sorted(_TIER_KINDS)}"
+            )
+        if isinstance(self.policy, LMPolicyConfig) and isinstance(self.task, TextArithmeticTaskConfig):
+            if self.task.problems != self.policy.model.problems:
+                raise ValueError(
+                    "task.problems must equal policy.model.problems (the RL questions must come from the "
+                    "tiny LM's SFT distribution); set both, or neither"
+                )
+        return self
 
     def run_dir(self) -> Path:
         """Directory of this (experiment, seed) run."""

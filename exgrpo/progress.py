@@ -32,10 +32,10 @@ class StepProgress:
             info += f"  pool {int(m['pool/questions'])}"
         self._p.update(self._task, advance=1, info=info)
 
-    def epoch_summary(self, epoch: int, m: dict[str, float]) -> None:
+    def epoch_summary(self, epoch: int, step: int, m: dict[str, float]) -> None:
         if not self.enabled:
             return
-        parts = [f"epoch {epoch:3d}", f"val acc {m.get('val/accuracy', float('nan')):.4f}",
+        parts = [f"epoch {epoch:3d}", f"step {step:5d}", f"val acc {m.get('val/accuracy', float('nan')):.4f}",
                  f"batch pass@1 {m.get('batch/solved', 0):.3f}"]
         if "pool/questions" in m:
             parts += [f"pool {int(m['pool/questions'])}", f"retired {int(m.get('pool/retired', 0))}"]

@@ -47,13 +47,15 @@ def comparison_figure(outcomes: Sequence[RunOutcome], arms: Sequence[str], metri
         axes[0].fill_between(steps, lo, hi, color=color, alpha=0.2)
         rows = [_read(o.run_dir) for o in runs if o.run_dir]
         if rows:
-            curves = [([r["step"] for r in rr], [r["batch/solved"] for r in rr]) for rr in rows]
+            curves = [([r["step"] for r in rr if "batch/solved" in r], [r["batch/solved"] for r in rr if "batch/solved" in r])
+                      for rr in rows]
             steps, mean, lo, hi = _band(curves)
             axes[1].plot(steps, mean, color=color, label=arm)
             axes[1].fill_between(steps, lo, hi, color=color, alpha=0.2)
-            if "pool/retired" in rows[0][0]:
+            if any("pool/retired" in r for r in rows[0]):
                 for key, style in (("pool/questions", "-"), ("pool/retired", "--")):
-                    steps, mean, _, _ = _band([([r["step"] for r in rr], [r[key] for r in rr]) for rr in rows])
+                    steps, mean, _, _ = _band([([r["step"] for r in rr if key in r], [r[key] for r in rr if key in r])
+                                               for rr in rows])
                     axes[2].plot(steps, mean, style, color=color, label=f"{arm} {key.split('/')[1]}")
     axes[0].set(title=f"{metric} (mean, 95% CI band)", xlabel="step")
     axes[1].set(title="batch pass@1 (mean, 95% CI band)", xlabel="step")

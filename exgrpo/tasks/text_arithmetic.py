@@ -25,9 +25,9 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from exgrpo.backends.native.lm.tokenizer import CharTokenizer
+from exgrpo.config import ArithmeticProblemsConfig, TextArithmeticTaskConfig
 
 __all__ = [
     "ArithmeticProblemsConfig",
@@ -39,48 +39,6 @@ __all__ = [
     "sample_sft_problems",
     "worked_solution",
 ]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
-
-
-class ArithmeticProblemsConfig(_Strict):
-    """The distribution of arithmetic questions (shared by the SFT warm start and the RL task)."""
-
-    min_operands: int = Field(2, ge=2, le=6)
-    """Fewest operands in an expression."""
-    max_operands: int = Field(3, ge=2, le=6)
-    """Most operands in an expression."""
-    max_operand: int = Field(20, ge=1, le=999)
-    """Operands of + and - are drawn from 0..max_operand."""
-    max_factor: int = Field(9, ge=1, le=999)
-    """Operands next to a * are drawn from 0..max_factor (keeps products short)."""
-    ops: str = "+-*"
-    """Operators to draw from (a subset of "+-*")."""
-
-    @model_validator(mode="after")
-    def _check(self) -> ArithmeticProblemsConfig:
-        if self.min_operands > self.max_operands:
-            raise ValueError(f"min_operands={self.min_operands} must be <= max_operands={self.max_operands}")
-        if not self.ops or set(self.ops) - set("+-*"):
-            raise ValueError(f"ops={self.ops!r} must be a non-empty subset of '+-*'")
-        return self
-
-
-class TextArithmeticTaskConfig(_Strict):
-    """Text arithmetic questions with worked answers (tiny-lm tier)."""
-
-    kind: str = "text_arithmetic"
-    """Task registry key."""
-    problems: ArithmeticProblemsConfig = ArithmeticProblemsConfig()
-    """Question distribution (keep equal to the tiny LM's SFT distribution)."""
-    n_train: int = Field(2000, ge=1)
-    """Training questions."""
-    n_val: int = Field(500, ge=1)
-    """Held-out validation questions."""
-    data_seed: int = 1234
-    """Seed of the question set and of the train/validation split."""
 
 
 # ------------------------------------------------------------------------------------------------

@@ -16,7 +16,6 @@ import torch
 from exgrpo.backends.native.interfaces import Policy, Task
 from exgrpo.config import AlgorithmConfig, SelectionMetric
 from exgrpo.core.pool import ExperiencePool, Trajectory
-from exgrpo.core.sampler import sample_questions
 from exgrpo.core.selection import pad_right, select_per_group, trajectory_metric
 
 

@@ -24,7 +24,7 @@ import torch
 from exgrpo.backends.native.interfaces import Policy, Task
 from exgrpo.backends.native.step import FreshSampler, StepBatch, build_batch, select_replays
 from exgrpo.backends.verl.loss import get_exgrpo_loss_fn
-from exgrpo.config import ExperimentConfig, OptimizerKind, ReplayKind
+from exgrpo.config import ExperimentConfig, LMPolicyConfig, OptimizerKind, ReplayKind
 from exgrpo.core.advantages import grpo_advantages
 from exgrpo.core.loss import MixedLossConfig, exgrpo_objective, notebook_off_policy_loss
 from exgrpo.core.notebook_buffer import NotebookBuffer
@@ -47,8 +47,20 @@ class TrainResult:
     checkpoint: Path | None = None
 
 
-def build_task_and_policy(cfg: ExperimentConfig) -> tuple[Task, Policy]:
-    """Instantiate the tier's task and policy (model init seeded by ``cfg.seed``)."""
+def build_task_and_policy(cfg: ExperimentConfig, progress: bool = False) -> tuple[Task, Policy]:
+    """Instantiate the tier's task and policy (model init seeded by ``cfg.seed``).
+
+    toy: the MLP over the arithmetic features. tiny-lm: the SFT-warm-started tiny LM (trained once
+    and cached by a hash of ``policy.model``; every seed starts from the same warm start).
+    """
+    if isinstance(cfg.policy, LMPolicyConfig):
+        from exgrpo.backends.native.lm.policy import LMPolicy
+        from exgrpo.backends.native.lm.tiny_lm import load_tiny_lm
+        from exgrpo.tasks.text_arithmetic import TextArithmetic
+
+        tiny = load_tiny_lm(cfg.policy.model, progress=progress)
+        return TextArithmetic(cfg.task, tokenizer=tiny.tokenizer), LMPolicy.from_tiny_lm(tiny, cfg.policy)
+
     from exgrpo.backends.native.mlp_policy import MLPPolicy
     from exgrpo.tasks.toy_arithmetic import ToyArithmetic
 
@@ -59,11 +71,13 @@ def build_task_and_policy(cfg: ExperimentConfig) -> tuple[Task, Policy]:
 
 
 class Trainer:
-    def __init__(self, cfg: ExperimentConfig, task: Task | None = None, policy: Policy | None = None) -> None:
+    def __init__(
+        self, cfg: ExperimentConfig, task: Task | None = None, policy: Policy | None = None, progress: bool = False
+    ) -> None:
         self.cfg = cfg
         torch.set_num_threads(cfg.train.threads)
         if task is None or policy is None:
-            task, policy = build_task_and_policy(cfg)
+            task, policy = build_task_and_policy(cfg, progress=progress)
         self.task, self.policy = task, policy
         algo, train = cfg.algorithm, cfg.train
         self.algo = algo
@@ -264,15 +278,23 @@ class Trainer:
         callbacks = callbacks or []
         every = self.cfg.train.checkpoint_every
         last_ckpt: Path | None = None
-        eval_every = self.cfg.train.eval_every_epochs * self.steps_per_epoch
+        eval_every = self.cfg.train.eval_every_steps or self.cfg.train.eval_every_epochs * self.steps_per_epoch
         with StepProgress(self.total_steps, self.step, enabled=progress, title=self.cfg.name) as bar:
+            if self.step == 0 and self.cfg.train.eval_before_train:
+                m0 = {"step": 0.0, **self.evaluate()}
+                bar.epoch_summary(0, 0, m0)
+                self.history.append(m0)
+                with metrics_path.open("a") as f:
+                    f.write(json.dumps(m0) + "\n")
+                for cb in callbacks:
+                    cb(0, m0)
             while self.step < self.total_steps:
                 m = self.train_step()
                 self.step += 1
                 m["step"] = float(self.step)
                 if self.step % eval_every == 0 or self.step == self.total_steps:
                     m.update(self.evaluate())
-                    bar.epoch_summary(self.step // self.steps_per_epoch, m)
+                    bar.epoch_summary(self.step // self.steps_per_epoch, self.step, m)
                 self.history.append(m)
                 with metrics_path.open("a") as f:
                     f.write(json.dumps(m) + "\n")
@@ -328,4 +350,4 @@ def _jsonable(state: dict) -> str:
 def train(cfg: ExperimentConfig, callbacks: list[StepCallback] | None = None, resume: bool = False,
           progress: bool = True) -> TrainResult:
     """Build and run a trainer for ``cfg``: the one entry point flows and the CLI call."""
-    return Trainer(cfg).fit(callbacks=callbacks, resume=resume, progress=progress)
+    return Trainer(cfg, progress=progress).fit(callbacks=callbacks, resume=resume, progress=progress)

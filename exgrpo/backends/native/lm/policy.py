@@ -11,28 +11,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from exgrpo.backends.native.interfaces import Rollout, Scores
 from exgrpo.backends.native.lm.engine import RolloutEngine, SamplingParams
+from exgrpo.config import LMPolicyConfig
 
 __all__ = ["LMPolicy", "LMPolicyConfig"]
-
-
-class LMPolicyConfig(BaseModel):
-    """Sampling settings of an LM policy (the model itself comes from the tier, e.g. TinyLMConfig)."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
-
-    kind: str = "lm"
-    """Policy registry key."""
-    max_new_tokens: int = Field(40, ge=1)
-    """Longest response, EOS included (also the L of token-sum-norm aggregation)."""
-    temperature: float = Field(1.0, gt=0.0)
-    """Sampling temperature; log-probs/entropies (behaviour and current) are of softmax(logits / T)."""
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    """Nucleus sampling mass (1: plain sampling; <1 makes behaviour log-probs approximate, see engine)."""
 
 
 class LMPolicy(nn.Module):

@@ -28,16 +28,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from collections.abc import Callable
-from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
 from exgrpo.backends.native.lm.engine import RolloutEngine, SamplingParams
 from exgrpo.backends.native.lm.tokenizer import CharTokenizer
+from exgrpo.config import TinyLMConfig
 from exgrpo.tasks.text_arithmetic import (
-    ArithmeticProblemsConfig,
     TextArithmetic,
     TextArithmeticTaskConfig,
     sample_sft_problems,
@@ -51,47 +49,6 @@ __all__ = [
 CACHE_FORMAT = 1
 """Bump to invalidate every cached tiny LM (e.g. when the SFT data format changes)."""
 RECORD_FILE = "tiny_lm.json"
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
-
-
-class TinyLMConfig(_Strict):
-    """Architecture, SFT data and SFT schedule of the tiny LM (all of it enters the cache key)."""
-
-    arch: Literal["llama", "qwen2"] = "llama"
-    """transformers model family the model is built from (config only, no hub)."""
-    hidden_size: int = Field(128, ge=8)
-    """Model width."""
-    num_layers: int = Field(2, ge=1)
-    """Decoder layers."""
-    num_heads: int = Field(4, ge=1)
-    """Attention heads."""
-    num_kv_heads: int = Field(2, ge=1)
-    """Key/value heads (grouped-query attention)."""
-    intermediate_size: int = Field(256, ge=8)
-    """MLP width."""
-    max_position_embeddings: int = Field(128, ge=16)
-    """Longest prompt + response."""
-    problems: ArithmeticProblemsConfig = ArithmeticProblemsConfig()
-    """SFT question distribution (the RL task should use the same)."""
-    sft_steps: int = Field(400, ge=0)
-    """Optimiser steps of the warm start (the knob that sets the warm-start accuracy)."""
-    sft_batch_size: int = Field(64, ge=1)
-    """Sequences per SFT step."""
-    sft_lr: float = Field(3e-3, gt=0)
-    """Peak learning rate (linear warm-up, cosine decay to 10%)."""
-    sft_warmup: int = Field(30, ge=0)
-    """Warm-up steps."""
-    sft_weight_decay: float = Field(0.0, ge=0)
-    """AdamW weight decay."""
-    seed: int = 0
-    """Seed of the initial weights and of the SFT data."""
-    eval_questions: int = Field(500, ge=0)
-    """Validation questions of the default RL task used to record the warm-start accuracy (0: skip)."""
-    eval_max_new_tokens: int = Field(40, ge=1)
-    """Response budget of that evaluation."""
 
 
 @dataclass
@@ -303,6 +260,7 @@ def load_tiny_lm(
                 return _load_cached(path)
             tiny = train_tiny_lm(cfg, progress)
             tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
+            os.chmod(tmp, 0o755)  # mkdtemp makes it 0700; the cache may be shared
             try:
                 tiny.model.save_pretrained(tmp)
                 tiny.tokenizer.save(tmp)
