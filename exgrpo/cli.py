@@ -94,6 +94,22 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from exgrpo.evaluation.runner import EvalSettings, evaluate_checkpoint, format_scores
+
+    settings = EvalSettings(n=args.n, temperature=args.temperature, top_p=args.top_p,
+                            max_tokens=args.max_tokens, seed=args.seed)
+    try:
+        scores = evaluate_checkpoint(args.checkpoint, args.benchmarks, settings, workers=args.workers)
+    except (FileNotFoundError, ValueError, KeyError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(format_scores(scores))
+    if args.json:
+        Path(args.json).write_text(json.dumps([s.to_dict() for s in scores], indent=2))
+    return 0
+
+
 def _cmd_config(args: argparse.Namespace) -> int:
     if args.config:
         print(load_experiment(args.config, parse_set(args.set)).model_dump_json(indent=2))
@@ -217,6 +233,21 @@ def build_parser() -> argparse.ArgumentParser:
                        "serve it on 127.0.0.1 (Ctrl-C stops) or write it with --out.")
     _dashboard_arguments(d)
     d.set_defaults(fn=_cmd_dashboard)
+
+    e = sub.add_parser("eval", help="evaluate a checkpoint on benchmarks",
+                       description="Score a checkpoint: avg@n and unbiased pass@k per benchmark, each with its "
+                       "sampling settings. 'val' is the run's own held-out split; gsm8k, math500, arith, ... come "
+                       "from the benchmark registry (LM tiers only).")
+    e.add_argument("--checkpoint", required=True, help="a runs/<name>/seed<k>/checkpoints/step_*.pt file")
+    e.add_argument("--benchmarks", default="val", help="comma list, NAME[:N] for an N-problem subset (default: val)")
+    e.add_argument("--n", type=int, default=1, help="samples per problem (default 1)")
+    e.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    e.add_argument("--top-p", type=float, default=1.0, help="nucleus mass when sampling")
+    e.add_argument("--max-tokens", type=int, help="response budget (default: the policy's max_new_tokens)")
+    e.add_argument("--seed", type=int, default=0, help="seed of subsets and sampling")
+    e.add_argument("--workers", type=int, default=2, help="math-verify worker processes")
+    e.add_argument("--json", help="also write the scores to this JSON file")
+    e.set_defaults(fn=_cmd_eval)
 
     g = sub.add_parser("config", help="print every config field with its doc, or a resolved config")
     g.add_argument("config", nargs="?", help="experiment YAML to resolve")

@@ -57,6 +57,21 @@ def test_cli_train_tiny_lm_replays_text_trajectories(tmp_path):
     lengths = {len(t) for q in state["pool"]["questions"] for t in q["tokens"]}
     assert lengths and max(lengths) > 1  # multi-token text trajectories, stored as token ids
 
+    # the checkpoint evaluates through the real CLI: own held-out split + a registry benchmark
+    path = ckpt.latest_checkpoint(tmp_path / "tiny-lm" / "seed0")
+    ev = subprocess.run(
+        [sys.executable, "-m", "exgrpo.cli", "eval", "--checkpoint", str(path), "--benchmarks", "val,arith:6",
+         "--n", "2", "--temperature", "1.0", "--json", str(tmp_path / "scores.json")],
+        capture_output=True, text=True,
+    )
+    assert ev.returncode == 0, ev.stderr[-3000:]
+    scores = {(s["benchmark"], s["metric"]): s for s in json.loads((tmp_path / "scores.json").read_text())}
+    assert set(scores) == {(b, m) for b in ("val", "arith") for m in ("avg_at_2", "pass_at_1", "pass_at_2")}
+    assert scores[("val", "avg_at_2")]["n_problems"] == 16 and scores[("arith", "pass_at_1")]["n_problems"] == 6
+    assert scores[("arith", "avg_at_2")]["grader"] == "math-verify"
+    assert scores[("val", "pass_at_2")]["value"] >= scores[("val", "pass_at_1")]["value"]
+    assert scores[("val", "avg_at_2")]["value"] == pytest.approx(scores[("val", "pass_at_1")]["value"])
+
 
 def test_lm_resume_equals_uninterrupted(tmp_path):
     full = Trainer(cfg(tmp_path / "a")).fit(progress=False)
@@ -64,3 +79,9 @@ def test_lm_resume_equals_uninterrupted(tmp_path):
     Trainer(c).fit(progress=False, stop_after_step=3)
     resumed = Trainer(c).fit(progress=False, resume=True)
     assert strip_time(resumed.history) == strip_time(full.history)
+
+
+def test_eval_errors(tmp_path):
+    missing = subprocess.run([sys.executable, "-m", "exgrpo.cli", "eval", "--checkpoint", str(tmp_path / "x.pt")],
+                             capture_output=True, text=True)
+    assert missing.returncode == 2 and "no such file" in missing.stderr

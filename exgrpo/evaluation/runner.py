@@ -1,0 +1,131 @@
+"""Evaluate a checkpoint on benchmarks: avg@n and pass@k, each score with its sampling settings.
+
+``val`` is the run's own held-out split (graded by the task's reward); every other name comes from
+the benchmark registry (graded by math-verify in a process pool, :class:`exgrpo.rewards.MathVerifier`).
+LM policies only for registry benchmarks: a toy MLP reads feature vectors, not text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from exgrpo.config import ExperimentConfig, LMPolicyConfig
+from exgrpo.evaluation.metrics import MetricKind, Score, avg_at_k, metric_name, pass_at_k_matrix
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """How responses are sampled for evaluation (recorded beside every score)."""
+
+    n: int = 1
+    """Samples per problem (avg@n; pass@k for k in 1, 2, 4, ... <= n)."""
+    temperature: float = 0.0
+    """0 means greedy decoding."""
+    top_p: float = 1.0
+    """Nucleus mass when sampling."""
+    max_tokens: int | None = None
+    """Response budget; None: the policy's max_new_tokens."""
+    seed: int = 0
+    """Seed of the problem subset and of sampling."""
+
+
+def load_checkpoint_policy(path: str | Path):
+    """(config, task, policy) of a checkpoint written by the native trainer."""
+    from exgrpo.backends.native.checkpoint import load_state
+    from exgrpo.backends.native.trainer import build_task_and_policy
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"--checkpoint {path}: no such file (checkpoints are runs/<name>/seed<k>/checkpoints/step_*.pt)")
+    state = load_state(path)
+    cfg = ExperimentConfig.model_validate_json(state["config"])
+    task, policy = build_task_and_policy(cfg)
+    policy.load_state_dict(state["model"])
+    policy.eval()
+    return cfg, task, policy
+
+
+def _sample(policy, prompts: list, settings: EvalSettings, max_tokens: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """n rollouts per prompt row: list over samples of (tokens, mask)."""
+    g = torch.Generator().manual_seed(settings.seed)
+    greedy = settings.temperature == 0.0
+    out = []
+    with torch.no_grad():
+        if isinstance(getattr(policy, "cfg", None), LMPolicyConfig):
+            from exgrpo.backends.native.lm.engine import RolloutEngine, SamplingParams
+
+            params = SamplingParams(max_tokens, settings.temperature or 1.0, settings.top_p)
+            engine = RolloutEngine(policy.model, policy.pad_id, policy.eos_id, params)
+            for _ in range(1 if greedy else settings.n):
+                ro = engine.generate(prompts, generator=g, greedy=greedy)
+                out.append((ro.tokens, ro.mask))
+        else:
+            for _ in range(1 if greedy else settings.n):
+                ro = policy.generate(prompts, g, greedy=greedy)
+                out.append((ro.tokens, ro.mask))
+    return out * (settings.n if greedy else 1)
+
+
+def _scores(name: str, correct: np.ndarray, settings: EvalSettings, max_tokens: int, template: str,
+            grader: str, grader_version: str) -> list[Score]:
+    common = dict(benchmark=name, n_problems=correct.shape[0], n_samples=correct.shape[1],
+                  temperature=settings.temperature, top_p=settings.top_p, max_tokens=max_tokens,
+                  template=template, grader=grader, grader_version=grader_version)
+    scores = [Score(metric=metric_name(MetricKind.AVG, settings.n), value=avg_at_k(correct), **common)]
+    k = 1
+    while k <= settings.n:
+        scores.append(Score(metric=metric_name(MetricKind.PASS, k), value=pass_at_k_matrix(correct, k), **common))
+        k *= 2
+    return scores
+
+
+def evaluate_checkpoint(path: str | Path, spec: str = "val", settings: EvalSettings = EvalSettings(),
+                        workers: int = 2) -> list[Score]:
+    """Scores of a checkpoint on the benchmarks of ``spec`` (e.g. ``"val,arith:100,gsm8k:64"``)."""
+    from exgrpo.evaluation.benchmarks import parse_benchmark_spec
+
+    cfg, task, policy = load_checkpoint_policy(path)
+    is_lm = isinstance(cfg.policy, LMPolicyConfig)
+    max_tokens = settings.max_tokens or policy.max_response_length
+    names = [s.strip() for s in spec.split(",") if s.strip()]
+    registry = [n for n in names if n.split(":")[0] != "val"]
+    requests = parse_benchmark_spec(",".join(registry)) if registry else []
+    if requests and not is_lm:
+        raise ValueError(f"benchmarks {[r.name for r in requests]} need an LM policy; tier {cfg.tier.value} only has 'val'")
+    scores: list[Score] = []
+    if any(n.split(":")[0] == "val" for n in names):
+        ids = list(task.val_ids)
+        rows = _sample(policy, task.prompts(ids), settings, max_tokens)
+        correct = np.stack([task.rewards(ids, t, m).numpy() for t, m in rows], axis=1)
+        template = "raw-chars" if is_lm else "features"
+        scores += _scores("val", correct, settings, max_tokens, template, f"{cfg.task.kind}-exact", "builtin")
+    if requests:
+        from exgrpo.evaluation.benchmarks import get_benchmark
+        from exgrpo.rewards import MathVerifier
+
+        tok = task.tokenizer
+        with MathVerifier(workers=workers) as verifier:
+            for req in requests:
+                problems = get_benchmark(req.name).subset(req.n, seed=settings.seed)
+                prompts = [tok.encode(p.prompt, add_bos=True) for p in problems]
+                rows = _sample(policy, prompts, settings, max_tokens)
+                cols = []
+                for tokens, mask in rows:
+                    texts = [tok.decode(r[m].tolist()) for r, m in zip(tokens, mask.bool())]
+                    cols.append(np.array(verifier.score(texts, [p.gold for p in problems]).rewards))
+                scores += _scores(req.name, np.stack(cols, axis=1), settings, max_tokens, "raw-chars",
+                                  verifier.grader_name, verifier.grader_version)
+    return scores
+
+
+def format_scores(scores: list[Score]) -> str:
+    lines = ["| benchmark | metric | value | problems | samples | temperature | top_p | max_tokens | template | grader |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for s in scores:
+        lines.append(f"| {s.benchmark} | {s.metric} | {s.value:.4f} | {s.n_problems} | {s.n_samples} | "
+                     f"{s.temperature} | {s.top_p} | {s.max_tokens} | {s.template} | {s.grader} {s.grader_version} |")
+    return "\n".join(lines)
