@@ -7,7 +7,7 @@ export PYTHONDONTWRITEBYTECODE WANDB_MODE=disabled TOKENIZERS_PARALLELISM=false 
        RAY_AUTH_MODE=disabled PREFECT_SERVER_ANALYTICS_ENABLED=false PREFECT_CLI_PROMPT=false \
        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=90 MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false
 
-.PHONY: venv demo test bench clean ui
+.PHONY: venv demo demo-toy test services bench ui clean
 
 $(STAMP): requirements-cpu.txt pyproject.toml
 	python3 -m venv .venv
@@ -18,9 +18,16 @@ $(STAMP): requirements-cpu.txt pyproject.toml
 venv: $(STAMP)
 
 demo: $(STAMP)
+	.venv/bin/exgrpo compare experiments/tiny-lm.yaml --seeds 3 --workers 2
+
+demo-toy: $(STAMP)
 	.venv/bin/exgrpo compare experiments/toy.yaml --seeds 5 --workers 2
 
-test: $(STAMP)
+services:   # PostgreSQL on 127.0.0.1:55432 (team-mode tests) and Chromium (dashboard tests); idempotent
+	bash scripts/setup-postgres.sh
+	bash scripts/setup-chromium.sh
+
+test: $(STAMP) services
 	$(PY) -m pytest -q
 
 ui: $(STAMP)   # Prefect :4200, MLflow :5000, optuna-dashboard :8080 on 127.0.0.1; Ctrl-C stops all
@@ -28,6 +35,8 @@ ui: $(STAMP)   # Prefect :4200, MLflow :5000, optuna-dashboard :8080 on 127.0.0.
 
 bench: $(STAMP)
 	$(PY) bench/bench_toy_step.py
+	$(PY) bench/bench_rollout.py
+	$(PY) bench/bench_orchestration.py
 
 clean:
 	rm -rf .venv runs

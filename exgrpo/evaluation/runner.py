@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from exgrpo.config import ExperimentConfig, LMPolicyConfig
+from exgrpo.config import ExperimentConfig, MLPPolicyConfig
 from exgrpo.evaluation.metrics import MetricKind, Score, avg_at_k, metric_name, pass_at_k_matrix
 
 
@@ -55,7 +55,7 @@ def _sample(policy, prompts: list, settings: EvalSettings, max_tokens: int) -> l
     greedy = settings.temperature == 0.0
     out = []
     with torch.no_grad():
-        if isinstance(getattr(policy, "cfg", None), LMPolicyConfig):
+        if hasattr(policy, "eos_id"):  # an LMPolicy: sample with this evaluation's settings
             from exgrpo.backends.native.lm.engine import RolloutEngine, SamplingParams
 
             params = SamplingParams(max_tokens, settings.temperature or 1.0, settings.top_p)
@@ -83,13 +83,21 @@ def _scores(name: str, correct: np.ndarray, settings: EvalSettings, max_tokens: 
     return scores
 
 
+def _text_codec(task):
+    """(encode prompt text -> ids, decode response ids -> text, template name) of an LM task."""
+    if hasattr(task, "prompt_fn"):  # reasoning-gym tasks carry the policy's chat template
+        return task.prompt_fn, task.decode_fn, task.template
+    tok = task.tokenizer
+    return (lambda text: tok.encode(text, add_bos=True)), tok.decode, "raw-chars"
+
+
 def evaluate_checkpoint(path: str | Path, spec: str = "val", settings: EvalSettings = EvalSettings(),
                         workers: int = 2) -> list[Score]:
     """Scores of a checkpoint on the benchmarks of ``spec`` (e.g. ``"val,arith:100,gsm8k:64"``)."""
     from exgrpo.evaluation.benchmarks import parse_benchmark_spec
 
     cfg, task, policy = load_checkpoint_policy(path)
-    is_lm = isinstance(cfg.policy, LMPolicyConfig)
+    is_lm = not isinstance(cfg.policy, MLPPolicyConfig)
     max_tokens = settings.max_tokens or policy.max_response_length
     names = [s.strip() for s in spec.split(",") if s.strip()]
     registry = [n for n in names if n.split(":")[0] != "val"]
@@ -101,23 +109,23 @@ def evaluate_checkpoint(path: str | Path, spec: str = "val", settings: EvalSetti
         ids = list(task.val_ids)
         rows = _sample(policy, task.prompts(ids), settings, max_tokens)
         correct = np.stack([task.rewards(ids, t, m).numpy() for t, m in rows], axis=1)
-        template = "raw-chars" if is_lm else "features"
+        template = _text_codec(task)[2] if is_lm else "features"
         scores += _scores("val", correct, settings, max_tokens, template, f"{cfg.task.kind}-exact", "builtin")
     if requests:
         from exgrpo.evaluation.benchmarks import get_benchmark
         from exgrpo.rewards import MathVerifier
 
-        tok = task.tokenizer
+        encode, decode, template = _text_codec(task)
         with MathVerifier(workers=workers) as verifier:
             for req in requests:
                 problems = get_benchmark(req.name).subset(req.n, seed=settings.seed)
-                prompts = [tok.encode(p.prompt, add_bos=True) for p in problems]
+                prompts = [list(encode(p.prompt)) for p in problems]
                 rows = _sample(policy, prompts, settings, max_tokens)
                 cols = []
                 for tokens, mask in rows:
-                    texts = [tok.decode(r[m].tolist()) for r, m in zip(tokens, mask.bool())]
+                    texts = [decode(r[m].tolist()) for r, m in zip(tokens, mask.bool())]
                     cols.append(np.array(verifier.score(texts, [p.gold for p in problems]).rewards))
-                scores += _scores(req.name, np.stack(cols, axis=1), settings, max_tokens, "raw-chars",
+                scores += _scores(req.name, np.stack(cols, axis=1), settings, max_tokens, template,
                                   verifier.grader_name, verifier.grader_version)
     return scores
 

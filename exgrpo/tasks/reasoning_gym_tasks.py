@@ -38,12 +38,25 @@ import ast
 import re
 from collections.abc import Callable, Sequence
 from fractions import Fraction
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel
 
+from exgrpo.config.tasks import (
+    DATASET_STRIDE,
+    REFUSED,
+    SEED_STRIDE,
+    SUPPORTED,
+    BasicArithmeticKnobs,
+    ChainSumKnobs,
+    ProductsKnobs,
+    ReasoningGymTaskConfig,
+    SimpleEquationsKnobs,
+    _KNOBS,
+    check_dataset_name,
+)
 from exgrpo.rewards.extraction import extract_answer
 
 __all__ = [
@@ -60,186 +73,6 @@ __all__ = [
     "extract_final_answer",
     "make_dataset",
 ]
-
-SUPPORTED: Final[tuple[str, ...]] = ("basic_arithmetic", "chain_sum", "products", "simple_equations")
-REFUSED: Final[dict[str, str]] = {
-    "gsm_symbolic": (
-        "reasoning-gym's gsm_symbolic is refused: its templates are paraphrases of GSM8K *test* items "
-        "(GSM-Symbolic style; 148 of 200 sampled items have word-Jaccard > 0.5 with a GSM8K test question, "
-        "e.g. 'James gets 160 emails a day. 30% ...' vs GSM8K test 'James gets 80 emails a day. 20% ...'; "
-        "see shared/docs/offline-assets.md §2.2). Training on it contaminates any GSM8K-test evaluation. "
-        f"Use {', '.join(SUPPORTED)} instead."
-    ),
-}
-SEED_STRIDE: Final[int] = 1 << 40
-"""RNG-seed distance between split seeds."""
-DATASET_STRIDE: Final[int] = 1 << 32
-"""RNG-seed distance between datasets within a split (and the most items one split may try)."""
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
-
-
-class _TermsDigits(_Strict):
-    @model_validator(mode="after")
-    def _ranges(self):
-        if self.min_terms > self.max_terms:
-            raise ValueError(f"min_terms={self.min_terms} must be <= max_terms={self.max_terms}")
-        if self.min_digits > self.max_digits:
-            raise ValueError(f"min_digits={self.min_digits} must be <= max_digits={self.max_digits}")
-        return self
-
-
-class BasicArithmeticKnobs(_TermsDigits):
-    """reasoning-gym ``basic_arithmetic``: "Calculate 7 - 5 * 2." (integer results; "/" is exact)."""
-
-    min_terms: int = Field(2, ge=1, le=12)
-    """Fewest operands in an expression."""
-    max_terms: int = Field(3, ge=1, le=12)
-    """Most operands in an expression."""
-    min_digits: int = Field(1, ge=1, le=10)
-    """Fewest digits per operand (one digit count is drawn per question)."""
-    max_digits: int = Field(2, ge=1, le=10)
-    """Most digits per operand."""
-    operators: tuple[Literal["+", "-", "*", "/"], ...] = ("+", "-", "*")
-    """Operators to draw from ("/" is integer-exact division)."""
-    allow_parentheses: bool = False
-    """Allow parenthesised sub-expressions (reasoning-gym's "complex" generator)."""
-    allow_negation: bool = False
-    """Allow negated groups like "-(3 + 4)" (only with parentheses)."""
-    format_style: Literal["simple", "natural"] = "simple"
-    """"simple": "Calculate E."; "natural": one of "What is E?", "Solve E.", "Compute E.", "Evaluate: E."."""
-    whitespace: Literal["no_space", "single", "random"] = "single"
-    """Spacing between terms in the expression."""
-
-    @field_validator("operators")
-    @classmethod
-    def _nonempty(cls, v):
-        if not v:
-            raise ValueError("operators must not be empty")
-        return v
-
-
-class ChainSumKnobs(_TermsDigits):
-    """reasoning-gym ``chain_sum``: "State the final answer to the following arithmetic problem: 4 + 3 =" (+/- only)."""
-
-    min_terms: int = Field(2, ge=1, le=12)
-    """Fewest operands."""
-    max_terms: int = Field(3, ge=1, le=12)
-    """Most operands."""
-    min_digits: int = Field(1, ge=1, le=10)
-    """Fewest digits per operand (one digit count is drawn per question)."""
-    max_digits: int = Field(2, ge=1, le=10)
-    """Most digits per operand."""
-    allow_negation: bool = False
-    """Allow negative operands."""
-
-
-class ProductsKnobs(_TermsDigits):
-    """reasoning-gym ``products``: "Solve the following multiplication: 4 * 3. Give only the result as your final answer."."""
-
-    min_terms: int = Field(2, ge=1, le=12)
-    """Fewest factors."""
-    max_terms: int = Field(2, ge=1, le=12)
-    """Most factors."""
-    min_digits: int = Field(1, ge=1, le=10)
-    """Fewest digits per factor (one digit count is drawn per question)."""
-    max_digits: int = Field(2, ge=1, le=10)
-    """Most digits per factor."""
-    allow_negation: bool = False
-    """Allow negative factors."""
-
-
-class SimpleEquationsKnobs(_Strict):
-    """reasoning-gym ``simple_equations``: "Solve for p: 7 - 17*p = -197" (integer solution)."""
-
-    min_terms: int = Field(2, ge=1, le=20)
-    """Fewest terms on the left-hand side (one of them holds the variable)."""
-    max_terms: int = Field(2, ge=1, le=20)
-    """Most terms on the left-hand side."""
-    min_value: int = Field(1, ge=1)
-    """Smallest constant, coefficient and solution."""
-    max_value: int = Field(20, ge=1)
-    """Largest constant, coefficient and solution."""
-    operators: tuple[Literal["+", "-", "*"], ...] = ("+", "-", "*")
-    """Operators joining the terms ("*" present also gives the variable a coefficient)."""
-    operators_weights: tuple[float, ...] = (0.4, 0.4, 0.2)
-    """Sampling weights of ``operators`` (same length, summing to 1)."""
-
-    @model_validator(mode="after")
-    def _check(self) -> SimpleEquationsKnobs:
-        if self.min_terms > self.max_terms:
-            raise ValueError(f"min_terms={self.min_terms} must be <= max_terms={self.max_terms}")
-        if self.min_value > self.max_value:
-            raise ValueError(f"min_value={self.min_value} must be <= max_value={self.max_value}")
-        if not self.operators or len(self.operators) != len(self.operators_weights):
-            raise ValueError("operators must be non-empty and as long as operators_weights")
-        if round(sum(self.operators_weights), 1) != 1.0:
-            raise ValueError(f"operators_weights={self.operators_weights} must sum to 1")
-        return self
-
-
-_KNOBS: Final[dict[str, type[_Strict]]] = {
-    "basic_arithmetic": BasicArithmeticKnobs,
-    "chain_sum": ChainSumKnobs,
-    "products": ProductsKnobs,
-    "simple_equations": SimpleEquationsKnobs,
-}
-
-
-def check_dataset_name(name: str) -> str:
-    """``name`` if supported; ValueError explaining why otherwise (gsm_symbolic: contamination)."""
-    if name in REFUSED:
-        raise ValueError(REFUSED[name])
-    if name not in SUPPORTED:
-        raise ValueError(f"reasoning-gym dataset {name!r} is not supported here; choose from {', '.join(SUPPORTED)}")
-    return name
-
-
-class ReasoningGymTaskConfig(_Strict):
-    """A mixture of reasoning-gym generators with train/held-out splits by seed."""
-
-    kind: str = "reasoning_gym"
-    """Task registry key."""
-    datasets: dict[str, float] = Field(default_factory=lambda: {n: 1.0 for n in SUPPORTED})
-    """Generator name -> relative share of questions (0 drops it); names from SUPPORTED."""
-    basic_arithmetic: BasicArithmeticKnobs = BasicArithmeticKnobs()
-    """Difficulty knobs of basic_arithmetic."""
-    chain_sum: ChainSumKnobs = ChainSumKnobs()
-    """Difficulty knobs of chain_sum."""
-    products: ProductsKnobs = ProductsKnobs()
-    """Difficulty knobs of products."""
-    simple_equations: SimpleEquationsKnobs = SimpleEquationsKnobs()
-    """Difficulty knobs of simple_equations."""
-    n_train: int = Field(1000, ge=1)
-    """Training questions (distinct, none in the held-out split)."""
-    n_val: int = Field(200, ge=1)
-    """Held-out questions (distinct; fixed by val_seed and n_val alone)."""
-    train_seed: int = Field(0, ge=0, lt=1 << 20)
-    """Split seed of the training questions."""
-    val_seed: int = Field(1, ge=0, lt=1 << 20)
-    """Split seed of the held-out questions (must differ from train_seed)."""
-    answer_instruction: str = "Put the final answer in \\boxed{}."
-    """Appended (after a space) to every question in the prompt; "" for the bare question."""
-
-    @field_validator("datasets")
-    @classmethod
-    def _datasets(cls, v: dict[str, float]) -> dict[str, float]:
-        for name, w in v.items():
-            check_dataset_name(name)
-            if not w >= 0:
-                raise ValueError(f"datasets[{name!r}]={w} must be >= 0")
-        if not any(w > 0 for w in v.values()):
-            raise ValueError("datasets needs at least one generator with a positive share")
-        return v
-
-    @model_validator(mode="after")
-    def _seeds(self) -> ReasoningGymTaskConfig:
-        if self.train_seed == self.val_seed:
-            raise ValueError(f"train_seed and val_seed must differ (both {self.train_seed})")
-        return self
-
 
 def make_dataset(name: str, knobs: BaseModel | None = None, seed: int = 0, size: int = DATASET_STRIDE):
     """A reasoning-gym ``ProceduralDataset`` for a supported ``name`` (gsm_symbolic is refused)."""
@@ -355,6 +188,8 @@ class ReasoningGymTask:
     ) -> None:
         self.cfg = cfg = cfg or ReasoningGymTaskConfig()
         self.prompt_fn, self.decode_fn = prompt_fn, decode_fn
+        self.template = "custom"
+        """Name of the prompt template (recorded beside evaluation scores)."""
         # seed 0: item idx is drawn from Random(idx), so _build_split picks RNG seeds directly
         self._datasets = {n: make_dataset(n, getattr(cfg, n), seed=0) for n, w in cfg.datasets.items() if w > 0}
         val = self._build_split(cfg.val_seed, cfg.n_val, exclude=set())
@@ -410,11 +245,13 @@ class ReasoningGymTask:
         """Prompts rendered with an HF tokenizer's chat template (e.g. SmolLM2's ChatML)."""
         from exgrpo.backends.native.lm.smollm2 import chat_prompt_ids
 
-        return cls(
+        task = cls(
             cfg,
             prompt_fn=lambda text: chat_prompt_ids(tokenizer, text, system=system),
             decode_fn=lambda ids: tokenizer.decode(list(ids), skip_special_tokens=True),
         )
+        task.template = "chatml"
+        return task
 
     @classmethod
     def with_char_tokenizer(cls, cfg: ReasoningGymTaskConfig | None, tokenizer: Any = None) -> ReasoningGymTask:
@@ -424,11 +261,13 @@ class ReasoningGymTask:
             from exgrpo.backends.native.lm.tokenizer import CharTokenizer
 
             tokenizer = CharTokenizer()
-        return cls(
+        task = cls(
             cfg,
             prompt_fn=lambda text: tokenizer.encode(text.lower(), add_bos=True),
             decode_fn=lambda ids: tokenizer.decode(ids),
         )
+        task.template = "raw-chars-lowercase"
+        return task
 
     # ------------------------------------------------------------------ Task protocol
     def __len__(self) -> int:

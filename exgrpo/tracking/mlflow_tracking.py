@@ -7,6 +7,8 @@ child run is a run tagged with ``mlflow.parentRunId``.
 
 Store resolution (first wins): the ``tracking_uri`` argument, ``MLFLOW_TRACKING_URI``, then a local
 sqlite file ``<project>/mlruns/mlflow.db`` with artifacts in ``<project>/mlruns/artifacts``.
+Team mode: ``MLFLOW_TRACKING_URI=postgresql://...`` (``scripts/setup-postgres.sh``) with
+``EXGRPO_ARTIFACT_ROOT`` pointing at a directory every process can write.
 """
 
 from __future__ import annotations
@@ -59,7 +61,15 @@ def _sqlite_path(uri: str) -> Path | None:
 
 
 def artifact_root(uri: str) -> Path | None:
-    """Local artifact directory next to a sqlite store (None for servers, which own theirs)."""
+    """Local artifact directory of new experiments: ``EXGRPO_ARTIFACT_ROOT`` if set (any database
+    store, e.g. a directory on a shared filesystem next to a PostgreSQL store), else next to a
+    sqlite store; None for servers, which own theirs, and for other databases without the variable
+    (MLflow then uses ``./mlruns`` of the process that creates the experiment)."""
+    if uri.startswith(("http://", "https://")):
+        return None
+    env = os.environ.get("EXGRPO_ARTIFACT_ROOT")
+    if env:
+        return Path(env).expanduser().resolve()
     db = _sqlite_path(uri)
     return db.parent / "artifacts" if db is not None else None
 

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from exgrpo.tracking.mlflow_tracking import _sqlite_path, project_root, resolve_tracking_uri
+from exgrpo.tracking.mlflow_tracking import _sqlite_path, artifact_root, project_root, resolve_tracking_uri
 
 
 @dataclass
@@ -71,6 +71,11 @@ def services(host: str = "127.0.0.1", prefect_port: int = 4200, mlflow_port: int
         out.append(Service("mlflow", f"http://{host}:{mlflow_port}", f"http://{host}:{mlflow_port}/health", [
             _exe("mlflow"), "server", "--host", host, "--port", str(mlflow_port), "--backend-store-uri", uri,
             "--artifacts-destination", str(db.parent / "artifacts"), "--workers", "1"]))
+    elif "://" in uri and not uri.startswith(("http://", "https://", "file:")):  # a database (team mode: PostgreSQL)
+        dest = artifact_root(uri) or project_root() / "mlruns" / "artifacts"
+        out.append(Service("mlflow", f"http://{host}:{mlflow_port}", f"http://{host}:{mlflow_port}/health", [
+            _exe("mlflow"), "server", "--host", host, "--port", str(mlflow_port), "--backend-store-uri", uri,
+            "--artifacts-destination", str(dest), "--workers", "1"]))
     storage = resolve_storage(storage)
     out.append(Service("optuna-dashboard", f"http://{host}:{optuna_port}", f"http://{host}:{optuna_port}/api/studies",
                        [_exe("optuna-dashboard"), storage, "--host", host, "--port", str(optuna_port),

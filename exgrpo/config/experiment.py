@@ -1,0 +1,267 @@
+"""One typed config: the single source of truth for a run.
+
+Every field carries a one-line docstring. YAML files in ``experiments/`` are parsed into
+:class:`ExperimentConfig`; ``--set a.b=c`` overrides are applied before validation, so an invalid
+run fails before any work starts, with an error that names the field, the bad value and what is
+allowed. Prefect parameters, the Optuna search space and MLflow params are derived from here.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from pydantic import BaseModel, Field, ValidationError, model_validator
+
+from exgrpo.config.algorithm import AlgorithmConfig
+from exgrpo.config.options import ConfigError, OptimizerKind, Tier, _Strict
+from exgrpo.config.policies import LMPolicyConfig, MLPPolicyConfig, SmolLM2PolicyConfig
+from exgrpo.config.tasks import ReasoningGymTaskConfig, TextArithmeticTaskConfig, ToyTaskConfig
+
+
+TaskConfig = Annotated[ToyTaskConfig | TextArithmeticTaskConfig | ReasoningGymTaskConfig, Field(discriminator="kind")]
+"""Task section, chosen by ``kind`` (filled in from ``tier`` when absent)."""
+PolicyConfig = Annotated[MLPPolicyConfig | LMPolicyConfig | SmolLM2PolicyConfig, Field(discriminator="kind")]
+"""Policy section, chosen by ``kind`` (filled in from ``tier`` when absent)."""
+
+_TIER_KINDS = {
+    "toy": ("toy_arithmetic", "mlp"),
+    "tiny-lm": ("text_arithmetic", "lm"),
+    "smollm2": ("reasoning_gym", "smollm2"),
+}
+"""Default task/policy kinds of each tier with a native backend (the paper tier runs on veRL)."""
+
+
+class TrainConfig(_Strict):
+    """Optimisation, schedule and checkpointing of the native trainer."""
+
+    batch_size: int = Field(128, ge=1)
+    """Questions per training step (B)."""
+    epochs: int = Field(50, ge=1)
+    """Passes over the training questions (fresh draws; steps = epochs * ceil(N_train / B))."""
+    max_steps: int | None = Field(None, ge=1)
+    """Stop after this many steps (a fixed compute budget); None: epochs decide."""
+    optimizer: OptimizerKind = OptimizerKind.ADAM
+    """Optimiser."""
+    lr: float = Field(3e-4, gt=0.0)
+    """Learning rate (constant)."""
+    weight_decay: float = Field(0.0, ge=0.0)
+    """Weight decay (AdamW only)."""
+    mini_batches: int = Field(1, ge=1)
+    """Optimiser steps per training step (the batch is split into this many mini-batches)."""
+    grad_clip: float = Field(1.0, gt=0.0)
+    """Max global grad norm."""
+    skip_grad_above: float | None = Field(500.0, gt=0.0)
+    """Skip the optimiser step if the grad norm is non-finite or above this (reference: 500)."""
+    eval_every_epochs: int = Field(1, ge=1)
+    """Validate every this many epochs (and at the end)."""
+    eval_before_train: bool = False
+    """Also validate the initial (warm-start) policy, logged at step 0."""
+    eval_every_steps: int | None = Field(None, ge=1)
+    """Validate every this many steps instead (overrides eval_every_epochs); None: use epochs."""
+    checkpoint_every: int = Field(0, ge=0)
+    """Write a checkpoint every this many steps (0: only at the end)."""
+    threads: int = Field(1, ge=1)
+    """torch intra-op threads of one training process."""
+
+
+class ExperimentConfig(_Strict):
+    """A run: tier, task, policy, algorithm and training settings."""
+
+    name: str = "toy-exgrpo"
+    """Experiment name (the MLflow experiment and the run directory)."""
+    tier: Tier = Tier.TOY
+    """Model/task tier."""
+    seed: int = 0
+    """Seed of model init, sampling and replay."""
+    output_dir: Path = Path("runs")
+    """Where run directories (checkpoints, metrics) are written."""
+    task: TaskConfig = ToyTaskConfig()
+    """The task (training questions, validation split, reward)."""
+    policy: PolicyConfig = MLPPolicyConfig()
+    """The policy model."""
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    """The RL algorithm."""
+    train: TrainConfig = TrainConfig()
+    """Optimisation and schedule."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kinds_from_tier(cls, data: Any) -> Any:
+        """Fill in ``task.kind``/``policy.kind`` from ``tier`` so YAML files need not repeat them."""
+        if not isinstance(data, dict):
+            return data
+        tier = str(data.get("tier", Tier.TOY.value))
+        if tier not in _TIER_KINDS:
+            return data  # tiers without a native task/policy are rejected by the check below
+        data = dict(data)
+        for section, kind in zip(("task", "policy"), _TIER_KINDS[tier], strict=True):
+            value = data.get(section)
+            if value is None:
+                data[section] = {"kind": kind}
+            elif isinstance(value, dict) and "kind" not in value:
+                data[section] = {"kind": kind, **value}
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ExperimentConfig:
+        if self.tier.value not in _TIER_KINDS:
+            raise ValueError(
+                f"tier={self.tier.value!r} has no native backend yet; use one of {sorted(_TIER_KINDS)}"
+            )
+        pairs = {ToyTaskConfig: (MLPPolicyConfig,), TextArithmeticTaskConfig: (LMPolicyConfig,),
+                 ReasoningGymTaskConfig: (LMPolicyConfig, SmolLM2PolicyConfig)}
+        if not isinstance(self.policy, pairs[type(self.task)]):
+            raise ValueError(
+                f"task.kind={self.task.kind!r} cannot be paired with policy.kind={self.policy.kind!r}; "
+                f"use one of {[p.model_fields['kind'].default for p in pairs[type(self.task)]]}"
+            )
+        if isinstance(self.policy, LMPolicyConfig) and isinstance(self.task, TextArithmeticTaskConfig):
+            if self.task.problems != self.policy.model.problems:
+                raise ValueError(
+                    "task.problems must equal policy.model.problems (the RL questions must come from the "
+                    "tiny LM's SFT distribution); set both, or neither"
+                )
+        return self
+
+    def run_dir(self) -> Path:
+        """Directory of this (experiment, seed) run."""
+        return self.output_dir / self.name / f"seed{self.seed}"
+
+
+class CompareConfig(_Strict):
+    """A side-by-side comparison: one base config, named arms of overrides, several seeds."""
+
+    base: ExperimentConfig
+    """Settings shared by every arm."""
+    arms: dict[str, dict[str, Any]]
+    """Arm name -> dotted overrides of the base (e.g. {"algorithm.replay": "none"})."""
+    baseline: str = "grpo"
+    """Arm that paired differences are computed against."""
+    seeds: list[int] = [0, 1, 2, 3, 4]
+    """Seeds run for every arm."""
+    metric: str = "val/accuracy"
+    """Metric compared at the end of training."""
+
+    @model_validator(mode="after")
+    def _arms(self) -> CompareConfig:
+        if not self.arms:
+            raise ValueError("arms is empty; give at least one arm, e.g. {grpo: {algorithm.replay: none}}")
+        if self.baseline not in self.arms:
+            raise ValueError(f"baseline={self.baseline!r} is not an arm; arms are {sorted(self.arms)}")
+        if not self.seeds:
+            raise ValueError("seeds is empty; give at least one seed, e.g. [0, 1, 2]")
+        for arm in self.arms:
+            try:
+                self.arm_config(arm, seed=self.seeds[0])
+            except ConfigError as e:
+                raise ValueError(f"arm {arm!r}: {e}") from None
+        return self
+
+    def arm_config(self, arm: str, seed: int) -> ExperimentConfig:
+        """The validated config of one (arm, seed)."""
+        data = self.base.model_dump(mode="json")
+        data = apply_overrides(data, {**self.arms[arm], "seed": seed, "name": f"{self.base.name}-{arm}"})
+        return _validate(ExperimentConfig, data, source=f"arm {arm}")
+
+
+# --------------------------------------------------------------------------------------------
+# Loading, overrides, errors
+# --------------------------------------------------------------------------------------------
+def parse_set(items: list[str] | None) -> dict[str, Any]:
+    """``["a.b=1", "c=x"]`` -> ``{"a.b": 1, "c": "x"}`` (values parsed as YAML scalars)."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set algorithm.experience_ratio=0.25")
+        key, value = item.split("=", 1)
+        out[key.strip()] = yaml.safe_load(value) if value.strip() else ""
+    return out
+
+
+def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """Return a copy of ``data`` with dotted-key ``overrides`` applied (unknown keys are kept and
+    rejected later by validation, which names them)."""
+    data = copy.deepcopy(data)
+    for dotted, value in overrides.items():
+        node = data
+        parts = dotted.split(".")
+        for p in parts[:-1]:
+            child = node.get(p)
+            if not isinstance(child, dict):
+                child = {}
+                node[p] = child
+            node = child
+        node[parts[-1]] = value
+    return data
+
+
+def _format_validation_error(err: ValidationError, source: str) -> str:
+    lines = [f"invalid config ({source}):"]
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e["loc"]) or "<root>"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field; check the spelling (see `exgrpo train --help` or exgrpo/config.py)"
+        bad = e.get("input")
+        shown = "" if isinstance(bad, dict) or e["type"] == "missing" else f" (got {bad!r})"
+        lines.append(f"  {loc}: {msg}{shown}")
+    return "\n".join(lines)
+
+
+def _validate(model: type[BaseModel], data: dict[str, Any], source: str):
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_validation_error(err, source)) from None
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML mapping, with an error naming the path when it is missing or malformed."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p} (give a path to a YAML file, e.g. experiments/toy.yaml)")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def load_experiment(path: str | Path | None, overrides: dict[str, Any] | None = None) -> ExperimentConfig:
+    """Load and validate an experiment YAML (its ``base`` if it is a comparison file) plus overrides."""
+    data: dict[str, Any] = read_yaml(path) if path is not None else {}
+    if "base" in data and "arms" in data:
+        data = data["base"]
+    data = apply_overrides(data, overrides or {})
+    return _validate(ExperimentConfig, data, source=str(path or "defaults"))
+
+
+def load_compare(path: str | Path, overrides: dict[str, Any] | None = None) -> CompareConfig:
+    """Load and validate a comparison YAML; ``overrides`` apply to ``base`` (dotted keys)."""
+    data = read_yaml(path)
+    if "arms" not in data:
+        raise ConfigError(f"{path}: a comparison file needs `base:` and `arms:` sections")
+    data = dict(data)
+    data["base"] = apply_overrides(data.get("base", {}), overrides or {})
+    return _validate(CompareConfig, data, source=str(path))
+
+
+def flatten(cfg: BaseModel, prefix: str = "") -> dict[str, Any]:
+    """Dotted key -> scalar value of a config (for MLflow params and search spaces)."""
+    out: dict[str, Any] = {}
+    for key, value in cfg.model_dump(mode="json").items():
+        _flatten_into(out, f"{prefix}{key}", value)
+    return out
+
+
+def _flatten_into(out: dict[str, Any], key: str, value: Any) -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _flatten_into(out, f"{key}.{k}", v)
+    else:
+        out[key] = value

@@ -1,0 +1,81 @@
+"""Option enums (each value a registry key in exgrpo.core), the config error type and the strict base model."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict
+
+
+class ConfigError(ValueError):
+    """A configuration problem, phrased for the user: which field, which value, what is allowed."""
+
+
+class ReplayKind(StrEnum):
+    """Which experience-replay algorithm runs beside on-policy GRPO."""
+
+    NONE = "none"  # on-policy GRPO
+    BUCKETS = "buckets"  # the paper's ExGRPO: correctness buckets, Gaussian bucket weights
+    NOTEBOOK = "notebook"  # the notebook variant: recency/entropy priority + lambda schedule
+
+
+class BucketWeighting(StrEnum):
+    """Weight of a bucket keyed by the latest success count k (exgrpo-spec.md §3)."""
+
+    NORMAL = "normal"
+    LINEAR = "linear"
+    SQRT = "sqrt"
+    LINEAR_CLIP = "linear_clip"
+    UNIFORM = "uniform"
+
+
+class SelectionMetric(StrEnum):
+    """How the trajectory to replay is chosen among a question's stored ones."""
+
+    ENTROPY = "entropy"  # mean token entropy under the current policy (the intended behaviour)
+    PERPLEXITY = "perplexity"  # exp(-mean token log-prob) under the current policy
+    RANDOM = "random"
+
+
+class SelectionMode(StrEnum):
+    """Pick the trajectory with the lowest (argmin) or highest (argmax) metric."""
+
+    ARGMIN = "argmin"
+    ARGMAX = "argmax"
+
+
+class Shaping(StrEnum):
+    """f(w) applied to the importance ratio w of replayed tokens."""
+
+    IDENTITY = "identity"  # f(w) = w
+    POLICY_SHAPING = "policy_shaping"  # f(w) = w / (w + gamma)   (reference: p_div_p_0.1)
+    TRUNCATE = "truncate"  # f(w) = min(w, is_clip)
+
+
+class LossAggregation(StrEnum):
+    """How per-token losses become one scalar (names follow veRL's agg_loss modes)."""
+
+    TOKEN_MEAN = "token-mean"
+    SEQ_MEAN_TOKEN_MEAN = "seq-mean-token-mean"
+    SEQ_MEAN_TOKEN_SUM = "seq-mean-token-sum"
+    TOKEN_SUM_NORM = "token-sum-norm"  # sum over tokens / max_response_length (the reference)
+
+
+class Tier(StrEnum):
+    """Model/task size; all tiers share the config schema, the core and the trainer step."""
+
+    TOY = "toy"
+    TINY_LM = "tiny-lm"
+    SMOLLM2 = "smollm2"
+    PAPER = "paper"
+
+
+class OptimizerKind(StrEnum):
+    """Optimiser of the policy parameters."""
+
+    ADAM = "adam"
+    ADAMW = "adamw"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)

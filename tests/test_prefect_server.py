@@ -1,0 +1,232 @@
+"""End to end on a real Prefect server: the README's deployment commands, a process worker, MLflow.
+
+    prefect server start --host 127.0.0.1 --port <free>      (tmp PREFECT_HOME, sqlite)
+    prefect work-pool create local-pool --type process --overwrite
+    prefect --no-prompt deploy --all                          (prefect.yaml, EXGRPO_HOME=<repo>)
+    <trigger the train deployment with tiny parameters>       (REST: create_flow_run)
+    prefect worker start --pool local-pool --run-once         (runs it in a subprocess, exits)
+
+Everything runs in subprocesses with their own environment (this pytest process keeps Prefect's
+ephemeral mode for tests/test_flows.py), talks to the server over REST, and every process started
+here (server, worker, the flow run the worker spawned) is killed at the end, also on failure.
+The triggered run goes to its own work queue of local-pool, so the worker never picks up a run that
+the sweep's schedules happen to make due during the test.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+pytest.importorskip("prefect")
+mlflow = pytest.importorskip("mlflow")
+psutil = pytest.importorskip("psutil")
+requests = pytest.importorskip("requests")
+yaml = pytest.importorskip("yaml")
+
+REPO = Path(__file__).resolve().parents[1]
+PREFECT = str(Path(sys.executable).with_name("prefect")) if Path(sys.executable).with_name("prefect").exists() \
+    else shutil.which("prefect")
+TINY = {"task.max_operand": 5, "train.batch_size": 16, "algorithm.group_size": 4, "train.max_steps": 8,
+        "policy.hidden": 32, "policy.layers": 2}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _kill_tree(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """SIGTERM the process and every descendant (by pid), then SIGKILL what is left."""
+    try:
+        procs = [psutil.Process(proc.pid)]
+        procs += procs[0].children(recursive=True)
+    except psutil.NoSuchProcess:
+        procs = []
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGTERM)
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=5)
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _cli(args: list[str], env: dict[str, str], timeout: float = 120, cwd: Path = REPO) -> str:
+    p = subprocess.run([PREFECT, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, f"prefect {' '.join(args)} exited {p.returncode}:\n{out[-4000:]}"
+    return out
+
+
+class Server:
+    def __init__(self, url: str, env: dict[str, str], tmp: Path) -> None:
+        self.url, self.env, self.tmp = url, env, tmp
+        self.api = url + "/api"
+
+    def _call(self, method: str, path: str, body: dict | None = None):
+        # like Prefect's own client: retry 429/502/503 (the sqlite-backed server answers 503 while
+        # its database is locked, e.g. when the scheduler inserts runs right after a deploy)
+        for attempt in range(8):
+            r = requests.request(method, self.api + path, json=body, timeout=15)
+            if r.status_code not in (429, 502, 503):
+                break
+            time.sleep(min(0.5 * 2 ** attempt, 4.0))
+        assert r.status_code < 300, (f"{method} {path}: HTTP {r.status_code} {r.text[:2000]}\nserver log:\n"
+                                     f"{(self.tmp / 'server.log').read_text()[-4000:]}")
+        return r.json()
+
+    def get(self, path: str):
+        return self._call("GET", path)
+
+    def post(self, path: str, body: dict):
+        return self._call("POST", path, body)
+
+
+@pytest.fixture(scope="module")
+def deployed(tmp_path_factory):
+    """A Prefect server with local-pool and every deployment of prefect.yaml."""
+    tmp = tmp_path_factory.mktemp("prefect-e2e")
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
+    env.update({
+        "PREFECT_HOME": str(tmp / "home"), "PREFECT_API_URL": url + "/api",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_CLI_PROMPT": "false",
+        "PREFECT_SERVER_UI_ENABLED": "false", "PREFECT_LOGGING_LEVEL": "INFO",
+        "EXGRPO_HOME": str(REPO), "RAY_AUTH_MODE": "disabled", "WANDB_MODE": "disabled",
+        "PYTHONDONTWRITEBYTECODE": "1",
+    })
+    log = open(tmp / "server.log", "w")
+    server = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                              env=env, cwd=tmp, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert server.poll() is None, f"prefect server exited {server.returncode}:\n{(tmp / 'server.log').read_text()[-4000:]}"
+            try:
+                if requests.get(f"{url}/api/health", timeout=2).json() is True:
+                    break
+            except (requests.RequestException, ValueError):
+                pass
+            assert time.monotonic() < deadline, f"no /api/health in 90 s:\n{(tmp / 'server.log').read_text()[-4000:]}"
+            time.sleep(0.5)
+        _cli(["work-pool", "create", "local-pool", "--type", "process", "--overwrite"], env)
+        out = _cli(["--no-prompt", "deploy", "--all"], env, timeout=180)
+        for name in ("train/train", "compare/compare", "sweep/sweep", "evaluate/evaluate"):
+            assert name in out, out[-4000:]
+        yield Server(url, env, tmp)
+    finally:
+        _kill_tree(server)
+        log.close()
+
+
+def test_train_deployment_runs_on_a_worker_into_mlflow(deployed, tmp_path):
+    srv = deployed
+    queue = f"e2e-{uuid.uuid4().hex[:8]}"
+    _cli(["work-queue", "create", queue, "--pool", "local-pool"], srv.env)
+    dep = srv.get("/deployments/name/train/train")
+    assert dep["work_pool_name"] == "local-pool" and dep["entrypoint"] == "flows/train.py:train_flow"
+    assert dep["job_variables"]["env"]["RAY_AUTH_MODE"] == "disabled"
+
+    uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"
+    params = {"config": "experiments/toy-exgrpo.yaml", "seed": 1, "tracking_uri": uri,
+              "overrides": {**TINY, "output_dir": str(tmp_path / "runs")}}
+    run = srv.post(f"/deployments/{dep['id']}/create_flow_run", {"parameters": params, "work_queue_name": queue})
+    assert run["state"]["type"] == "SCHEDULED"
+
+    t0 = time.monotonic()
+    log = open(tmp_path / "worker.log", "w")
+    worker = subprocess.Popen([PREFECT, "worker", "start", "--pool", "local-pool", "--work-queue", queue, "--run-once"],
+                              env=srv.env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        worker.wait(timeout=150)
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        _kill_tree(worker)
+        log.close()
+    worker_log = (tmp_path / "worker.log").read_text()
+    state = None
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        state = srv.get(f"/flow_runs/{run['id']}")["state"]
+        if state["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+            break
+        time.sleep(0.5)
+    assert state and state["type"] == "COMPLETED", f"{state}\nworker log:\n{worker_log[-6000:]}"
+    print(f"worker: run COMPLETED {time.monotonic() - t0:.1f} s after start")
+
+    fr = srv.get(f"/flow_runs/{run['id']}")
+    assert fr["parameters"]["tracking_uri"] == uri and fr["work_queue_name"] == queue
+
+    # the run landed in MLflow (the tmp store given as a deployment parameter)
+    client = mlflow.MlflowClient(uri)
+    exp = client.get_experiment_by_name("toy-exgrpo")
+    assert exp is not None, worker_log[-4000:]
+    (mrun,) = client.search_runs([exp.experiment_id])
+    assert mrun.info.status == "FINISHED"
+    assert mrun.data.tags["seed"] == "1" and mrun.data.tags["algo"] == "exgrpo"
+    assert mrun.data.params["train.max_steps"] == "8" and mrun.data.params["policy.hidden"] == "32"
+    assert len(client.get_metric_history(mrun.info.run_id, "batch/solved")) == 8
+    assert "final/val/accuracy" in mrun.data.metrics
+    assert [a.path for a in client.list_artifacts(mrun.info.run_id, "checkpoints")]
+    assert (tmp_path / "runs").is_dir(), "the run directory follows the output_dir override"
+
+    # and the flow published the MLflow link as a Prefect artifact
+    arts = srv.post("/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [run["id"]]}}})
+    assert any(a["type"] == "markdown" and mrun.info.run_id in (a["data"] or "") for a in arts), arts
+
+
+def test_sweep_deployment_has_two_schedules_with_their_own_parameters(deployed):
+    srv = deployed
+    spec = {d["name"]: d for d in yaml.safe_load((REPO / "prefect.yaml").read_text())["deployments"]}["sweep"]
+    dep = srv.get("/deployments/name/sweep/sweep")
+    assert dep["parameters"] == spec["parameters"] == {"config": "experiments/toy-sweep.yaml"}
+    assert dep["work_pool_name"] == "local-pool"
+    scheds = {s["slug"]: s for s in dep["schedules"]}
+    assert set(scheds) == {"nightly-small", "weekly-full"}
+    for want in spec["schedules"]:
+        got = scheds[want["slug"]]
+        assert got["active"] is True
+        assert got["schedule"]["cron"] == want["cron"] and got["schedule"]["timezone"] == "UTC"
+        assert got["parameters"] == want["parameters"]
+    assert scheds["nightly-small"]["parameters"] == {
+        "n_trials": 8, "overrides": {"study.name": "toy-sweep-nightly", "budget_steps": 60}}
+    assert scheds["weekly-full"]["parameters"] == {"n_trials": 48, "overrides": {"study.name": "toy-sweep-weekly"}}
+
+    # the scheduler turns each schedule into runs carrying that schedule's parameters
+    want = {8: "toy-sweep-nightly", 48: "toy-sweep-weekly"}
+    seen: dict[int, str] = {}
+    deadline = time.monotonic() + 45
+    while time.monotonic() < deadline and set(seen) != set(want):
+        runs = srv.post("/flow_runs/filter", {"flow_runs": {"deployment_id": {"any_": [dep["id"]]},
+                                                            "state": {"type": {"any_": ["SCHEDULED"]}}},
+                                              "limit": 50})
+        for r in runs:
+            p = r["parameters"]
+            assert p["config"] == "experiments/toy-sweep.yaml", p
+            seen[p["n_trials"]] = p["overrides"]["study.name"]
+        time.sleep(1)
+    assert seen == want
