@@ -85,3 +85,18 @@ def test_eval_errors(tmp_path):
     missing = subprocess.run([sys.executable, "-m", "exgrpo.cli", "eval", "--checkpoint", str(tmp_path / "x.pt")],
                              capture_output=True, text=True)
     assert missing.returncode == 2 and "no such file" in missing.stderr
+
+
+def test_smollm2_trains_one_step_through_the_cli(tmp_path):
+    """The real pretrained model on CPU: one ExGRPO step on reasoning-gym questions, then eval."""
+    sets = {"task.n_train": 4, "task.n_val": 2, "policy.max_new_tokens": 8, "algorithm.group_size": 2,
+            "train.batch_size": 1, "train.max_steps": 1, "train.eval_every_steps": 1, "train.checkpoint_every": 1}
+    out = subprocess.run(
+        [sys.executable, "-m", "exgrpo.cli", "train", "experiments/smollm2-arith.yaml", "--no-progress",
+         "--output-dir", str(tmp_path), *[f"--set={k}={v}" for k, v in sets.items()]],
+        capture_output=True, text=True, env={**os.environ, "EXGRPO_CACHE": os.path.expanduser("~/.cache/exgrpo")},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [json.loads(x) for x in (tmp_path / "smollm2-arith" / "seed0" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1] and all("val/accuracy" in r for r in rows)
+    assert rows[1]["actor/grad_norm"] > 0

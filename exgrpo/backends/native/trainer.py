@@ -181,7 +181,8 @@ class Trainer:
         metrics.update(self.pool.stats() if algo.replay == ReplayKind.BUCKETS else {})
         if algo.replay == ReplayKind.NOTEBOOK:
             metrics.update(self.buffer.stats())
-        self.switch.update(pass_rate, self.step)
+        if algo.replay == ReplayKind.BUCKETS:  # on-policy GRPO never enters the mixed phase
+            self.switch.update(pass_rate, self.step)
         metrics["time/step_seconds"] = time.perf_counter() - t0
         return metrics
 
