@@ -270,8 +270,12 @@ def _check_hostile(v: MathVerifier, text: str, bound: float) -> RewardBatch:
 
 
 @pytest.mark.parametrize("name", list(HOSTILE))
-def test_hostile_in_process(inproc_fast: MathVerifier, name: str) -> None:
-    _check_hostile(inproc_fast, HOSTILE[name], in_process_bound(inproc_fast))
+def test_hostile_in_process_never_raises(inproc_fast: MathVerifier, name: str) -> None:
+    # The in-process path only has math-verify's signal.alarm timeouts, which cannot interrupt work
+    # inside C code, so no time bound is claimed for it (seen: 12.6 s on nested braces under load);
+    # the bounded path is the process pool (the default, tested with its bound below).
+    b = inproc_fast.score([HOSTILE[name]], ["5"])
+    assert b.rewards[0] in (0.0, 1.0)
 
 
 @pytest.mark.parametrize("name", list(HOSTILE))
