@@ -120,6 +120,10 @@ def test_tracked_toy_run_reads_back(tmp_path):
                                                 tracking_uri=uri, dst_path=str(tmp_path / "dl"))
     resolved = json.loads(open(local).read())
     assert resolved["algorithm"]["replay"] == "buckets" and resolved["train"]["max_steps"] == 8
+    inputs = {d.dataset.name: d for d in r.inputs.dataset_inputs}
+    assert set(inputs) == {"toy_arithmetic-train", "toy_arithmetic-val"}
+    assert [t.value for t in inputs["toy_arithmetic-train"].tags] == ["training"]
+    assert [t.value for t in inputs["toy_arithmetic-val"].tags] == ["eval"]
 
 
 def test_failed_run_is_marked_failed(tmp_path):

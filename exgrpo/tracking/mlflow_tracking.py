@@ -315,6 +315,26 @@ def _status_for(exc: BaseException) -> str:
     return "KILLED" if type(exc).__name__ in ("TrialPruned", "KeyboardInterrupt") else "FAILED"
 
 
+def log_task_datasets(client: Any, run_id: str, cfg: ExperimentConfig, task: Any) -> None:
+    """Record the run's training and evaluation questions as MLflow dataset inputs (contexts
+    ``training`` / ``eval``; one row per question: id and text; the source names the generator and
+    the task config, so the digest changes when the questions do)."""
+    import mlflow.data
+    import pandas as pd
+    from mlflow.data.code_dataset_source import CodeDatasetSource
+    from mlflow.entities import DatasetInput, InputTag
+
+    source = CodeDatasetSource({"task": cfg.task.model_dump_json()})
+    inputs = []
+    for split, ids, context in (("train", task.train_ids, "training"), ("val", task.val_ids, "eval")):
+        if not len(ids):
+            continue
+        frame = pd.DataFrame({"qid": [int(q) for q in ids], "question": [task.question_text(int(q)) for q in ids]})
+        ds = mlflow.data.from_pandas(frame, source=source, name=f"{cfg.task.kind}-{split}")
+        inputs.append(DatasetInput(ds._to_mlflow_entity(), [InputTag("mlflow.data.context", context)]))
+    client.log_inputs(run_id, datasets=inputs)
+
+
 def tracked_train(
     cfg: ExperimentConfig,
     *,
@@ -370,6 +390,8 @@ def tracked_train(
         final = {f"final/{k}": v for k, v in result.final_metrics.items()
                  if k.startswith(("val/", "batch/solved")) and isinstance(v, float) and math.isfinite(v)}
         tracker.log_metrics(run_id, final, step=int(result.final_metrics.get("step", 0)))
+        if result.task is not None:
+            log_task_datasets(client, run_id, cfg, result.task)
         metrics_file = Path(result.run_dir) / "metrics.jsonl" if result.run_dir else None
         if metrics_file is not None and metrics_file.is_file():
             client.log_artifact(run_id, str(metrics_file), "metrics")

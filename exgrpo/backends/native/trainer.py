@@ -52,6 +52,8 @@ class TrainResult:
     history: list[dict[str, float]] = field(default_factory=list)
     run_dir: Path | None = None
     checkpoint: Path | None = None
+    task: Task | None = None
+    """The task the run trained on (its train/val question ids and texts, for dataset records)."""
 
 
 def build_task_and_policy(cfg: ExperimentConfig, progress: bool = False) -> tuple[Task, Policy]:
@@ -328,7 +330,7 @@ class Trainer:
         final = dict(self.history[-1]) if self.history else {}
         if "val/accuracy" not in final:  # stopped early, between evaluations
             final.update(self.evaluate())
-        return TrainResult(final, self.history, run_dir, last_ckpt)
+        return TrainResult(final, self.history, run_dir, last_ckpt, task=self.task)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
