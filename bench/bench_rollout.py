@@ -1,6 +1,6 @@
-"""Rollout throughput: the native LM engine vs HF ``generate`` on the tiny-lm model, one process.
+"""Rollout throughput: the native LM engine vs HF ``generate`` on the same model, one process.
 
-    .venv/bin/python bench/bench_rollout.py [--prompts 64] [--new-tokens 32] [--repeats 5] [--threads 2]
+    .venv/bin/python bench/bench_rollout.py [--model tiny-lm|smollm2] [--prompts 64] [--new-tokens 32] [--repeats 5] [--threads 2]
 
 Three cases on the same model and the same batch of task prompts (left-padded identically):
 
@@ -35,6 +35,7 @@ from exgrpo.tasks.text_arithmetic import TextArithmetic  # noqa: E402
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", choices=["tiny-lm", "smollm2"], default="tiny-lm")
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=5)
@@ -42,20 +43,29 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    tiny = load_tiny_lm(progress=True)
-    model, tok = tiny.model.eval(), tiny.tokenizer
-    task = TextArithmetic()
-    qids = (task.val_ids * (args.prompts // len(task.val_ids) + 1))[: args.prompts]
-    prompts = task.prompts(qids)
-    batch = build_packed_batch(prompts, None, None, tok.pad_id)
+    if args.model == "smollm2":
+        from exgrpo.backends.native.lm.smollm2 import chat_prompt_ids, load_smollm2, smollm2_dir
+
+        model, hf_tok = load_smollm2()
+        model = model.eval()
+        pad_id, eos_id, label = hf_tok.pad_token_id, hf_tok.eos_token_id, smollm2_dir()
+        prompts = [chat_prompt_ids(hf_tok, f"What is {3 * i % 50} + {7 * i % 40}?") for i in range(args.prompts)]
+    else:
+        tiny = load_tiny_lm(progress=True)
+        model, tok = tiny.model.eval(), tiny.tokenizer
+        pad_id, eos_id, label = tok.pad_id, tok.eos_id, tiny.path
+        task = TextArithmetic()
+        qids = (task.val_ids * (args.prompts // len(task.val_ids) + 1))[: args.prompts]
+        prompts = task.prompts(qids)
+    batch = build_packed_batch(prompts, None, None, pad_id)
     n, t = args.prompts, args.new_tokens
     params = SamplingParams(max_new_tokens=t, temperature=1.0, top_p=1.0)
-    eng_stop = RolloutEngine(model, tok.pad_id, tok.eos_id, params)
-    eng_fixed = RolloutEngine(model, tok.pad_id, None, params)
+    eng_stop = RolloutEngine(model, pad_id, eos_id, params)
+    eng_fixed = RolloutEngine(model, pad_id, None, params)
     gen = torch.Generator().manual_seed(0)
     hf_common = dict(
         input_ids=batch.input_ids, attention_mask=batch.attention_mask, max_new_tokens=t,
-        pad_token_id=tok.pad_id, eos_token_id=tok.eos_id, top_k=0, top_p=1.0, temperature=1.0,
+        pad_token_id=pad_id, eos_token_id=eos_id, top_k=0, top_p=1.0, temperature=1.0,
     )
 
     hf_greedy = {k: v for k, v in hf_common.items() if k not in ("top_k", "top_p", "temperature")}
@@ -63,7 +73,7 @@ def main() -> None:
     def hf_tokens(out: torch.Tensor) -> int:
         """Real generated tokens of an HF output: up to and including each row's first EOS."""
         resp = out[:, batch.prompt_width :]
-        is_eos = resp == tok.eos_id
+        is_eos = resp == eos_id
         after = (is_eos.cumsum(1) - is_eos.long()) > 0  # strictly after the first EOS
         return int((~after).sum())
 
@@ -81,7 +91,7 @@ def main() -> None:
             lambda: hf_tokens(model.generate(**hf_greedy, do_sample=False)),
         ),
     }
-    print(f"model: {tiny.path}  params {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M  "
+    print(f"model: {label}  params {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M  "
           f"batch {n} prompts x {t} new tokens  threads {args.threads}")
     print(f"{'case':8s} {'engine tok/s':>13s} {'HF tok/s':>10s} {'ratio':>7s}   (tokens per call: engine / HF)")
     with torch.no_grad():

@@ -18,6 +18,7 @@ import os
 import re
 import socket
 import time
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -330,7 +331,9 @@ def log_task_datasets(client: Any, run_id: str, cfg: ExperimentConfig, task: Any
         if not len(ids):
             continue
         frame = pd.DataFrame({"qid": [int(q) for q in ids], "question": [task.question_text(int(q)) for q in ids]})
-        ds = mlflow.data.from_pandas(frame, source=source, name=f"{cfg.task.kind}-{split}")
+        with warnings.catch_warnings():  # mlflow's schema hint about integer columns is noise here
+            warnings.simplefilter("ignore", UserWarning)
+            ds = mlflow.data.from_pandas(frame, source=source, name=f"{cfg.task.kind}-{split}")
         inputs.append(DatasetInput(ds._to_mlflow_entity(), [InputTag("mlflow.data.context", context)]))
     client.log_inputs(run_id, datasets=inputs)
 
