@@ -3,9 +3,15 @@
 #   make test   -> create .venv, install, run the tests
 PY      := .venv/bin/python
 STAMP   := .venv/.installed
-export PYTHONDONTWRITEBYTECODE WANDB_MODE=disabled TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 \
-       RAY_AUTH_MODE=disabled PREFECT_SERVER_ANALYTICS_ENABLED=false PREFECT_CLI_PROMPT=false \
-       PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=90 MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false
+# runtime settings the stack needs on these machines (stack-notes.md §10)
+export WANDB_MODE := disabled
+export TOKENIZERS_PARALLELISM := false
+export HF_HUB_OFFLINE := 1
+export RAY_AUTH_MODE := disabled
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export PREFECT_CLI_PROMPT := false
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 90
+export MLFLOW_SERVER_ENABLE_JOB_EXECUTION := false
 
 .PHONY: venv demo demo-toy test services bench ui clean
 

@@ -64,29 +64,50 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    cc = load_compare(args.config, parse_set(args.set))
+    overrides = parse_set(args.set)
+    if args.output_dir is not None:
+        overrides["output_dir"] = str(Path(args.output_dir).resolve())
+    cc = load_compare(args.config, overrides)  # fails here, before any work, on bad input
     if args.seeds is not None:
         cc = cc.model_copy(update={"seeds": list(range(args.seeds))})
-    if args.output_dir is not None:
-        cc.base.output_dir = Path(args.output_dir)
-    from rich.progress import Progress
+    from exgrpo.compare import RunOutcome, format_table, jobs, run_local, summarize
+    from exgrpo.report import comparison_figure
+    from exgrpo.tracking import TrackingError, project_root
 
-    from exgrpo.compare import format_table, jobs, run_local, summarize
-    from exgrpo.progress import console
+    flow_file = project_root() / "flows" / "compare.py"
+    if args.no_prefect or not flow_file.is_file():
+        from rich.progress import Progress
 
-    n = len(jobs(cc))
-    with Progress(console=console, disable=args.no_progress) as bar:
-        task = bar.add_task(f"{len(cc.arms)} arms x {len(cc.seeds)} seeds", total=n)
+        from exgrpo.progress import console
 
-        def done(o):
-            bar.console.print(f"  {o.arm:>12s} seed {o.seed}: final {cc.metric} = {o.final:.4f}")
-            bar.advance(task)
+        with Progress(console=console, disable=args.no_progress) as bar:
+            task = bar.add_task(f"{len(cc.arms)} arms x {len(cc.seeds)} seeds", total=len(jobs(cc)))
 
-        outcomes = run_local(cc, workers=args.workers, on_done=done)
+            def done(o):
+                bar.console.print(f"  {o.arm:>12s} seed {o.seed}: final {cc.metric} = {o.final:.4f}")
+                bar.advance(task)
+
+            outcomes = run_local(cc, workers=args.workers, on_done=done)
+    else:
+        import os
+
+        for k, v in {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "RAY_AUTH_MODE": "disabled",
+                     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90"}.items():
+            os.environ.setdefault(k, v)
+        from prefect.flows import load_flow_from_entrypoint
+
+        flow = load_flow_from_entrypoint(f"{flow_file}:compare_flow")
+        try:
+            out = flow(config=str(args.config), seeds=args.seeds, overrides=overrides,
+                       tracking_uri=args.tracking_uri, executor="ray", workers=args.workers)
+        except TrackingError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        outcomes = [RunOutcome(**o) for o in out["outcomes"]]
+        print(f"MLflow parent run: {out['parent_run_id']} (experiment {out['experiment_id']}); "
+              f"browse with `exgrpo ui` or `exgrpo dashboard --run-id {out['parent_run_id']}`")
     rows = summarize(outcomes, list(cc.arms), cc.baseline)
     print(format_table(rows, cc.metric, cc.baseline))
-    from exgrpo.report import comparison_figure
-
     report = Path(args.report or cc.base.output_dir / cc.base.name / "comparison.png")
     print(f"report: {comparison_figure(outcomes, list(cc.arms), cc.metric, report)}")
     if args.json:
@@ -189,7 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("compare", help="compare algorithms (arms) over seeds",
                        description="Train every arm of a comparison YAML over several seeds and print, per arm, "
-                       "the final metric as mean ± 95%% CI and the paired difference against the baseline arm.")
+                       "the final metric as mean ± 95%% CI and the paired difference against the baseline arm. "
+                       "Runs the Prefect compare flow (MLflow parent + child runs) unless --no-prefect.")
     c.add_argument("config", help="comparison YAML with base: and arms: (e.g. experiments/toy.yaml)")
     c.add_argument("--seeds", type=int, help="use seeds 0..N-1 (default: the file's seeds)")
     c.add_argument("--workers", type=int, default=2, help="parallel training processes (default 2)")
@@ -198,6 +220,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--json", help="also write per-run outcomes to this JSON file")
     c.add_argument("--report", help="comparison figure path (default OUTPUT_DIR/NAME/comparison.png)")
     c.add_argument("--no-progress", action="store_true", help="no progress bar")
+    c.add_argument("--tracking-uri", help="MLflow store (default: MLFLOW_TRACKING_URI, else <project>/mlruns/mlflow.db)")
+    c.add_argument("--no-prefect", action="store_true",
+                   help="run in local processes without Prefect and MLflow (default: the Prefect compare flow on "
+                        "its local API, runs as Ray tasks, recorded in MLflow)")
     c.set_defaults(fn=_cmd_compare)
 
     w = sub.add_parser("sweep", help="run or resume an Optuna sweep (trials as Ray tasks, MLflow runs)",

@@ -1,4 +1,6 @@
+import os
 import subprocess
+import tempfile
 import sys
 
 import pytest
@@ -34,22 +36,55 @@ def test_summarize_pairs_by_seed():
     assert rows["ex"].steps_to_baseline_final == 1  # grpo's mean final 0.25 is reached at step 1 by seed 1, 2
 
 
-def test_compare_cli_end_to_end(tmp_path):
-    cfg = tmp_path / "cmp.yaml"
-    cfg.write_text(
-        "base:\n  name: tiny\n  task: {max_operand: 5}\n  policy: {hidden: 16, layers: 2}\n"
-        "  algorithm: {group_size: 4, replay_start_pass_rate: 0.0}\n  train: {batch_size: 16, epochs: 3, lr: 0.01}\n"
-        "arms:\n  grpo: {algorithm.replay: none}\n  exgrpo: {algorithm.replay: buckets}\n"
-        "baseline: grpo\nseeds: [0, 1, 2]\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-m", "exgrpo.cli", "compare", str(cfg), "--seeds", "2", "--workers", "2",
-         "--output-dir", str(tmp_path / "runs"), "--no-progress"],
-        capture_output=True, text=True,
-    )
-    assert out.returncode == 0, out.stderr
+TINY_COMPARE = (
+    "base:\n  name: tiny\n  task: {max_operand: 5}\n  policy: {hidden: 16, layers: 2}\n"
+    "  algorithm: {group_size: 4, replay_start_pass_rate: 0.0}\n  train: {batch_size: 16, epochs: 3, lr: 0.01}\n"
+    "arms:\n  grpo: {algorithm.replay: none}\n  exgrpo: {algorithm.replay: buckets}\n"
+    "baseline: grpo\nseeds: [0, 1, 2]\n"
+)
+
+
+def _check_outputs(out, tmp_path):
+    assert out.returncode == 0, out.stderr[-3000:]
     assert "| grpo | 2 |" in out.stdout and "| exgrpo | 2 |" in out.stdout
     assert (tmp_path / "runs" / "tiny" / "comparison.png").stat().st_size > 10_000
     for arm in ("grpo", "exgrpo"):
         for seed in (0, 1):
             assert (tmp_path / "runs" / f"tiny-{arm}" / f"seed{seed}" / "metrics.jsonl").exists()
+
+
+def test_compare_cli_local_processes(tmp_path):
+    cfg = tmp_path / "cmp.yaml"
+    cfg.write_text(TINY_COMPARE)
+    out = subprocess.run(
+        [sys.executable, "-m", "exgrpo.cli", "compare", str(cfg), "--seeds", "2", "--workers", "2",
+         "--output-dir", str(tmp_path / "runs"), "--no-progress", "--no-prefect"],
+        capture_output=True, text=True,
+    )
+    _check_outputs(out, tmp_path)
+
+
+def test_compare_cli_runs_the_prefect_flow_into_mlflow(tmp_path):
+    """The default path: Prefect's local API, runs as Ray tasks, a parent + 4 children in MLflow."""
+    import mlflow
+
+    cfg = tmp_path / "cmp.yaml"
+    cfg.write_text(TINY_COMPARE)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    ray_tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # Ray's socket paths must stay under 107 bytes
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "RAY_TMPDIR": ray_tmp}
+    env.pop("PREFECT_API_URL", None)
+    out = subprocess.run(
+        [sys.executable, "-m", "exgrpo.cli", "compare", str(cfg), "--seeds", "2", "--workers", "2",
+         "--output-dir", str(tmp_path / "runs"), "--tracking-uri", uri],
+        capture_output=True, text=True, env=env,
+    )
+    _check_outputs(out, tmp_path)
+    client = mlflow.MlflowClient(uri)
+    exp = client.get_experiment_by_name("tiny")
+    found = client.search_runs([exp.experiment_id])
+    parents = [r for r in found if r.data.tags.get("kind") == "compare"]
+    children = [r for r in found if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
+    assert len(parents) == 1 and len(children) == 4
+    assert {r.data.tags["algo"] for r in children} == {"grpo", "exgrpo"}
+    assert parents[0].info.run_id in out.stdout

@@ -26,7 +26,8 @@ def tracked_run_one(cfg: ExperimentConfig, arm: str, metric: str = "val/accuracy
                         arm=arm, study=study, run_name=f"{arm}-seed{cfg.seed}", check=False)
     evals = [h for h in run.result.history if metric in h]
     return RunOutcome(arm, cfg.seed, float(run.result.final_metrics[metric]),
-                      [h["step"] for h in evals], [h[metric] for h in evals], run_id=run.run_id)
+                      [h["step"] for h in evals], [h[metric] for h in evals], run_id=run.run_id,
+                      run_dir=str(run.result.run_dir) if run.result.run_dir else None)
 
 
 @dataclass

@@ -327,15 +327,27 @@ def log_task_datasets(client: Any, run_id: str, cfg: ExperimentConfig, task: Any
 
     source = CodeDatasetSource({"task": cfg.task.model_dump_json()})
     inputs = []
-    for split, ids, context in (("train", task.train_ids, "training"), ("val", task.val_ids, "eval")):
-        if not len(ids):
-            continue
-        frame = pd.DataFrame({"qid": [int(q) for q in ids], "question": [task.question_text(int(q)) for q in ids]})
-        with warnings.catch_warnings():  # mlflow's schema hint about integer columns is noise here
-            warnings.simplefilter("ignore", UserWarning)
+    with warnings.catch_warnings():  # mlflow's schema hint about integer columns is noise here
+        warnings.simplefilter("ignore", UserWarning)
+        for split, ids, context in (("train", task.train_ids, "training"), ("val", task.val_ids, "eval")):
+            if not len(ids):
+                continue
+            frame = pd.DataFrame({"qid": [int(q) for q in ids], "question": [task.question_text(int(q)) for q in ids]})
             ds = mlflow.data.from_pandas(frame, source=source, name=f"{cfg.task.kind}-{split}")
-        inputs.append(DatasetInput(ds._to_mlflow_entity(), [InputTag("mlflow.data.context", context)]))
-    client.log_inputs(run_id, datasets=inputs)
+            inputs.append(DatasetInput(ds._to_mlflow_entity(), [InputTag("mlflow.data.context", context)]))
+    # Sibling runs of a compare log the same dataset at the same moment; MLflow checks for it and
+    # then inserts it, so one of two concurrent writers can lose the race (an IntegrityError). The
+    # retry then finds the row the other one wrote.
+    from mlflow.exceptions import MlflowException
+
+    for attempt in range(4):
+        try:
+            client.log_inputs(run_id, datasets=inputs)
+            return
+        except MlflowException:
+            if attempt == 3:
+                raise
+            time.sleep(0.2 * (attempt + 1))
 
 
 def tracked_train(
