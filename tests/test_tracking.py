@@ -120,6 +120,13 @@ def test_tracked_toy_run_reads_back(tmp_path):
                                                 tracking_uri=uri, dst_path=str(tmp_path / "dl"))
     resolved = json.loads(open(local).read())
     assert resolved["algorithm"]["replay"] == "buckets" and resolved["train"]["max_steps"] == 8
+    import torch
+    from mlflow import pytorch as mlflow_pytorch
+
+    mlflow.set_tracking_uri(uri)
+    model = mlflow_pytorch.load_model(r.data.tags["model_uri"])  # the final model as an MLflow model
+    feats = torch.zeros(3, 4)
+    assert model.log_probs(feats).shape[0] == 3
     inputs = {d.dataset.name: d for d in r.inputs.dataset_inputs}
     assert set(inputs) == {"toy_arithmetic-train", "toy_arithmetic-val"}
     assert [t.value for t in inputs["toy_arithmetic-train"].tags] == ["training"]

@@ -350,6 +350,31 @@ def log_task_datasets(client: Any, run_id: str, cfg: ExperimentConfig, task: Any
             time.sleep(0.2 * (attempt + 1))
 
 
+MAX_LOGGED_MODEL_PARAMS = 20_000_000
+"""Policies up to this size are logged as an MLflow model; larger ones only as the checkpoint
+artifact plus a ``model_uri`` tag (a 135M-parameter fp32 model would be ~540 MB per run)."""
+
+
+def log_final_model(tracking_uri: str, run_id: str, policy: Any, step: int) -> None:
+    """Log the trained policy as an MLflow PyTorch model (``name="model"``, a LoggedModel linked to
+    the run at ``step``), or, above :data:`MAX_LOGGED_MODEL_PARAMS`, tag where its checkpoint is."""
+    import mlflow
+    import mlflow.pytorch
+
+    n_params = sum(p.numel() for p in policy.parameters())
+    client = mlflow.MlflowClient(tracking_uri)
+    if n_params > MAX_LOGGED_MODEL_PARAMS:
+        client.set_tag(run_id, "model_uri", client.get_run(run_id).data.tags.get("checkpoint", ""))
+        return
+    mlflow.set_tracking_uri(tracking_uri)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with mlflow.start_run(run_id=run_id, log_system_metrics=False):
+            info = mlflow.pytorch.log_model(policy, name="model", step=step, serialization_format="pickle",
+                                            pip_requirements=["torch==2.13.0", "exgrpo-lab"])
+    client.set_tag(run_id, "model_uri", info.model_uri)
+
+
 def tracked_train(
     cfg: ExperimentConfig,
     *,
@@ -364,6 +389,7 @@ def tracked_train(
     callbacks: Iterable[Callable[[int, dict[str, float]], None]] = (),
     system_metrics: bool | None = None,
     log_checkpoint: bool = True,
+    log_model: bool = True,
     resume: bool = False,
     progress: bool = False,
     check: bool = True,
@@ -413,6 +439,8 @@ def tracked_train(
         if log_checkpoint and result.checkpoint is not None:
             client.log_artifact(run_id, str(result.checkpoint), "checkpoints")
             client.set_tag(run_id, "checkpoint", str(result.checkpoint))
+        if log_model and result.policy is not None:
+            log_final_model(tracker.uri, run_id, result.policy, int(result.final_metrics.get("step", 0)))
     except BaseException as e:
         status = _status_for(e)
         try:

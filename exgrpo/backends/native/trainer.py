@@ -54,6 +54,8 @@ class TrainResult:
     checkpoint: Path | None = None
     task: Task | None = None
     """The task the run trained on (its train/val question ids and texts, for dataset records)."""
+    policy: Policy | None = None
+    """The trained policy (for model records)."""
 
 
 def build_task_and_policy(cfg: ExperimentConfig, progress: bool = False) -> tuple[Task, Policy]:
@@ -330,7 +332,7 @@ class Trainer:
         final = dict(self.history[-1]) if self.history else {}
         if "val/accuracy" not in final:  # stopped early, between evaluations
             final.update(self.evaluate())
-        return TrainResult(final, self.history, run_dir, last_ckpt, task=self.task)
+        return TrainResult(final, self.history, run_dir, last_ckpt, task=self.task, policy=self.policy)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
