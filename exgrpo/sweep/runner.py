@@ -1,0 +1,273 @@
+"""Running a study: trials as Ray tasks (ask-and-tell), pruning inside the task, MLflow child runs."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from exgrpo.sweep.space import SweepConfig, base_config, space_signature, trial_config
+from exgrpo.sweep.study import make_pruner, open_study
+
+
+# --------------------------------------------------------------------------------------------
+# Ray
+# --------------------------------------------------------------------------------------------
+def ensure_ray(address: str | None = None, num_cpus: int = 2) -> None:
+    """``ray.init`` once per process: local with ``num_cpus`` and no dashboard, or ``address``."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
+    tmp = os.environ.get("RAY_TMPDIR")
+    if address:
+        kwargs["address"] = address
+    else:
+        kwargs["num_cpus"] = num_cpus
+        if tmp:
+            kwargs["_temp_dir"] = str(Path(tmp).resolve())
+    kwargs["runtime_env"] = {"env_vars": {"OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"}}
+    ray.init(**kwargs)
+
+
+# --------------------------------------------------------------------------------------------
+# One trial (runs in a Ray worker)
+# --------------------------------------------------------------------------------------------
+def run_trial(payload: dict[str, Any]) -> dict[str, Any]:
+    """Train one trial with MLflow logging and Optuna pruning; never raises (the outcome says)."""
+    import optuna
+
+    t0 = time.perf_counter()
+    sc = SweepConfig.model_validate(payload["sweep"])
+    number, params = payload["number"], payload["params"]
+    out: dict[str, Any] = {"number": number, "state": "FAIL", "value": None, "error": None, "run_id": None}
+    metric = sc.study.metric
+    try:
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        study = optuna.load_study(study_name=sc.study.name, storage=payload["storage"], pruner=make_pruner(sc.study))
+        trial = optuna.trial.Trial(study, payload["trial_id"])
+    except Exception as e:  # storage unreachable from the worker
+        out["error"] = f"{type(e).__name__}: {e}"
+        out["traceback"] = traceback.format_exc()
+        return out
+
+    def prune_cb(step: int, metrics: dict[str, float]) -> None:
+        if metric in metrics:
+            trial.report(float(metrics[metric]), step)
+            if trial.should_prune():
+                raise optuna.TrialPruned(f"pruned at step {step}: {metric}={metrics[metric]:.4f}")
+
+    def on_start(run_id: str) -> None:
+        out["run_id"] = run_id
+        trial.set_user_attr("mlflow_run_id", run_id)
+
+    from exgrpo.tracking import Tracker, run_tags, tracked_train
+
+    tags = {"trial_number": number, "kind": "trial"}
+    try:
+        cfg = trial_config(sc, params, number)
+        run = tracked_train(cfg, tracking_uri=payload["tracking_uri"], experiment=payload["experiment"],
+                            run_name=f"trial-{number:04d}", parent_run_id=payload["parent_run_id"],
+                            arm=f"trial-{number:04d}", study=sc.study.name, tags=tags, extra_params=list(sc.space),
+                            callbacks=[prune_cb], check=False, on_start=on_start)
+        value = float(run.result.final_metrics[metric])
+        if not math.isfinite(value):
+            raise ValueError(f"{metric} is {value}")
+        out.update(state="COMPLETE", value=value)
+    except optuna.TrialPruned as e:
+        out.update(state="PRUNED", error=str(e))
+    except Exception as e:
+        out.update(state="FAIL", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
+        if out["run_id"] is None:  # failed before training (e.g. an invalid combination): still one run
+            try:
+                tr = Tracker(payload["tracking_uri"], check=False)
+                base = base_config(sc)
+                rid = tr.start_run(payload["experiment"], f"trial-{number:04d}",
+                                   run_tags(base, f"trial-{number:04d}", sc.study.name, tags),
+                                   payload["parent_run_id"])
+                tr.log_params(rid, {k: v for k, v in params.items()})
+                tr.client.set_tag(rid, "error", out["error"][:5000])
+                tr.end_run(rid, "FAILED")
+                out["run_id"] = rid
+            except Exception:
+                pass
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# The study loop (driver)
+# --------------------------------------------------------------------------------------------
+@dataclass
+class SweepResult:
+    study_name: str
+    storage: str
+    parent_run_id: str
+    experiment_id: str
+    tracking_uri: str
+    outcomes: list[dict[str, Any]] = field(default_factory=list)
+    """Outcomes of the trials run by this call, in finishing order."""
+    best_value: float | None = None
+    best_params: dict[str, Any] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    """Trial states over the whole study."""
+
+    def table(self) -> str:
+        """Markdown table of this call's trials."""
+        keys = sorted({k for o in self.outcomes for k in o.get("params", {})})
+        lines = ["| trial | state | value | " + " | ".join(keys) + " | error |",
+                 "|---|---|---|" + "---|" * len(keys) + "---|"]
+        for o in sorted(self.outcomes, key=lambda o: o["number"]):
+            v = "" if o.get("value") is None else f"{o['value']:.4f}"
+            ps = " | ".join(_fmt(o.get("params", {}).get(k)) for k in keys)
+            err = " ".join((o.get("error") or "").split())[:160] if o["state"] == "FAIL" else ""
+            lines.append(f"| {o['number']} | {o['state']} | {v} | {ps} | {err} |")
+        return "\n".join(lines)
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def run_sweep(
+    sc: SweepConfig,
+    *,
+    storage: str | None = None,
+    tracking_uri: str | None = None,
+    ray_address: str | None = None,
+    n_trials: int | None = None,
+    on_trial: Any = None,
+) -> SweepResult:
+    """Run (or resume) the study until it has ``n_trials`` (default ``study.n_trials``) finished trials."""
+    import optuna
+    import ray
+    from optuna.trial import TrialState
+
+    from exgrpo.tracking import Tracker
+
+    tracker = Tracker(tracking_uri)  # unreachable store: an error here, before any trial
+    base = base_config(sc)
+    experiment = sc.mlflow_experiment or base.name
+    exp_id = tracker.experiment_id(experiment)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study, url, _ = open_study(sc, storage)
+
+    # the parent run of the study (reused on resume)
+    parent = study.user_attrs.get("mlflow_parent_run_id")
+    if parent is not None:
+        try:
+            tracker.client.get_run(parent)
+            tracker.client.update_run(parent, status="RUNNING")
+        except Exception:
+            parent = None
+    if parent is None:
+        parent = tracker.start_run(experiment, f"study-{sc.study.name}", {
+            "kind": "sweep", "study": sc.study.name, "tier": str(base.tier.value),
+            "budget_steps": str(sc.budget_steps), "sampler": sc.study.sampler, "pruner": sc.study.pruner,
+        })
+        tracker.log_params(parent, {"study.name": sc.study.name, "study.direction": sc.study.direction,
+                                    "study.metric": sc.study.metric, "study.sampler": sc.study.sampler,
+                                    "study.pruner": sc.study.pruner, "budget_steps": sc.budget_steps,
+                                    "optuna.storage": url})
+        tracker.client.log_dict(parent, json.loads(space_signature(sc)), "sweep/space.json")
+        study.set_user_attr("mlflow_parent_run_id", parent)
+
+    # trials left RUNNING by a killed driver are failed (one driver per study)
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        optuna.trial.Trial(study, t._trial_id).set_user_attr("error", "interrupted: the sweep process ended first")
+        safe_tell(study, t.number, state=TrialState.FAIL)
+
+    finished = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+    target = n_trials or sc.study.n_trials
+    if sc.study.sampler == "grid":
+        target = min(target, math.prod(len(v.grid()) for v in sc.space.values()))
+    todo = max(0, target - len(study.get_trials(deepcopy=False, states=finished)))
+    result = SweepResult(sc.study.name, url, parent, exp_id, tracker.uri)
+    dists = {k: v.distribution() for k, v in sc.space.items()}
+    if todo:
+        ensure_ray(ray_address)
+        remote = ray.remote(num_cpus=1, max_retries=0)(run_trial)
+        sweep_json = sc.model_dump(mode="json")
+        if isinstance(sc.base, str):
+            sweep_json["base"] = str(Path(sc.base).resolve())
+        inflight: dict[Any, Any] = {}
+        launched = 0
+        while launched < todo or inflight:
+            while launched < todo and len(inflight) < sc.study.parallel:
+                trial = study.ask(dists)
+                payload = {"sweep": sweep_json, "number": trial.number, "trial_id": trial._trial_id,
+                           "params": dict(trial.params), "storage": url, "tracking_uri": tracker.uri,
+                           "experiment": experiment, "parent_run_id": parent}
+                inflight[remote.remote(payload)] = trial
+                launched += 1
+            done, _ = ray.wait(list(inflight), num_returns=1)
+            for ref in done:
+                trial = inflight.pop(ref)
+                try:
+                    out = ray.get(ref)
+                except Exception as e:  # the worker died (OOM, killed): still a FAIL, the study goes on
+                    out = {"number": trial.number, "state": "FAIL", "value": None, "run_id": None,
+                           "error": f"{type(e).__name__}: {e}"}
+                out["params"] = dict(trial.params)
+                _tell(study, trial, out)
+                result.outcomes.append(out)
+                if on_trial is not None:
+                    on_trial(out)
+
+    # summary on the parent run
+    trials = study.get_trials(deepcopy=False)
+    result.counts = {s.name: sum(t.state == s for t in trials) for s in (TrialState.COMPLETE, TrialState.PRUNED,
+                                                                       TrialState.FAIL)}
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    metrics: dict[str, float] = {f"trials_{k.lower()}": float(v) for k, v in result.counts.items()}
+    if complete:
+        best = study.best_trial
+        result.best_value, result.best_params = best.value, dict(best.params)
+        metrics["best_value"] = float(best.value)
+        metrics["best_trial"] = float(best.number)
+        for k, v in best.params.items():
+            tracker.client.set_tag(parent, f"best/{k}", str(v))
+    tracker.log_metrics(parent, metrics, step=len(trials))
+    try:
+        df = study.trials_dataframe(attrs=("number", "value", "state", "params", "user_attrs", "duration"))
+        tracker.client.log_text(parent, df.to_csv(index=False), "sweep/trials.csv")
+    except Exception:
+        pass
+    tracker.end_run(parent, "FINISHED")
+    return result
+
+
+def safe_tell(study, trial, *args, **kwargs) -> None:
+    """``study.tell`` outside ``optimize``: GridSampler calls ``study.stop()`` once the grid is
+    exhausted, which raises there; the trial's state is stored before that (Optuna stores it in a
+    ``finally``), and the driver stops on its own count."""
+    try:
+        study.tell(trial, *args, **kwargs)
+    except RuntimeError as e:
+        if "Study.stop" not in str(e):
+            raise
+
+
+def _tell(study, trial, out: dict[str, Any]) -> None:
+    from optuna.trial import TrialState
+
+    if out.get("run_id"):
+        trial.set_user_attr("mlflow_run_id", out["run_id"])
+    if out["state"] == "COMPLETE":
+        safe_tell(study, trial, out["value"])
+        return
+    if out["state"] == "PRUNED":
+        safe_tell(study, trial, state=TrialState.PRUNED)
+        return
+    trial.set_user_attr("error", (out.get("error") or "unknown error")[:2000])
+    if out.get("traceback"):
+        trial.set_user_attr("traceback", out["traceback"][-4000:])
+    safe_tell(study, trial, state=TrialState.FAIL)
+
