@@ -46,6 +46,19 @@ def _fields_epilog() -> str:
     return "\n".join(lines)
 
 
+def _load_flow(flow_file: Path, name: str):
+    """A flow of ``flows/`` to run on Prefect's local API, with the settings it needs on these
+    machines (stack-notes.md §10) unless the environment already sets them."""
+    import os
+
+    for k, v in {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "RAY_AUTH_MODE": "disabled",
+                 "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90"}.items():
+        os.environ.setdefault(k, v)
+    from prefect.flows import load_flow_from_entrypoint
+
+    return load_flow_from_entrypoint(f"{flow_file}:{name}")
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     overrides = parse_set(args.set)
     if args.seed is not None:
@@ -89,14 +102,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
             outcomes = run_local(cc, workers=args.workers, on_done=done)
     else:
-        import os
-
-        for k, v in {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "RAY_AUTH_MODE": "disabled",
-                     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90"}.items():
-            os.environ.setdefault(k, v)
-        from prefect.flows import load_flow_from_entrypoint
-
-        flow = load_flow_from_entrypoint(f"{flow_file}:compare_flow")
+        flow = _load_flow(flow_file, "compare_flow")
         try:
             out = flow(config=str(args.config), seeds=args.seeds, overrides=overrides,
                        tracking_uri=args.tracking_uri, executor="ray", workers=args.workers)
@@ -140,7 +146,6 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
-    import os
 
     from exgrpo.sweep import load_sweep
     from exgrpo.tracking import TrackingError, project_root
@@ -164,12 +169,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
                               "best_params": res.best_params, "counts": res.counts,
                               "mlflow_parent_run_id": res.parent_run_id}, indent=2, default=str))
             return 0
-        for k, v in {"PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-                     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90", "RAY_AUTH_MODE": "disabled"}.items():
-            os.environ.setdefault(k, v)
-        from prefect.flows import load_flow_from_entrypoint
-
-        flow = load_flow_from_entrypoint(f"{flow_file}:sweep_flow")
+        flow = _load_flow(flow_file, "sweep_flow")
         out = flow(config=str(args.config), n_trials=args.n_trials, overrides=overrides, storage=args.storage,
                    tracking_uri=args.tracking_uri, ray_address=args.ray_address)
         print(json.dumps({k: v for k, v in out.items() if k != "trials"}, indent=2, default=str))
