@@ -13,6 +13,7 @@ Team mode: ``MLFLOW_TRACKING_URI=postgresql://...`` (``scripts/setup-postgres.sh
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
@@ -367,6 +368,8 @@ def log_final_model(tracking_uri: str, run_id: str, policy: Any, step: int) -> N
         client.set_tag(run_id, "model_uri", client.get_run(run_id).data.tags.get("checkpoint", ""))
         return
     mlflow.set_tracking_uri(tracking_uri)
+    # mlflow.pytorch warns on every pickled save; the trade-off is stated once, in the README
+    logging.getLogger("mlflow.pytorch").setLevel(logging.ERROR)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with mlflow.start_run(run_id=run_id, log_system_metrics=False):
