@@ -95,7 +95,9 @@ class ExperimentConfig(_Strict):
             return data
         tier = str(data.get("tier", Tier.TOY.value))
         if tier not in _TIER_KINDS:
-            return data  # tiers without a native task/policy are rejected by the check below
+            if tier in {t.value for t in Tier}:
+                raise ValueError(f"tier={tier!r} has no native backend yet; use one of {sorted(_TIER_KINDS)}")
+            raise ValueError(f"tier={tier!r} is not a tier; use one of {[t.value for t in Tier]}")
         data = dict(data)
         for section, kind in zip(("task", "policy"), _TIER_KINDS[tier], strict=True):
             value = data.get(section)
@@ -107,10 +109,6 @@ class ExperimentConfig(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> ExperimentConfig:
-        if self.tier.value not in _TIER_KINDS:
-            raise ValueError(
-                f"tier={self.tier.value!r} has no native backend yet; use one of {sorted(_TIER_KINDS)}"
-            )
         pairs = {ToyTaskConfig: (MLPPolicyConfig,), TextArithmeticTaskConfig: (LMPolicyConfig,),
                  ReasoningGymTaskConfig: (LMPolicyConfig, SmolLM2PolicyConfig)}
         if not isinstance(self.policy, pairs[type(self.task)]):
