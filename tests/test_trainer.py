@@ -29,7 +29,7 @@ def strip_time(rows):
     return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
 
 
-@pytest.mark.parametrize("replay", ["none", "buckets", "notebook"])
+@pytest.mark.parametrize("replay", ["none", "buckets", "notebook", "uniform"])
 def test_every_algorithm_trains_end_to_end(tmp_path, replay):
     cfg = small_cfg(tmp_path, **{"algorithm.replay": replay, "algorithm.notebook.warm": 1, "algorithm.notebook.peak": 2})
     trainer = Trainer(cfg)
@@ -38,7 +38,7 @@ def test_every_algorithm_trains_end_to_end(tmp_path, replay):
     hist = result.history
     assert len(hist) == result.final_metrics["step"] == 8 * 5
     assert "val/accuracy" in hist[-1]
-    if replay == "buckets":
+    if replay in ("buckets", "uniform"):
         replayed = [h["replay/questions"] for h in hist]
         assert max(replayed) > 0, "replay never happened"
         assert any(h["actor/off_token_fraction"] > 0 for h in hist)
@@ -47,7 +47,7 @@ def test_every_algorithm_trains_end_to_end(tmp_path, replay):
         assert any(h["notebook/lambda"] > 0 and h.get("notebook/off_w_mean", 0) > 0 for h in hist)
     if replay == "none":
         assert all(h["replay/questions"] == 0 for h in hist)
-    if replay != "buckets":  # only the paper's ExGRPO has a mixed phase (and drops clipping in it)
+    if replay not in ("buckets", "uniform"):  # only pool replay has a mixed phase (and drops clipping in it)
         assert all(h["replay/started"] == 0 for h in hist)
 
 
@@ -58,7 +58,7 @@ def test_resume_equals_uninterrupted_bit_for_bit(tmp_path):
     Trainer(cfg).fit(progress=False, stop_after_step=12)  # "killed" after step 12, last checkpoint at 10
     state = ckpt.load_state(ckpt.latest_checkpoint(cfg.run_dir()))
     assert state["step"] == 12 or state["step"] == 10
-    assert len(state["pool"]["questions"]) > 0, "the experience pool must be in the checkpoint"
+    assert len(state["replay"]["pool"]["questions"]) > 0, "the experience pool must be in the checkpoint"
     resumed = Trainer(cfg).fit(progress=False, resume=True)
 
     assert strip_time(resumed.history) == strip_time(full.history)
@@ -69,7 +69,7 @@ def test_resume_equals_uninterrupted_bit_for_bit(tmp_path):
     ckpt.load(b, ckpt.latest_checkpoint(cfg.run_dir()))
     for (n, p), (_, q) in zip(a.policy.state_dict().items(), b.policy.state_dict().items()):
         assert torch.equal(p, q), n
-    assert a.pool.state_dict()["retired"] == b.pool.state_dict()["retired"]
+    assert a.replay.pool.state_dict()["retired"] == b.replay.pool.state_dict()["retired"]
 
 
 def test_cli_train_killed_then_resumed_matches_uninterrupted(tmp_path):

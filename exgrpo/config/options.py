@@ -17,6 +17,7 @@ class ReplayKind(StrEnum):
     NONE = "none"  # on-policy GRPO
     BUCKETS = "buckets"  # the paper's ExGRPO: correctness buckets, Gaussian bucket weights
     NOTEBOOK = "notebook"  # the notebook variant: recency/entropy priority + lambda schedule
+    UNIFORM = "uniform"  # ablation: ExGRPO's pool and switch, questions drawn uniformly (no buckets)
 
 
 class BucketWeighting(StrEnum):

@@ -111,6 +111,47 @@ def compute_exgrpo_policy_loss(
         (loss scalar, metrics) with MLflow-safe metric names under ``actor/``.
     """
     cfg = _resolve_config(config)
+    terms = exgrpo_token_loss(old_log_prob, log_prob, advantages, response_mask, off_policy_mask, cfg)
+    per_token = terms.per_token
+    if rollout_is_weights is not None:
+        per_token = per_token * rollout_is_weights
+    loss = aggregate(per_token, terms.mask, loss_agg_mode, cfg.norm_length)
+    metrics = {"actor/pg_loss": float(loss), **token_loss_metrics(terms, cfg, loss_agg_mode)}
+    return loss, metrics
+
+
+@dataclass
+class TokenLoss:
+    """The mixed objective's per-token terms, shapes (B, T)."""
+
+    per_token: torch.Tensor
+    """The loss of every token: ``off_loss`` on replayed tokens, ``on_loss`` on fresh ones."""
+    on_loss: torch.Tensor
+    """PPO surrogate (clipped unless clipping was dropped)."""
+    off_loss: torch.Tensor
+    """-A f(w) with the configured shaping."""
+    ratio: torch.Tensor
+    """w = exp(logp - old_logp), log-ratio clamped to [-20, 20]."""
+    log_ratio: torch.Tensor
+    on_clipfrac: torch.Tensor
+    """bool, fresh tokens where the clipped branch was taken."""
+    mask: torch.Tensor
+    """bool, response tokens."""
+    on: torch.Tensor
+    """bool, fresh response tokens."""
+    off: torch.Tensor
+    """bool, replayed response tokens."""
+
+
+def exgrpo_token_loss(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    off_policy_mask: torch.Tensor | None,
+    cfg: MixedLossConfig,
+) -> TokenLoss:
+    """Each term of the mixed loss per token (see :func:`compute_exgrpo_policy_loss` for the args)."""
     mask = response_mask.bool()
     off = torch.zeros_like(mask) if off_policy_mask is None else off_policy_mask.bool() & mask
     on = mask & ~off
@@ -132,29 +173,29 @@ def compute_exgrpo_policy_loss(
     off_loss = -advantages * SHAPINGS[Shaping(cfg.shaping)](ratio, cfg)
 
     per_token = torch.where(off, off_loss, on_loss)  # (B,T)
-    if rollout_is_weights is not None:
-        per_token = per_token * rollout_is_weights
-    loss = aggregate(per_token, mask, loss_agg_mode, cfg.norm_length)
+    return TokenLoss(per_token, on_loss, off_loss, ratio, log_ratio, on_clipfrac, mask, on, off)
 
+
+def token_loss_metrics(t: TokenLoss, cfg: MixedLossConfig, loss_agg_mode: str) -> dict[str, float]:
+    """Diagnostics of the mixed loss (MLflow-safe names under ``actor/``; METRICS.md)."""
     with torch.no_grad():
-        on_mean, on_max, _ = _masked_stat(ratio, on)
-        off_mean, off_max, off_min = _masked_stat(ratio, off)
-        n_tok = mask.sum().clamp_min(1)
-        metrics = {
-            "actor/pg_loss": float(loss),
-            "actor/on_pg_loss": float(aggregate(on_loss, on, loss_agg_mode, cfg.norm_length)) if on.any() else 0.0,
-            "actor/off_pg_loss": float(aggregate(off_loss, off, loss_agg_mode, cfg.norm_length)) if off.any() else 0.0,
-            "actor/on_pg_clipfrac": float(on_clipfrac.sum() / on.sum().clamp_min(1)),
-            "actor/ppo_kl": float(((-log_ratio) * on).sum() / on.sum().clamp_min(1)),
+        on_mean, on_max, _ = _masked_stat(t.ratio, t.on)
+        off_mean, off_max, off_min = _masked_stat(t.ratio, t.off)
+        n_tok = t.mask.sum().clamp_min(1)
+        on, off = t.on, t.off
+        return {
+            "actor/on_pg_loss": float(aggregate(t.on_loss, on, loss_agg_mode, cfg.norm_length)) if on.any() else 0.0,
+            "actor/off_pg_loss": float(aggregate(t.off_loss, off, loss_agg_mode, cfg.norm_length)) if off.any() else 0.0,
+            "actor/on_pg_clipfrac": float(t.on_clipfrac.sum() / on.sum().clamp_min(1)),
+            "actor/ppo_kl": float(((-t.log_ratio) * on).sum() / on.sum().clamp_min(1)),
             "actor/on_ratio_mean": on_mean,
             "actor/on_ratio_max": on_max,
             "actor/off_ratio_mean": off_mean,
             "actor/off_ratio_max": off_max,
             "actor/off_ratio_min": off_min,
-            "actor/off_ratio_above_is_clip": float(((ratio > cfg.is_clip) & off).sum() / off.sum().clamp_min(1)),
+            "actor/off_ratio_above_is_clip": float(((t.ratio > cfg.is_clip) & off).sum() / off.sum().clamp_min(1)),
             "actor/off_token_fraction": float(off.sum() / n_tok),
         }
-    return loss, metrics
 
 
 def _resolve_config(config: Any) -> MixedLossConfig:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from exgrpo.config import ExperimentConfig, ReplayKind, flatten
+from exgrpo.config import ExperimentConfig, flatten
 
 
 class TrackingError(RuntimeError):
@@ -142,10 +142,10 @@ def sanitize_metric_name(name: str) -> str:
 
 
 def algo_tag(cfg: ExperimentConfig) -> str:
-    """``grpo`` (no replay), ``exgrpo`` (bucketed pool) or ``notebook``."""
-    return {ReplayKind.NONE: "grpo", ReplayKind.BUCKETS: "exgrpo", ReplayKind.NOTEBOOK: "notebook"}[
-        cfg.algorithm.replay
-    ]
+    """The replay strategy's label: ``grpo`` (no replay), ``exgrpo`` (bucketed pool), ``notebook``, ..."""
+    from exgrpo.core.replay import REPLAY_STRATEGIES
+
+    return REPLAY_STRATEGIES[cfg.algorithm.replay].label
 
 
 def model_tag(cfg: ExperimentConfig) -> str:

@@ -1,7 +1,8 @@
 """The native trainer: one backend-agnostic step, run in a loop with evaluation and checkpoints.
 
-Step: batch plan -> pool sampling and selection -> rollouts -> rewards -> pool update ->
-advantages -> loss (through veRL's policy-loss registry) -> update -> metrics.
+Step (the order of :mod:`exgrpo.core.replay`): plan -> replayed questions and trajectories ->
+rollouts -> mixed batch -> rewards -> the strategy observes the groups -> advantages -> loss
+(through veRL's policy-loss registry) -> update -> metrics -> the strategy's schedules.
 
 Determinism: all randomness flows from three generators saved in the checkpoint (torch sampling,
 numpy replay/minibatch, torch init), so a killed run resumed from step n produces the same metrics
@@ -22,23 +23,19 @@ import numpy as np
 import torch
 
 from exgrpo.backends.native.interfaces import Policy, Task
-from exgrpo.backends.native.step import FreshSampler, StepBatch, build_batch, select_replays
+from exgrpo.core.fresh import FreshSampler
 from exgrpo.backends.verl.loss import get_exgrpo_loss_fn
 from exgrpo.config import (
     ExperimentConfig,
     MLPPolicyConfig,
     OptimizerKind,
     ReasoningGymTaskConfig,
-    ReplayKind,
     SmolLM2PolicyConfig,
 )
 from exgrpo.core.advantages import grpo_advantages
-from exgrpo.core.loss import MixedLossConfig, exgrpo_objective, notebook_off_policy_loss
-from exgrpo.core.notebook_buffer import NotebookBuffer
-from exgrpo.core.pool import ExperiencePool, Trajectory
-from exgrpo.core.sampler import sample_questions
-from exgrpo.core.schedules import ReplayStartSwitch, notebook_lambda
-from exgrpo.core.selection import pad_right
+from exgrpo.core.batch import StepBatch, assemble_batch, batch_metrics, generation_qids
+from exgrpo.core.loss import MixedLossConfig, exgrpo_objective
+from exgrpo.core.replay import make_replay_strategy
 
 StepCallback = Callable[[int, dict[str, float]], None]
 """(step, metrics) -> None; called after every step and every evaluation."""
@@ -94,6 +91,8 @@ def build_task_and_policy(cfg: ExperimentConfig, progress: bool = False) -> tupl
 
 
 class Trainer:
+    """The native backend: the core's step (:mod:`exgrpo.core.replay`) on an in-process policy."""
+
     def __init__(
         self, cfg: ExperimentConfig, task: Task | None = None, policy: Policy | None = None, progress: bool = False
     ) -> None:
@@ -112,12 +111,7 @@ class Trainer:
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.rng = np.random.default_rng(cfg.seed)
         self.fresh = FreshSampler(task.train_ids, np.random.default_rng(cfg.seed + 1))
-        self.pool = ExperiencePool(
-            algo.group_size, algo.bucket_lbound, algo.rbound, algo.pool_max_per_question, algo.pool_max_questions
-        )
-        nb = algo.notebook
-        self.buffer = NotebookBuffer(nb.max_len, nb.uid_cap, nb.tau)
-        self.switch = ReplayStartSwitch(algo.replay_start_pass_rate)
+        self.replay = make_replay_strategy(algo, self.rng)
         self.loss_fn = get_exgrpo_loss_fn()
         self.steps_per_epoch = math.ceil(len(task.train_ids) / train.batch_size)
         total = train.epochs * self.steps_per_epoch
@@ -131,99 +125,46 @@ class Trainer:
         """0-based epoch of the next step."""
         return self.step // self.steps_per_epoch
 
+    @torch.no_grad()
+    def _score_stored(self, qids: list[int], tokens: torch.Tensor, mask: torch.Tensor):
+        scores = self.policy.score(self.task.prompts(qids), tokens, mask)
+        return scores.logp, scores.entropy
+
     def train_step(self) -> dict[str, float]:
-        cfg, algo = self.cfg, self.algo
-        k = algo.group_size
+        cfg, k = self.cfg, self.algo.group_size
         t0 = time.perf_counter()
-        metrics: dict[str, float] = {}
 
-        # 1-3. plan, pool sampling, trajectory selection (paper ExGRPO only)
-        replaying = algo.replay == ReplayKind.BUCKETS and self.switch.started
-        n_replay = round(algo.experience_ratio * cfg.train.batch_size) if replaying else 0
-        replay_qids = sample_questions(
-            self.pool.buckets(), n_replay, k, self.rng, algo.bucket_weighting, algo.bucket_sigma
-        )
-        replayed, current_logp = (
-            select_replays(replay_qids, self.pool, self.policy, self.task, algo, self.rng) if replay_qids else ([], None)
-        )
-        picked_buckets = [self.pool.bucket_of(q) for q in replay_qids]
-        fresh_qids = self.fresh.next(cfg.train.batch_size - len(replay_qids), self.pool.retired)
+        # 1-3. plan, replayed questions and trajectories, fresh questions
+        n_replay = self.replay.plan(cfg.train.batch_size)
+        replays = self.replay.select(n_replay, self._score_stored)
+        fresh_qids = self.fresh.next(cfg.train.batch_size - len(replays), self.replay.retired)
 
-        # 4. rollouts
-        batch = build_batch(
-            replay_qids, replayed, current_logp, fresh_qids, self.policy, self.task, k, algo.is_correction,
-            self.generator,
-        )
-        # 5. rewards, pool update
-        rewards = self.task.rewards(batch.row_qids, batch.tokens, batch.mask)  # (N,)
-        grouped = rewards.view(-1, k)  # (G, K)
-        self._update_replay_state(batch, grouped)
+        # 4. rollouts: K-1 per replayed question, K per fresh one; the mixed batch
+        with torch.no_grad():
+            ro = self.policy.generate(self.task.prompts(generation_qids(replays.qids, fresh_qids, k)), self.generator)
+        batch = assemble_batch(replays, fresh_qids, ro.tokens, ro.mask, ro.logp, ro.entropy, k)
 
-        # 6. advantages
-        adv = grpo_advantages(grouped, algo.advantage_std_norm).reshape(-1, 1).expand_as(batch.old_logp)
+        # 5. rewards; the strategy sees the groups (pool insert, retirement, bucket moves)
+        rewards = self.task.rewards(batch.row_qids, batch.tokens, batch.mask).view(-1, k)  # (G, K)
+        self.replay.observe(batch, rewards, self.step)
 
-        # 7-8. loss and update
-        metrics.update(self._update(batch, adv))
+        # 6-8. advantages, loss, update
+        adv = grpo_advantages(rewards, self.algo.advantage_std_norm).reshape(-1, 1).expand_as(batch.old_log_prob)
+        metrics = self._update(batch, adv)
 
-        pass_rate = float(rewards.mean())
-        n_groups = grouped.shape[0]
-        solved = grouped.sum(1)
-        metrics.update(
-            {
-                "batch/solved": pass_rate,
-                "batch/solve_all": float((solved == k).sum() / n_groups),
-                "batch/solve_none": float((solved == 0).sum() / n_groups),
-                "batch/fresh_solved": float(rewards[~batch.off_policy].mean()),
-                "replay/questions": float(batch.n_replayed),
-                "replay/active": float(replaying),
-                "replay/started": float(self.switch.started),
-                "train/epoch": float(self.epoch),
-            }
-        )
-        if picked_buckets:
-            metrics["replay/picked_bucket_mean"] = float(np.mean(picked_buckets))
-        metrics.update(self.pool.stats() if algo.replay == ReplayKind.BUCKETS else {})
-        if algo.replay == ReplayKind.NOTEBOOK:
-            metrics.update(self.buffer.stats())
-        if algo.replay == ReplayKind.BUCKETS:  # on-policy GRPO never enters the mixed phase
-            self.switch.update(pass_rate, self.step)
+        metrics.update(batch_metrics(rewards, batch))
+        metrics["train/epoch"] = float(self.epoch)
+        if replays.buckets:
+            metrics["replay/picked_bucket_mean"] = float(np.mean(replays.buckets))
+        metrics.update(self.replay.stats())
+        self.replay.after_step(float(rewards.mean()), self.step)
         metrics["time/step_seconds"] = time.perf_counter() - t0
         return metrics
 
-    def _update_replay_state(self, batch: StepBatch, grouped: torch.Tensor) -> None:
-        algo, k = self.algo, self.algo.group_size
-        if algo.replay == ReplayKind.NONE:
-            return
-        lengths = batch.mask.sum(1).tolist()
-        ent_mean = ((batch.behaviour_entropy * batch.mask).sum(1) / batch.mask.sum(1).clamp_min(1)).tolist()
-        tokens = batch.tokens.tolist()
-        logps = batch.old_logp.tolist()
-        correct = grouped.reshape(-1).bool().tolist()
-
-        def trajs(rows: range) -> list[Trajectory]:
-            out, seen = [], set()
-            for r in rows:
-                if correct[r]:
-                    tok = tuple(tokens[r][: lengths[r]])
-                    if tok not in seen:
-                        seen.add(tok)
-                        out.append(Trajectory(tok, tuple(logps[r][: lengths[r]]), ent_mean[r], self.step))
-            return out
-
-        for g, q in enumerate(batch.group_qids):
-            rows = range(g * k, (g + 1) * k)
-            n_correct = int(grouped[g].sum())
-            if algo.replay == ReplayKind.BUCKETS:
-                self.pool.observe_group(q, n_correct, trajs(rows) if n_correct else [], self.step, self.switch.started)
-            else:
-                for t in trajs(rows):
-                    self.buffer.add(q, t)
-
     def _update(self, batch: StepBatch, adv: torch.Tensor) -> dict[str, float]:
         cfg, algo = self.cfg, self.algo
-        loss_cfg = MixedLossConfig.from_algorithm(algo, self.switch.started, self.policy.max_response_length)
-        lam = notebook_lambda(self.epoch, algo.notebook) if algo.replay == ReplayKind.NOTEBOOK else 0.0
-        off_samples = self.buffer.sample(algo.notebook.per, self.step) if lam > 0 else []
+        loss_cfg = MixedLossConfig.from_algorithm(algo, self.replay.mixed_phase, self.policy.max_response_length)
+        aux = self.replay.auxiliary(self.epoch, self.step)
         n = batch.tokens.shape[0]
         order = self.rng.permutation(n)
         chunks = np.array_split(order, cfg.train.mini_batches)
@@ -235,13 +176,14 @@ class Trainer:
             scores = self.policy.score(prompts[idx] if torch.is_tensor(prompts) else [prompts[i] for i in chunk], batch.tokens[idx], mask)
             token_off = batch.off_policy[idx][:, None] & mask
             loss, m = exgrpo_objective(
-                self.loss_fn, batch.old_logp[idx], scores.logp, scores.entropy, adv[idx], mask, token_off,
+                self.loss_fn, batch.old_log_prob[idx], scores.logp, scores.entropy, adv[idx], mask, token_off,
                 loss_cfg, algo.loss_agg, algo.entropy_coeff, algo.kl_coeff,
             )
-            if off_samples:
-                off_loss, m_off = self._notebook_off_loss(off_samples, len(chunks))
-                loss = (1 - lam) * loss + lam * off_loss
-                m.update(m_off)
+            if aux is not None:
+                aux_scores = self.policy.score(self.task.prompts(aux.qids), aux.tokens, aux.mask, full=aux.needs_full_log_prob)
+                aux_loss, m_aux = aux.loss(aux_scores.logp, aux_scores.full_logp)
+                loss = (1 - aux.weight) * loss + aux.weight * aux_loss
+                m.update(m_aux)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.train.grad_clip))
@@ -253,16 +195,7 @@ class Trainer:
             m["actor/step_skipped"] = float(skipped)
             for key, v in m.items():
                 sums[key] = sums.get(key, 0.0) + v / len(chunks)
-        sums["notebook/lambda"] = lam
         return sums
-
-    def _notebook_off_loss(self, samples: list[tuple[int, Trajectory]], n_chunks: int):
-        qids = [q for q, _ in samples]
-        tokens, mask = pad_right([t.tokens for _, t in samples])
-        old, _ = pad_right([t.behaviour_logp for _, t in samples], dtype=torch.float32)
-        scores = self.policy.score(self.task.prompts(qids), tokens, mask, full=True)
-        nb = self.algo.notebook
-        return notebook_off_policy_loss(scores.logp, old, mask, nb.is_clip, nb.kl_beta, scores.full_logp)
 
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
@@ -340,9 +273,7 @@ class Trainer:
             "step": self.step,
             "model": self.policy.state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "pool": self.pool.state_dict(),
-            "buffer": self.buffer.state_dict(),
-            "switch": self.switch.state_dict(),
+            "replay": self.replay.state_dict(),
             "fresh": self.fresh.state_dict(),
             "rng": {
                 "torch_sampling": self.generator.get_state(),
@@ -357,14 +288,17 @@ class Trainer:
         self.step = int(state["step"])
         self.policy.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.pool.load_state_dict(state["pool"])
-        self.buffer.load_state_dict(state["buffer"])
-        self.switch.load_state_dict(state["switch"])
+        self.replay.load_state_dict(state["replay"] if "replay" in state else _legacy_replay_state(state))
         self.fresh.load_state_dict(state["fresh"])
         self.generator.set_state(state["rng"]["torch_sampling"])
         torch.set_rng_state(state["rng"]["torch_global"])
         self.rng.bit_generator.state = json.loads(state["rng"]["numpy"])
         self.fresh.rng.bit_generator.state = json.loads(state["rng"]["numpy_fresh"])
+
+
+def _legacy_replay_state(state: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint from before the replay core (pool/buffer/switch at the top level)."""
+    return {key: state[key] for key in ("pool", "switch", "buffer") if key in state}
 
 
 def _jsonable(state: dict) -> str:
@@ -375,3 +309,16 @@ def train(cfg: ExperimentConfig, callbacks: list[StepCallback] | None = None, re
           progress: bool = True) -> TrainResult:
     """Build and run a trainer for ``cfg``: the one entry point flows and the CLI call."""
     return Trainer(cfg, progress=progress).fit(callbacks=callbacks, resume=resume, progress=progress)
+
+
+class NativeBackend:
+    """The in-process CPU backend (toy, tiny-lm and SmolLM2 tiers)."""
+
+    name = "native"
+
+    def train(self, cfg: ExperimentConfig, callbacks: list[StepCallback] | None = None, resume: bool = False,
+              progress: bool = True) -> TrainResult:
+        return train(cfg, callbacks=callbacks, resume=resume, progress=progress)
+
+
+NATIVE = NativeBackend()

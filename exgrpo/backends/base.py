@@ -1,0 +1,52 @@
+"""The backend seam: what a training backend offers, and the registry that picks one by name.
+
+A backend turns an :class:`~exgrpo.config.ExperimentConfig` into a finished run. It owns the
+model, the rollouts and the optimiser; the algorithm (replay strategy, batch building, loss) comes
+from :mod:`exgrpo.core`. ``native`` trains in-process on CPU; ``verl`` runs veRL's RayPPOTrainer.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from exgrpo.backends.native.trainer import StepCallback, TrainResult
+    from exgrpo.config import ExperimentConfig
+
+
+class Backend(Protocol):
+    """Runs one experiment to completion (or resumes it) and returns its result."""
+
+    name: str
+
+    def train(
+        self,
+        cfg: ExperimentConfig,
+        callbacks: list[StepCallback] | None = None,
+        resume: bool = False,
+        progress: bool = True,
+    ) -> TrainResult: ...
+
+
+BACKENDS: dict[str, str] = {
+    "native": "exgrpo.backends.native.trainer:NATIVE",
+}
+"""Backend name -> "module:attribute" (imported on first use: veRL is heavy)."""
+
+
+def get_backend(name: str) -> Backend:
+    """The registered backend called ``name``; a clear error lists the others."""
+    try:
+        target = BACKENDS[name]
+    except KeyError:
+        raise ValueError(f"backend.name={name!r} is not a backend; choose one of {sorted(BACKENDS)}") from None
+    module, attr = target.split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def register_backend(name: str, target: str) -> Callable[[], None]:
+    """Add a backend ("module:attribute"); returns a function that removes it again."""
+    BACKENDS[name] = target
+    return lambda: BACKENDS.pop(name, None)

@@ -1,0 +1,275 @@
+"""The life of the experience pool, one step at a time: one replay strategy per algorithm.
+
+Every backend runs the same step, in this order (``exgrpo.backends.native.trainer`` and
+``exgrpo.backends.verl.trainer`` are thin adapters around it):
+
+    n        = strategy.plan(batch_size)              # how many replayed questions this step
+    replays  = strategy.select(n, score)              # which questions, which stored trajectories
+    fresh    = fresh_sampler.next(batch_size - len(replays), strategy.retired)
+    ...        the backend rolls out K-1 rows per replayed question, K per fresh one; rewards
+    strategy.observe(batch, rewards, step)            # pool insert, retirement, bucket moves
+    aux      = strategy.auxiliary(epoch, step)        # an extra off-policy loss term, if any
+    ...        loss (``strategy.mixed_phase``: on-policy clipping dropped), optimiser update
+    metrics |= strategy.stats()
+    strategy.after_step(batch_pass_rate, step)        # the one-way replay start switch
+    checkpoint <- strategy.state_dict()
+
+A new strategy is one class here, registered with :func:`register_replay` under a
+:class:`~exgrpo.config.ReplayKind`; no backend changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from exgrpo.config import AlgorithmConfig, ReplayKind, SelectionMetric
+from exgrpo.core.batch import Replays, StepBatch, rewarded_groups
+from exgrpo.core.loss import notebook_off_policy_loss
+from exgrpo.core.notebook_buffer import NotebookBuffer
+from exgrpo.core.pool import ExperiencePool, Trajectory
+from exgrpo.core.sampler import sample_questions
+from exgrpo.core.schedules import ReplayStartSwitch, notebook_lambda
+from exgrpo.core.selection import pad_right, select_per_group, trajectory_metric
+
+StoredScorer = Callable[[list[int], torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+"""(qids (B,), tokens (B, T), mask (B, T)) -> (log_prob (B, T), entropy (B, T)) of the *current*
+policy on stored responses, without gradients. The backend provides it."""
+
+
+@dataclass
+class AuxiliaryReplay:
+    """An extra off-policy loss term mixed into every mini-batch: (1 - weight) * main + weight * aux."""
+
+    weight: float
+    qids: list[int]
+    """(B,) question of each replayed response."""
+    tokens: torch.Tensor
+    """(B, T) long, right-padded stored responses."""
+    mask: torch.Tensor
+    """(B, T) bool."""
+    old_log_prob: torch.Tensor
+    """(B, T) float32 stored behaviour log-probs."""
+    needs_full_log_prob: bool
+    """Whether :meth:`loss` needs the (B, T, V) log-probs over the vocabulary."""
+    loss_fn: Callable[..., tuple[torch.Tensor, dict[str, float]]]
+    """(log_prob (B, T), full_log_prob (B, T, V) | None) -> (loss, metrics)."""
+
+    def loss(self, log_prob: torch.Tensor, full_log_prob: torch.Tensor | None) -> tuple[torch.Tensor, dict[str, float]]:
+        return self.loss_fn(log_prob, full_log_prob)
+
+
+class ReplayStrategy:
+    """On-policy GRPO: the base strategy replays nothing, stores nothing and never mixes."""
+
+    label: ClassVar[str] = "grpo"
+    """Short algorithm name (MLflow ``algorithm`` tag, run names)."""
+
+    def __init__(self, algo: AlgorithmConfig, rng: np.random.Generator) -> None:
+        self.algo = algo
+        self.rng = rng
+        """Shared with the backend's other numpy draws (one saved generator state per run)."""
+        self._active = False
+
+    # ---------------------------------------------------------------- the step, in order
+    def plan(self, batch_size: int) -> int:
+        """How many of this step's ``batch_size`` questions are replayed from experience."""
+        self._active = False
+        return 0
+
+    def select(self, n: int, score: StoredScorer) -> Replays:
+        """Pick ``n`` questions and one stored trajectory each."""
+        return Replays.empty()
+
+    @property
+    def retired(self) -> frozenset[int]:
+        """Questions the fresh sampler must skip from its next pass on."""
+        return frozenset()
+
+    def observe(self, batch: StepBatch, rewards: torch.Tensor, step: int) -> None:
+        """See the step's rewarded groups ((G, K) binary rewards in ``batch`` order)."""
+
+    def auxiliary(self, epoch: int, step: int) -> AuxiliaryReplay | None:
+        """An extra off-policy loss term for this step's update, or None."""
+        return None
+
+    @property
+    def mixed_phase(self) -> bool:
+        """Whether the mixed on/off-policy phase has begun (the loss may drop on-policy clipping)."""
+        return False
+
+    def stats(self) -> dict[str, float]:
+        """This step's replay metrics (METRICS.md)."""
+        return {"replay/active": float(self._active), "replay/started": float(self.mixed_phase)}
+
+    def after_step(self, batch_pass_rate: float, step: int) -> None:
+        """Schedules that depend on the step's outcome."""
+
+    # ---------------------------------------------------------------- persistence
+    def state_dict(self) -> dict[str, Any]:
+        """Everything that must survive a resume (tensors and plain containers only)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+REPLAY_STRATEGIES: dict[ReplayKind, type[ReplayStrategy]] = {}
+
+
+def register_replay(kind: ReplayKind) -> Callable[[type[ReplayStrategy]], type[ReplayStrategy]]:
+    def deco(cls: type[ReplayStrategy]) -> type[ReplayStrategy]:
+        REPLAY_STRATEGIES[kind] = cls
+        return cls
+
+    return deco
+
+
+def make_replay_strategy(algo: AlgorithmConfig, rng: np.random.Generator) -> ReplayStrategy:
+    """The strategy ``algo.replay`` names, built from ``algo``."""
+    return REPLAY_STRATEGIES[ReplayKind(algo.replay)](algo, rng)
+
+
+register_replay(ReplayKind.NONE)(ReplayStrategy)
+
+
+@register_replay(ReplayKind.BUCKETS)
+class BucketReplay(ReplayStrategy):
+    """The paper's ExGRPO (exgrpo-spec.md §2-§7): correctness buckets, Gaussian bucket weights,
+    lowest-entropy trajectory, replay from the step after batch pass@1 first exceeds the threshold."""
+
+    label = "exgrpo"
+
+    def __init__(self, algo: AlgorithmConfig, rng: np.random.Generator) -> None:
+        super().__init__(algo, rng)
+        self.pool = ExperiencePool(
+            algo.group_size, algo.bucket_lbound, algo.rbound, algo.pool_max_per_question, algo.pool_max_questions
+        )
+        self.switch = ReplayStartSwitch(algo.replay_start_pass_rate)
+
+    def plan(self, batch_size: int) -> int:
+        self._active = self.switch.started
+        return round(self.algo.experience_ratio * batch_size) if self._active else 0
+
+    def sample_questions(self, n: int) -> list[int]:
+        """Which pooled questions to replay (bucket mass, then uniform within a bucket)."""
+        a = self.algo
+        return sample_questions(self.pool.buckets(), n, a.group_size, self.rng, a.bucket_weighting, a.bucket_sigma)
+
+    def select(self, n: int, score: StoredScorer) -> Replays:
+        qids = self.sample_questions(n)
+        if not qids:
+            return Replays.empty()
+        candidates: list[Trajectory] = []
+        owner: list[int] = []
+        for g, q in enumerate(qids):
+            for traj in self.pool.trajectories(q):
+                candidates.append(traj)
+                owner.append(g)
+        a = self.algo
+        current: torch.Tensor | None = None
+        if a.selection_metric == SelectionMetric.RANDOM:
+            picked = select_per_group(None, owner, a.selection_mode, self.rng)
+        else:
+            tokens, mask = pad_right([t.tokens for t in candidates])
+            logp, entropy = score([qids[g] for g in owner], tokens, mask)
+            picked = select_per_group(trajectory_metric(a.selection_metric, logp, entropy, mask), owner,
+                                      a.selection_mode, self.rng)
+            current = logp[picked]
+        trajs = [candidates[i] for i in picked]
+        if a.is_correction:
+            old, _ = pad_right([t.behaviour_logp for t in trajs], dtype=torch.float32)
+        else:  # w = 1 at the current policy: its log-probs play pi_old
+            if current is None:
+                tokens, mask = pad_right([t.tokens for t in trajs])
+                current, _ = score(qids, tokens, mask)
+            old = current.float()
+        return Replays(qids, trajs, old, [self.pool.bucket_of(q) for q in qids])
+
+    @property
+    def retired(self) -> frozenset[int]:
+        return self.pool.retired
+
+    def observe(self, batch: StepBatch, rewards: torch.Tensor, step: int) -> None:
+        for g in rewarded_groups(batch, rewards, step):
+            # retirement always; collection once replay has started (reference)
+            self.pool.observe_group(g.qid, g.num_correct, g.correct if g.num_correct else [], step, self.switch.started)
+
+    @property
+    def mixed_phase(self) -> bool:
+        return self.switch.started
+
+    def stats(self) -> dict[str, float]:
+        return {**super().stats(), **self.pool.stats()}
+
+    def after_step(self, batch_pass_rate: float, step: int) -> None:
+        self.switch.update(batch_pass_rate, step)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"pool": self.pool.state_dict(), "switch": self.switch.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.pool.load_state_dict(state["pool"])
+        self.switch.load_state_dict(state["switch"])
+
+
+@register_replay(ReplayKind.UNIFORM)
+class UniformReplay(BucketReplay):
+    """An ablation of ExGRPO's question sampling: the same pool, start switch and trajectory
+    selection, but replayed questions are drawn uniformly from the pool, ignoring buckets."""
+
+    label = "uniform-replay"
+
+    def sample_questions(self, n: int) -> list[int]:
+        qids = [q for qs in self.pool.buckets().values() for q in qs]
+        n = min(n, len(qids))
+        if n <= 0:
+            return []
+        return [int(qids[i]) for i in self.rng.choice(len(qids), size=n, replace=False)]
+
+
+@register_replay(ReplayKind.NOTEBOOK)
+class NotebookReplay(ReplayStrategy):
+    """The notebook variant (notebook-toy.md): every correct rollout goes into a recency/entropy
+    priority buffer; from epoch ``warm`` on, each update mixes in an off-policy term with weight
+    lambda(epoch). Fresh batches are never displaced, and there is no mixed phase."""
+
+    label = "notebook"
+
+    def __init__(self, algo: AlgorithmConfig, rng: np.random.Generator) -> None:
+        super().__init__(algo, rng)
+        nb = algo.notebook
+        self.buffer = NotebookBuffer(nb.max_len, nb.uid_cap, nb.tau)
+        self._lambda = 0.0
+
+    def observe(self, batch: StepBatch, rewards: torch.Tensor, step: int) -> None:
+        for g in rewarded_groups(batch, rewards, step):
+            for t in g.correct:
+                self.buffer.add(g.qid, t)
+
+    def auxiliary(self, epoch: int, step: int) -> AuxiliaryReplay | None:
+        nb = self.algo.notebook
+        self._lambda = notebook_lambda(epoch, nb)
+        samples = self.buffer.sample(nb.per, step) if self._lambda > 0 else []
+        if not samples:
+            return None
+        tokens, mask = pad_right([t.tokens for _, t in samples])
+        old, _ = pad_right([t.behaviour_logp for _, t in samples], dtype=torch.float32)
+
+        def loss_fn(log_prob, full_log_prob):
+            return notebook_off_policy_loss(log_prob, old, mask, nb.is_clip, nb.kl_beta, full_log_prob)
+
+        return AuxiliaryReplay(self._lambda, [q for q, _ in samples], tokens, mask, old, True, loss_fn)
+
+    def stats(self) -> dict[str, float]:
+        return {**super().stats(), **self.buffer.stats(), "notebook/lambda": self._lambda}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"buffer": self.buffer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.buffer.load_state_dict(state["buffer"])

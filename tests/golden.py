@@ -1,0 +1,50 @@
+"""Golden runs: per-step metrics of fixed-seed runs, recorded before the replay-core refactor
+(issue 8) and compared bit for bit after it. ``python -m tests.golden --record`` rewrites them."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+FIXTURES = Path(__file__).parent / "fixtures" / "golden_metrics.json"
+
+TOY = {
+    "task.max_operand": 6, "policy.hidden": 32, "policy.layers": 2, "algorithm.group_size": 4,
+    "train.batch_size": 16, "train.epochs": 4, "train.lr": 1e-2, "algorithm.replay_start_pass_rate": 0.0,
+    "train.mini_batches": 2, "algorithm.notebook.warm": 1, "algorithm.notebook.peak": 2,
+    "algorithm.notebook.per": 8,
+}
+TINY_LM = {
+    "policy.model.sft_steps": 40, "policy.model.eval_questions": 0, "policy.model.hidden_size": 64,
+    "policy.model.intermediate_size": 128, "policy.max_new_tokens": 24, "task.n_train": 48, "task.n_val": 16,
+    "train.batch_size": 8, "algorithm.group_size": 4, "algorithm.replay_start_pass_rate": 0.0,
+    "train.max_steps": 4, "train.eval_every_steps": 2, "train.eval_before_train": True, "train.lr": 1e-4,
+}
+RUNS = {
+    "toy-grpo": ("experiments/toy-exgrpo.yaml", TOY, {"algorithm.replay": "none"}),
+    "toy-exgrpo": ("experiments/toy-exgrpo.yaml", TOY, {"algorithm.replay": "buckets"}),
+    "toy-notebook": ("experiments/toy-exgrpo.yaml", TOY, {"algorithm.replay": "notebook"}),
+    "tiny-lm-grpo": ("experiments/tiny-lm.yaml", TINY_LM, {"algorithm.replay": "none"}),
+    "tiny-lm-exgrpo": ("experiments/tiny-lm.yaml", TINY_LM, {"algorithm.replay": "buckets"}),
+}
+
+
+def run(name: str, output_dir: Path) -> list[dict[str, float]]:
+    from exgrpo.backends.native.trainer import Trainer
+    from exgrpo.config import load_experiment
+
+    path, base, arm = RUNS[name]
+    sets = {**base, **arm}
+    cfg = load_experiment(path, {**sets, "output_dir": str(output_dir), "seed": 1})
+    hist = Trainer(cfg).fit(progress=False).history
+    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in hist]
+
+
+if __name__ == "__main__" and "--record" in sys.argv:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        out = {name: run(name, Path(d) / name) for name in RUNS}
+    FIXTURES.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {FIXTURES}")
