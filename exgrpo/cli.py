@@ -68,7 +68,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.output_dir is not None:
         overrides["output_dir"] = args.output_dir
     cfg = load_experiment(args.config, overrides)  # fails here, before any work, on bad input
-    from exgrpo.backends.native.trainer import train
+    from exgrpo.backends.base import train
 
     result = train(cfg, resume=args.resume, progress=not args.no_progress)
     final = {k: v for k, v in result.final_metrics.items() if k.startswith(("val/", "pool/", "batch/solved"))}

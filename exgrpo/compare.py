@@ -40,7 +40,7 @@ class ArmSummary:
 
 def run_one(cfg: ExperimentConfig, arm: str, metric: str = "val/accuracy") -> RunOutcome:
     """Train one (arm, seed) in this process and reduce it to a :class:`RunOutcome`."""
-    from exgrpo.backends.native.trainer import train
+    from exgrpo.backends.base import train
 
     result = train(cfg, progress=False)
     evals = [h for h in result.history if metric in h]

@@ -32,6 +32,7 @@ class Backend(Protocol):
 
 BACKENDS: dict[str, str] = {
     "native": "exgrpo.backends.native.trainer:NATIVE",
+    "verl": "exgrpo.backends.verl.runner:VERL",
 }
 """Backend name -> "module:attribute" (imported on first use: veRL is heavy)."""
 
@@ -44,6 +45,12 @@ def get_backend(name: str) -> Backend:
         raise ValueError(f"backend.name={name!r} is not a backend; choose one of {sorted(BACKENDS)}") from None
     module, attr = target.split(":")
     return getattr(importlib.import_module(module), attr)
+
+
+def train(cfg: ExperimentConfig, callbacks: list[StepCallback] | None = None, resume: bool = False,
+          progress: bool = True) -> TrainResult:
+    """Train ``cfg`` on the backend its ``backend.name`` selects: the one entry point of the CLI and flows."""
+    return get_backend(cfg.backend.name).train(cfg, callbacks=callbacks, resume=resume, progress=progress)
 
 
 def register_backend(name: str, target: str) -> Callable[[], None]:

@@ -5,6 +5,7 @@ everything public is re-exported here, so ``from exgrpo.config import X`` is the
 """
 
 from exgrpo.config.algorithm import AlgorithmConfig, NotebookReplayConfig
+from exgrpo.config.backend import BackendConfig, VerlSettings
 from exgrpo.config.experiment import (
     CompareConfig,
     ExperimentConfig,
@@ -44,6 +45,7 @@ from exgrpo.config.tasks import (
 
 __all__ = [
     "AlgorithmConfig",
+    "BackendConfig",
     "ArithmeticProblemsConfig",
     "BasicArithmeticKnobs",
     "BucketWeighting",
@@ -71,6 +73,7 @@ __all__ = [
     "TinyLMConfig",
     "ToyTaskConfig",
     "TrainConfig",
+    "VerlSettings",
     "apply_overrides",
     "flatten",
     "load_compare",

@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from exgrpo.config.algorithm import AlgorithmConfig
+from exgrpo.config.backend import BackendConfig
 from exgrpo.config.options import ConfigError, OptimizerKind, Tier, _Strict
 from exgrpo.config.policies import LMPolicyConfig, MLPPolicyConfig, SmolLM2PolicyConfig
 from exgrpo.config.tasks import ReasoningGymTaskConfig, TextArithmeticTaskConfig, ToyTaskConfig
@@ -86,6 +87,8 @@ class ExperimentConfig(_Strict):
     """The RL algorithm."""
     train: TrainConfig = TrainConfig()
     """Optimisation and schedule."""
+    backend: BackendConfig = BackendConfig()
+    """Which trainer runs it (native, or veRL's RayPPOTrainer)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -122,11 +125,36 @@ class ExperimentConfig(_Strict):
                     "task.problems must equal policy.model.problems (the RL questions must come from the "
                     "tiny LM's SFT distribution); set both, or neither"
                 )
+        if self.backend.name == "verl":
+            _check_verl(self)
         return self
 
     def run_dir(self) -> Path:
         """Directory of this (experiment, seed) run."""
         return self.output_dir / self.name / f"seed{self.seed}"
+
+
+def _check_verl(cfg: ExperimentConfig) -> None:
+    """What the veRL backend supports today (one-line errors that say what to change)."""
+    v = cfg.backend.verl
+    if v.model_path is None and not (isinstance(cfg.policy, LMPolicyConfig) and cfg.policy.model.arch == "llama"):
+        # veRL's agent loop treats model_type qwen2 as ChatML (it needs <|im_end|>); the char vocabulary has none
+        raise ValueError("backend.name=verl with the built-in tiny LM needs policy.model.arch=llama "
+                         "(or set backend.verl.model_path to an HF model)")
+    if v.train_files is None and not isinstance(cfg.task, TextArithmeticTaskConfig):
+        raise ValueError(f"backend.name=verl builds data for task.kind=text_arithmetic only; got {cfg.task.kind!r}: "
+                         "set backend.verl.train_files/val_files to parquet files")
+    if cfg.algorithm.replay not in ("none", "buckets", "uniform"):
+        raise ValueError(f"algorithm.replay={cfg.algorithm.replay.value!r} has no veRL backend yet; "
+                         "use none, buckets or uniform (or backend.name=native)")
+    if v.rollout == "vllm" and v.device != "cuda":
+        raise ValueError("backend.verl.rollout=vllm needs backend.verl.device=cuda (vLLM is CUDA-only)")
+    if v.rollout == "hf" and v.device != "cpu":
+        raise ValueError("backend.verl.rollout=hf runs on device=cpu only; use rollout=vllm on GPUs")
+    mini = cfg.train.batch_size // cfg.train.mini_batches
+    if mini * cfg.train.mini_batches != cfg.train.batch_size:
+        raise ValueError(f"train.batch_size={cfg.train.batch_size} must be divisible by train.mini_batches="
+                         f"{cfg.train.mini_batches} on the veRL backend")
 
 
 class CompareConfig(_Strict):

@@ -116,7 +116,7 @@ def compute_exgrpo_policy_loss(
     if rollout_is_weights is not None:
         per_token = per_token * rollout_is_weights
     loss = aggregate(per_token, terms.mask, loss_agg_mode, cfg.norm_length)
-    metrics = {"actor/pg_loss": float(loss), **token_loss_metrics(terms, cfg, loss_agg_mode)}
+    metrics = {"actor/pg_loss": float(loss.detach()), **token_loss_metrics(terms, cfg, loss_agg_mode)}
     return loss, metrics
 
 
@@ -196,6 +196,35 @@ def token_loss_metrics(t: TokenLoss, cfg: MixedLossConfig, loss_agg_mode: str) -
             "actor/off_ratio_above_is_clip": float(((t.ratio > cfg.is_clip) & off).sum() / off.sum().clamp_min(1)),
             "actor/off_token_fraction": float(off.sum() / n_tok),
         }
+
+
+def token_loss_sums(t: TokenLoss, cfg: MixedLossConfig) -> dict[str, float]:
+    """Additive statistics of the mixed loss (sums and token counts), for backends that split a
+    batch over micro-batches and workers: add them up, then :func:`metrics_from_sums`."""
+    with torch.no_grad():
+        on, off = t.on, t.off
+        return {
+            "on_tokens": float(on.sum()), "off_tokens": float(off.sum()),
+            "on_loss_sum": float((t.on_loss * on).sum()), "off_loss_sum": float((t.off_loss * off).sum()),
+            "on_clipped": float(t.on_clipfrac.sum()), "on_neg_log_ratio_sum": float(((-t.log_ratio) * on).sum()),
+            "on_ratio_sum": float((t.ratio * on).sum()), "off_ratio_sum": float((t.ratio * off).sum()),
+            "off_above_is_clip": float(((t.ratio > cfg.is_clip) & off).sum()),
+        }
+
+
+def metrics_from_sums(s: dict[str, float]) -> dict[str, float]:
+    """The ``actor/`` loss diagnostics (token means) from summed :func:`token_loss_sums`."""
+    on, off = max(s["on_tokens"], 1.0), max(s["off_tokens"], 1.0)
+    return {
+        "actor/on_pg_loss": s["on_loss_sum"] / on,
+        "actor/off_pg_loss": s["off_loss_sum"] / off if s["off_tokens"] else 0.0,
+        "actor/on_pg_clipfrac": s["on_clipped"] / on,
+        "actor/ppo_kl": s["on_neg_log_ratio_sum"] / on,
+        "actor/on_ratio_mean": s["on_ratio_sum"] / on,
+        "actor/off_ratio_mean": s["off_ratio_sum"] / off if s["off_tokens"] else 0.0,
+        "actor/off_ratio_above_is_clip": s["off_above_is_clip"] / off,
+        "actor/off_token_fraction": s["off_tokens"] / max(s["on_tokens"] + s["off_tokens"], 1.0),
+    }
 
 
 def _resolve_config(config: Any) -> MixedLossConfig:

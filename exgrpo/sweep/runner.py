@@ -19,7 +19,9 @@ from exgrpo.sweep.study import make_pruner, open_study
 # Ray
 # --------------------------------------------------------------------------------------------
 def ensure_ray(address: str | None = None, num_cpus: int = 2) -> None:
-    """``ray.init`` once per process: local with ``num_cpus`` and no dashboard, or ``address``."""
+    """``ray.init`` once per process: a cluster only when ``address`` is given; otherwise always a
+    private local Ray (``address="local"``, its own temp dir, no
+    dashboard), so a stale ``ray_current_cluster`` file left by a dead cluster is never picked up."""
     import ray
 
     if ray.is_initialized():
@@ -30,9 +32,11 @@ def ensure_ray(address: str | None = None, num_cpus: int = 2) -> None:
     if address:
         kwargs["address"] = address
     else:
-        kwargs["num_cpus"] = num_cpus
-        if tmp:
-            kwargs["_temp_dir"] = str(Path(tmp).resolve())
+        import tempfile
+
+        kwargs.update(address="local", num_cpus=num_cpus)
+        # short path: Ray's socket paths must fit in 107 characters
+        kwargs["_temp_dir"] = tempfile.mkdtemp(prefix="exgrpo-ray-", dir=str(Path(tmp).resolve()) if tmp else None)
     kwargs["runtime_env"] = {"env_vars": {"OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"}}
     ray.init(**kwargs)
 

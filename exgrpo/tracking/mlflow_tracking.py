@@ -405,7 +405,7 @@ def tracked_train(
     exception is re-raised. ``on_start(run_id)`` is called once the run exists. System metrics
     (CPU, memory; ``system/*``) are sampled when ``system_metrics`` is true, or when it is None and
     ``MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING=true``."""
-    from exgrpo.backends.native.trainer import train
+    from exgrpo.backends.base import train
 
     tracker = Tracker(tracking_uri, check=check)
     exp_name = experiment or cfg.name
@@ -440,7 +440,8 @@ def tracked_train(
         if metrics_file is not None and metrics_file.is_file():
             client.log_artifact(run_id, str(metrics_file), "metrics")
         if log_checkpoint and result.checkpoint is not None:
-            client.log_artifact(run_id, str(result.checkpoint), "checkpoints")
+            if Path(result.checkpoint).is_file():  # a veRL checkpoint is a directory of shards: tagged only
+                client.log_artifact(run_id, str(result.checkpoint), "checkpoints")
             client.set_tag(run_id, "checkpoint", str(result.checkpoint))
         if log_model and result.policy is not None:
             log_final_model(tracker.uri, run_id, result.policy, int(result.final_metrics.get("step", 0)))

@@ -1,0 +1,95 @@
+"""What a veRL run reads from disk, built from our typed config: an HF model directory (the tiny
+LM's SFT warm start with an HF tokenizer over its character vocabulary) and train/val parquet files
+of the task's questions in veRL's RLHFDataset layout. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from exgrpo.config import ExperimentConfig, LMPolicyConfig, TextArithmeticTaskConfig
+
+DATA_SOURCE = "exgrpo/text_arithmetic"
+"""``data_source`` of our task's rows; :mod:`exgrpo.backends.verl.reward` grades it with the task's grader."""
+
+CHAT_TEMPLATE = "{{ bos_token }}{% for m in messages %}{{ m['content'] | lower }}{% endfor %}"
+"""``[BOS] + chars(question.lower())``: the tiny-lm tier's prompt, as a chat template for veRL."""
+
+
+def hf_char_tokenizer(char_tokenizer):
+    """A ``PreTrainedTokenizerFast`` that encodes exactly like :class:`CharTokenizer` (one token per
+    character, unknown characters to ``<unk>``), so veRL's dataset and agent loop can load it."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel(vocab=dict(char_tokenizer.token_to_id), unk_token="<unk>"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")  # every character, newlines too
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens(["<pad>", "<bos>", "<eos>", "<unk>"])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<unk>",
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def export_model(cfg: ExperimentConfig, progress: bool = False) -> Path:
+    """The tiny LM of ``cfg.policy.model`` (SFT warm start, trained once and cached) as an HF model
+    directory veRL loads with ``AutoModelForCausalLM`` / ``AutoTokenizer``; cached beside it."""
+    from exgrpo.backends.native.lm.tiny_lm import load_tiny_lm
+
+    if not isinstance(cfg.policy, LMPolicyConfig):
+        raise ValueError(f"backend.name=verl needs policy.kind=lm (the tiny LM), got policy.kind={cfg.policy.kind!r}")
+    tiny = load_tiny_lm(cfg.policy.model, progress=progress)
+    out = tiny.path / "hf-verl"
+    if (out / "tokenizer.json").is_file():
+        return out
+    tmp = Path(tempfile.mkdtemp(prefix=".hf-verl-", dir=tiny.path))
+    try:
+        tiny.model.save_pretrained(tmp)
+        hf_char_tokenizer(tiny.tokenizer).save_pretrained(tmp)
+        gen = {"bos_token_id": tiny.tokenizer.bos_id, "eos_token_id": tiny.tokenizer.eos_id,
+               "pad_token_id": tiny.tokenizer.pad_id}
+        (tmp / "generation_config.json").write_text(json.dumps(gen))
+        os.chmod(tmp, 0o755)
+        try:
+            os.replace(tmp, out)
+        except OSError:  # another process exported it meanwhile
+            pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def write_dataset(cfg: ExperimentConfig, directory: Path) -> tuple[Path, Path]:
+    """Train and validation parquet files of the task in veRL's layout. ``extra_info.index`` is the
+    row of the file (the replay pool's key: the sampler yields rows), ``extra_info.qid`` the task's
+    question id."""
+    import pandas as pd
+
+    from exgrpo.tasks.text_arithmetic import TextArithmetic
+
+    if not isinstance(cfg.task, TextArithmeticTaskConfig):
+        raise ValueError(f"backend.name=verl supports task.kind=text_arithmetic for now, got {cfg.task.kind!r}")
+    task = TextArithmetic(cfg.task)
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for split, ids in (("train", task.train_ids), ("val", task.val_ids)):
+        rows = [{
+            "data_source": DATA_SOURCE,
+            "prompt": [{"role": "user", "content": task.question_text(q)}],
+            "ability": "arithmetic",
+            "reward_model": {"style": "rule", "ground_truth": str(task.answers[q])},
+            "extra_info": {"index": i, "qid": int(q), "split": split},
+        } for i, q in enumerate(ids)]
+        path = directory / f"{split}.parquet"
+        tmp = path.with_suffix(".parquet.tmp")
+        pd.DataFrame(rows).to_parquet(tmp, index=False)
+        os.replace(tmp, path)
+        paths.append(path)
+    return paths[0], paths[1]

@@ -1,0 +1,89 @@
+"""Entry point of a veRL run: ``python -m exgrpo.backends.verl.main <run_dir>/config.json [overrides]``.
+
+Loads our typed config, derives veRL's Hydra config from it (:mod:`.overrides`), and runs veRL's
+``run_ppo`` with :class:`ExGRPOTaskRunner`, which builds :class:`ExGRPORayTrainer` instead of veRL's
+``RayPPOTrainer``. The Prefect flow submits exactly this command as a Ray Job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import ray
+
+from exgrpo.config import ExperimentConfig
+
+
+@ray.remote(num_cpus=1)
+class ExGRPOTaskRunner:
+    """veRL's v0 TaskRunner, building :class:`ExGRPORayTrainer` (veRL's own is a Ray actor class
+    and cannot be subclassed)."""
+
+    def run(self, config, exgrpo_json: str) -> None:
+        from omegaconf import OmegaConf
+        from verl.trainer.main_ppo_v0 import BaseTaskRunner
+        from verl.trainer.ppo.utils import create_rl_dataset, need_critic, need_reference_policy
+        from verl.utils.config import omega_conf_to_dataclass, validate_config
+        from verl.utils.dataset.rl_dataset import collate_fn
+        from verl.workers.config import HFModelConfig
+
+        from exgrpo.backends.verl.trainer import ExGRPORayTrainer
+
+        cfg = ExperimentConfig.model_validate_json(exgrpo_json)
+        OmegaConf.resolve(config)
+        base = BaseTaskRunner()
+        _, worker_group_cls = base.add_actor_rollout_worker(config)
+        base.add_critic_worker(config)
+        base.add_reward_model_resource_pool(config)
+        validate_config(config=config, use_reference_policy=need_reference_policy(config),
+                        use_critic=need_critic(config))
+        model_config: HFModelConfig = omega_conf_to_dataclass(config.actor_rollout_ref.model)
+        tokenizer, processor = model_config.tokenizer, model_config.processor
+        resource_pool_manager = base.init_resource_pool_mgr(config)
+        train = create_rl_dataset(config.data.train_files, config.data, tokenizer, processor, is_train=True)
+        val = create_rl_dataset(config.data.val_files, config.data, tokenizer, processor, is_train=False)
+        trainer = ExGRPORayTrainer(
+            config=config, tokenizer=tokenizer, processor=processor, role_worker_mapping=base.role_worker_mapping,
+            resource_pool_manager=resource_pool_manager, ray_worker_group_cls=worker_group_cls,
+            train_dataset=train, val_dataset=val, collate_fn=collate_fn, exgrpo_cfg=cfg,
+        )
+        trainer.init_workers()
+        trainer.fit()
+
+
+def run(cfg: ExperimentConfig, overrides: list[str]) -> None:
+    """Compose veRL's config and train (in this process, as Ray's driver)."""
+    from omegaconf import OmegaConf
+    from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
+
+    from exgrpo.backends.verl.overrides import compose
+
+    config = compose(overrides)
+    if not ray.is_initialized():
+        init = OmegaConf.to_container(config.ray_kwargs.get("ray_init", {}), resolve=True)
+        runtime_env = OmegaConf.to_container(OmegaConf.merge(get_ppo_ray_runtime_env(config), init.pop("runtime_env", {}) or {}))
+        env = runtime_env.setdefault("env_vars", {})
+        for key in ("VERL_PLATFORM", "VERL_ENGINE_DEVICE", "MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID", "EXGRPO_SEED",
+                    "PYTHONPATH"):
+            if key in os.environ:
+                env[key] = os.environ[key]
+        init = {k: v for k, v in init.items() if v is not None}
+        ray.init(runtime_env=runtime_env, **init)
+    runner = ExGRPOTaskRunner.remote()
+    ray.get(runner.run.remote(config, cfg.model_dump_json()))
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        raise SystemExit("usage: python -m exgrpo.backends.verl.main <run_dir>/verl_run.json")
+    spec = json.loads(Path(argv[0]).read_text())
+    cfg = ExperimentConfig.model_validate_json(json.dumps(spec["config"]))
+    run(cfg, list(spec["overrides"]) + argv[1:])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""veRL's Hydra overrides, derived from our typed config (never written twice).
+
+:func:`hydra_overrides` maps an :class:`ExperimentConfig` onto veRL 0.9.1's ``ppo_trainer`` config;
+:func:`compose` builds veRL's config object from them (no run), which is what the CPU test of the
+GPU (paper) tier checks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from exgrpo.config import ExperimentConfig, LossAggregation
+
+VERL_LOSS_AGG = {
+    LossAggregation.TOKEN_MEAN: "token-mean",
+    LossAggregation.SEQ_MEAN_TOKEN_MEAN: "seq-mean-token-mean",
+    LossAggregation.SEQ_MEAN_TOKEN_SUM: "seq-mean-token-sum",
+    # ours: sum over the batch's tokens / L; veRL's: the same per sequence, averaged over sequences
+    LossAggregation.TOKEN_SUM_NORM: "seq-mean-token-sum-norm",
+}
+"""Our aggregation -> veRL's loss_agg_mode (veRL normalises over the global batch, see loss.py)."""
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """Where a veRL run reads and writes."""
+
+    model: str
+    train_files: str
+    val_files: str
+    checkpoints: Path
+    reward_fn: Path
+
+
+def hydra_overrides(cfg: ExperimentConfig, paths: RunPaths) -> list[str]:
+    """The ``key=value`` overrides of veRL's ``ppo_trainer`` config for ``cfg``."""
+    v, algo, train, pol = cfg.backend.verl, cfg.algorithm, cfg.train, cfg.policy
+    k = algo.group_size
+    cpu = v.device == "cpu"
+    mini_batch = train.batch_size // train.mini_batches  # questions per optimiser step
+    micro = v.micro_batch_size_per_worker
+    steps = train.max_steps
+    total_epochs = train.epochs
+    eval_every = train.eval_every_steps or -1
+    out = [
+        # data
+        f"data.train_files={paths.train_files}",
+        f"data.val_files={paths.val_files}",
+        f"data.train_batch_size={train.batch_size}",
+        f"data.max_prompt_length={v.max_prompt_length}",
+        f"data.max_response_length={pol.max_new_tokens}",
+        "data.dataloader_num_workers=0",
+        f"data.seed={cfg.seed}",
+        "data.truncation=error",
+        # model
+        f"actor_rollout_ref.model.path={paths.model}",
+        f"actor_rollout_ref.model.use_remove_padding={not cpu}",
+        f"actor_rollout_ref.model.enable_gradient_checkpointing={not cpu}",
+        f"++actor_rollout_ref.model.override_config.attn_implementation={'sdpa' if cpu else 'flash_attention_2'}",
+        # actor
+        f"actor_rollout_ref.actor.strategy={'fsdp2' if cpu else 'fsdp'}",
+        f"actor_rollout_ref.actor.optim.lr={train.lr}",
+        f"actor_rollout_ref.actor.optim.weight_decay={train.weight_decay if train.optimizer == 'adamw' else 0.0}",
+        f"actor_rollout_ref.actor.optim.clip_grad={train.grad_clip}",
+        f"actor_rollout_ref.actor.grad_clip={train.grad_clip}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={mini_batch}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
+        "actor_rollout_ref.actor.ppo_epochs=1",
+        f"actor_rollout_ref.actor.clip_ratio={algo.clip_eps}",
+        f"actor_rollout_ref.actor.entropy_coeff={algo.entropy_coeff}",
+        "actor_rollout_ref.actor.calculate_entropy=True",
+        f"actor_rollout_ref.actor.loss_agg_mode={VERL_LOSS_AGG[algo.loss_agg]}",
+        f"actor_rollout_ref.actor.loss_scale_factor={pol.max_new_tokens}",
+        f"actor_rollout_ref.actor.use_kl_loss={algo.kl_coeff > 0}",
+        f"actor_rollout_ref.actor.kl_loss_coef={algo.kl_coeff}",
+        f"actor_rollout_ref.actor.use_torch_compile={not cpu}",
+        f"actor_rollout_ref.actor.fsdp_config.use_torch_compile={not cpu}",
+        f"actor_rollout_ref.actor.fsdp_config.dtype={'float32' if cpu else 'bfloat16'}",
+        f"actor_rollout_ref.actor.fsdp_config.seed={cfg.seed}",
+        f"actor_rollout_ref.actor.data_loader_seed={cfg.seed}",
+        # rollout
+        f"actor_rollout_ref.rollout.name={v.rollout}",
+        "actor_rollout_ref.rollout.mode=async",
+        f"actor_rollout_ref.rollout.n={k}",
+        f"actor_rollout_ref.rollout.temperature={pol.temperature}",
+        f"actor_rollout_ref.rollout.top_p={pol.top_p}",
+        f"actor_rollout_ref.rollout.tensor_model_parallel_size={v.rollout_tensor_parallel}",
+        f"actor_rollout_ref.rollout.gpu_memory_utilization={v.gpu_memory_utilization}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro}",
+        "actor_rollout_ref.rollout.calculate_log_probs=True",
+        f"actor_rollout_ref.rollout.seed={cfg.seed}",
+        f"actor_rollout_ref.rollout.dtype={'float32' if cpu else 'bfloat16'}",
+        f"actor_rollout_ref.rollout.agent.num_workers={1 if cpu else 8}",
+        # algorithm: GRPO advantages; the ExGRPO loss is installed on the actor (loss.py)
+        "algorithm.adv_estimator=grpo",
+        f"algorithm.norm_adv_by_std_in_grpo={algo.advantage_std_norm}",
+        "algorithm.use_kl_in_reward=False",
+        # reward: the task's own grader
+        f"reward.custom_reward_function.path={paths.reward_fn}",
+        "reward.custom_reward_function.name=compute_score",
+        f"reward.num_workers={1 if cpu else 8}",
+        # trainer
+        "trainer.use_v1=False",
+        f"trainer.device={v.device}",
+        f"trainer.n_gpus_per_node={v.workers_per_node}",
+        f"trainer.nnodes={v.nnodes}",
+        f"trainer.total_epochs={total_epochs}",
+        f"trainer.total_training_steps={steps if steps else 'null'}",
+        f"trainer.project_name={cfg.name}",
+        f"trainer.experiment_name={cfg.name}-seed{cfg.seed}",
+        "trainer.logger=[console]",
+        f"trainer.default_local_dir={paths.checkpoints}",
+        f"trainer.save_freq={train.checkpoint_every or -1}",
+        f"trainer.test_freq={eval_every}",
+        f"trainer.val_before_train={train.eval_before_train}",
+        "trainer.resume_mode=auto",
+        "trainer.balance_batch=False",
+    ]
+    if cpu:
+        n_cpus = v.num_cpus or max(4, 3 * v.workers_per_node + 2)
+        out += [
+            "+ray_kwargs.ray_init.address=local" if v.ray_address is None else f"+ray_kwargs.ray_init.address={v.ray_address}",
+            f"ray_kwargs.ray_init.num_cpus={n_cpus if v.ray_address is None else 'null'}",
+            f"+ray_kwargs.ray_init.num_gpus={v.workers_per_node if v.ray_address is None else 'null'}",
+            "+ray_kwargs.ray_init.include_dashboard=False",
+        ]
+    elif v.ray_address is not None:
+        out += [f"+ray_kwargs.ray_init.address={v.ray_address}", "ray_kwargs.ray_init.num_cpus=null"]
+    return out + list(v.extra_overrides)
+
+
+def verl_config_dir() -> str:
+    import os
+
+    import verl
+
+    return os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+
+
+def compose(overrides: list[str]):
+    """veRL's ``ppo_trainer`` config with ``overrides`` applied (Hydra compose; nothing runs)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=verl_config_dir(), version_base=None):
+        return hydra_compose(config_name="ppo_trainer", overrides=overrides)

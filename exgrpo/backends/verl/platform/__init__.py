@@ -1,0 +1,48 @@
+"""veRL plugin (entry point ``verl.plugins: exgrpo``): what veRL 0.9.1 needs to train on a CPU.
+
+veRL imports every ``verl.plugins`` entry point when it is imported, in the driver and in every Ray
+worker, so registering here reaches all processes. veRL swallows plugin import errors at DEBUG
+level; :func:`register` logs its own traceback instead, so a broken plugin is never silent.
+
+* ``cpu`` platform (``VERL_PLATFORM=cpu``): :mod:`.cpu`;
+* ``hf`` rollout + replica: :mod:`.hf_rollout`;
+* the process-group patch: :mod:`.patches`.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+
+logger = logging.getLogger("exgrpo.verl")
+
+ROLLOUT_NAME = "hf"
+
+
+def register() -> None:
+    """Register the cpu platform, the hf rollout and replica, and patch process-group init (idempotent)."""
+    from verl.plugin.platform.platform_manager import PlatformRegistry
+    from verl.workers.rollout import base as rollout_base
+    from verl.workers.rollout.replica import RolloutReplicaRegistry
+
+    from exgrpo.backends.verl.platform.cpu import CPUPlatform
+    from exgrpo.backends.verl.platform.patches import patch_process_group_init
+
+    if PlatformRegistry.get("cpu") is not CPUPlatform:
+        PlatformRegistry.register(platform="cpu")(CPUPlatform)
+    rollout_base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = "exgrpo.backends.verl.platform.hf_rollout.HFServerAdapter"
+
+    def _load_hf_replica():
+        from exgrpo.backends.verl.platform.hf_rollout import HFReplica
+
+        return HFReplica
+
+    RolloutReplicaRegistry.register(ROLLOUT_NAME, _load_hf_replica)
+    patch_process_group_init()
+
+
+try:
+    register()
+except Exception:  # noqa: BLE001 - veRL would hide it; say it loudly, then let veRL go on
+    logger.error("exgrpo veRL plugin failed to register:\n%s", traceback.format_exc())
+    raise

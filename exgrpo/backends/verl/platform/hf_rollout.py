@@ -1,0 +1,184 @@
+"""An ``hf`` rollout for veRL 0.9.1's server-mode agent loop: a Hugging Face model on the CPU.
+
+Three pieces, as veRL's vLLM rollout has them:
+
+* :class:`HFRolloutServer`, a Ray actor per replica. The agent loop sends it one prompt per
+  request, many at once; it gathers the requests that arrive within a few milliseconds into one
+  batch and samples them together with the KV-cache engine the native backend uses
+  (:class:`exgrpo.backends.native.lm.engine.RolloutEngine`), returning token ids and their
+  log-probs (``rollout_log_probs``: the behaviour log-probs replay needs).
+* :class:`HFReplica` (``RolloutReplicaRegistry["hf"]``) launches that actor.
+* :class:`HFServerAdapter` (``_ROLLOUT_REGISTRY[("hf", "async")]``) lives in the actor worker and
+  pushes the trained weights to the server after every update.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Generator
+from typing import Any
+
+import ray
+import torch
+
+from verl.workers.rollout.base import BaseRollout
+from verl.workers.rollout.replica import RolloutReplica, TokenOutput
+
+logger = logging.getLogger(__name__)
+
+BATCH_WINDOW_SECONDS = 0.01
+"""How long the server waits for more concurrent requests before it generates a batch."""
+
+
+def server_name(replica_rank: int) -> str:
+    return f"exgrpo_hf_server_{replica_rank}"
+
+
+class HFRolloutServer:
+    """Token-in, token-out generation for one replica (a Ray actor with async methods)."""
+
+    def __init__(self, model_path: str, response_length: int, prompt_length: int, seed: int = 0,
+                 threads: int = 1) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        torch.set_num_threads(threads)
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+        tok = AutoTokenizer.from_pretrained(model_path)
+        self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        self.eos_id = tok.eos_token_id
+        self.response_length = response_length
+        self.prompt_length = prompt_length
+        self.generator = torch.Generator().manual_seed(seed)
+        self._pending: list[tuple[list[int], dict[str, Any], asyncio.Future]] = []
+        self._flush: asyncio.Task | None = None
+        self._lock: asyncio.Lock | None = None
+        self.batches: list[int] = []
+        """Size of every generated batch (for tests and the bench)."""
+
+    # ---------------------------------------------------------------- generation
+    async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: dict[str, Any],
+                       image_data: Any = None, video_data: Any = None, **kwargs: Any) -> TokenOutput:
+        fut = asyncio.get_running_loop().create_future()
+        self._pending.append((list(prompt_ids), dict(sampling_params), fut))
+        if self._flush is None or self._flush.done():
+            self._flush = asyncio.create_task(self._drain())
+        return await fut
+
+    async def _drain(self) -> None:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        await asyncio.sleep(BATCH_WINDOW_SECONDS)
+        async with self._lock:
+            while self._pending:
+                batch, self._pending = self._pending, []
+                groups: dict[tuple, list] = {}
+                for item in batch:
+                    groups.setdefault(_params_key(item[1], self.response_length), []).append(item)
+                for key, items in groups.items():
+                    try:
+                        outs = await asyncio.to_thread(self._generate, [p for p, _, _ in items], key)
+                        for (_, _, fut), out in zip(items, outs, strict=True):
+                            fut.set_result(out)
+                    except Exception as exc:  # every waiting request sees the failure
+                        for _, _, fut in items:
+                            if not fut.done():
+                                fut.set_exception(exc)
+
+    @torch.no_grad()
+    def _generate(self, prompts: list[list[int]], key: tuple) -> list[TokenOutput]:
+        from exgrpo.backends.native.lm.engine import RolloutEngine, SamplingParams
+
+        temperature, top_p, max_tokens = key
+        greedy = temperature <= 0
+        params = SamplingParams(max_new_tokens=max_tokens, temperature=1.0 if greedy else temperature, top_p=top_p)
+        out = RolloutEngine(self.model, self.pad_id, self.eos_id, params).generate(prompts, self.generator, greedy=greedy)
+        self.batches.append(len(prompts))
+        results = []
+        for i in range(len(prompts)):
+            n = int(out.mask[i].sum())
+            results.append(TokenOutput(
+                token_ids=out.tokens[i, :n].tolist(), log_probs=out.logp[i, :n].tolist(),
+                stop_reason="completed",
+            ))
+        return results
+
+    # ---------------------------------------------------------------- weights and lifecycle
+    async def update_weights(self, state: dict[str, torch.Tensor]) -> int:
+        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        if unexpected:
+            raise KeyError(f"hf rollout: unexpected weights {unexpected[:5]}")
+        return len(state)
+
+    async def batch_sizes(self) -> list[int]:
+        return list(self.batches)
+
+    async def wake_up(self) -> None: ...
+    async def sleep(self) -> None: ...
+    async def clear_kv_cache(self) -> None: ...
+    async def release_kv_cache(self) -> None: ...
+    async def resume_kv_cache(self) -> None: ...
+    async def abort_all_requests(self, reject_request: bool = False) -> None: ...
+    async def resume_generation(self) -> None: ...
+    async def start_profile(self, **kwargs: Any) -> None: ...
+    async def stop_profile(self) -> None: ...
+
+
+def _params_key(sp: dict[str, Any], response_length: int) -> tuple[float, float, int]:
+    max_tokens = sp.get("max_tokens") or sp.get("max_new_tokens") or response_length
+    top_p = float(sp.get("top_p", 1.0) or 1.0)
+    return float(sp.get("temperature", 1.0)), top_p, int(min(max_tokens, response_length))
+
+
+class HFReplica(RolloutReplica):
+    """One :class:`HFRolloutServer` per replica, on the CPU (it takes no logical GPU)."""
+
+    def rollout_worker_use_gpu(self) -> bool:
+        return False
+
+    async def launch_servers(self) -> None:
+        from verl.utils.config import omega_conf_to_dataclass
+
+        cfg = self.config
+        model_config = self.model_config
+        if not hasattr(model_config, "local_path"):
+            model_config = omega_conf_to_dataclass(model_config)
+        name = server_name(self.replica_rank)
+        server = ray.remote(HFRolloutServer).options(
+            name=name, num_cpus=0, max_concurrency=self.max_concurrency,
+        ).remote(
+            model_config.local_path, int(cfg.response_length), int(cfg.prompt_length),
+            seed=int(os.environ.get("EXGRPO_SEED", "0")) + self.replica_rank,
+        )
+        self.servers = [server]
+        self._server_handle = server
+        self._server_address = name
+
+
+class HFServerAdapter(BaseRollout):
+    """Worker side: sends the actor's weights to this replica's server after each update."""
+
+    def __init__(self, config: Any, model_config: Any, device_mesh: Any, replica_rank: int = -1) -> None:
+        super().__init__(config, model_config, device_mesh)
+        rank = int(os.environ.get("RANK", "0"))
+        world = int(self.config.tensor_model_parallel_size * self.config.data_parallel_size
+                    * self.config.pipeline_model_parallel_size)
+        self.replica_rank = rank // world if replica_rank == -1 else replica_rank
+        self.is_leader = rank % world == 0
+        self._server = None
+
+    async def resume(self, tags: list[str]) -> None: ...
+
+    async def release(self) -> None: ...
+
+    async def update_weights(self, weights: Generator[tuple[str, torch.Tensor], None, None],
+                             wire_format: str = "named_tensors", **kwargs: Any) -> None:
+        if wire_format != "named_tensors":
+            raise ValueError(f"hf rollout supports wire_format='named_tensors', got {wire_format!r}")
+        state = {name: t.detach().to("cpu", copy=True) for name, t in weights}  # every rank must drain
+        if not self.is_leader:
+            return
+        if self._server is None:
+            self._server = ray.get_actor(server_name(self.replica_rank))
+        await self._server.update_weights.remote(state)

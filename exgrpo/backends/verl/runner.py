@@ -1,0 +1,156 @@
+"""The ``verl`` backend: prepare a run (model, data, veRL overrides), launch it, collect its metrics.
+
+:func:`prepare` writes ``<run_dir>/verl_run.json`` (our config + the derived Hydra overrides) and
+returns the command and environment that run it; the CLI runs that command as a child process, the
+Prefect flow submits the same command as a Ray Job. :func:`collect` turns veRL's metric log into
+our ``metrics.jsonl`` (METRICS.md names: ``val/accuracy`` among them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+from exgrpo.config import ExperimentConfig
+
+SPEC_FILE = "verl_run.json"
+RAW_METRICS = "verl_metrics"
+"""Directory of veRL's own metric logs, one JSONL file per attempt (veRL truncates its file on open)."""
+
+
+class VerlRunError(RuntimeError):
+    """A veRL run that failed: the one-line reason and the last lines of its log."""
+
+
+@dataclass
+class PreparedRun:
+    run_dir: Path
+    command: list[str]
+    env: dict[str, str]
+    """Variables the run needs on top of the caller's environment (also a Ray Job's runtime_env)."""
+
+
+def prepare(cfg: ExperimentConfig, resume: bool = False, progress: bool = False) -> PreparedRun:
+    """Build the run's assets and its veRL overrides; nothing is launched."""
+    from exgrpo.backends.verl import assets
+    from exgrpo.backends.verl.overrides import RunPaths, hydra_overrides
+
+    run_dir = cfg.run_dir().resolve()
+    ckpt = run_dir / "checkpoints"
+    if not resume and ckpt.exists() and any(ckpt.glob("global_step_*")):
+        raise FileExistsError(f"{run_dir} already holds checkpoints of a run; pass --resume to continue it "
+                              "or choose another output_dir/name")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    v = cfg.backend.verl
+    model = v.model_path or str(assets.export_model(cfg, progress=progress))
+    if v.train_files:
+        train_files, val_files = v.train_files, v.val_files or v.train_files
+    else:
+        train, val = assets.write_dataset(cfg, run_dir / "data")
+        train_files, val_files = str(train), str(val)
+    reward_fn = Path(__file__).with_name("reward.py")
+    paths = RunPaths(model, train_files, val_files, ckpt, reward_fn)
+    overrides = hydra_overrides(cfg, paths)
+    if cfg.backend.verl.device == "cpu" and cfg.backend.verl.ray_address is None:
+        ray_tmp = tempfile.mkdtemp(prefix="exgrpo-ray-")  # short: Ray's socket paths must fit 107 chars
+        overrides += [f"+ray_kwargs.ray_init._temp_dir={ray_tmp}"]
+    spec = {"config": json.loads(cfg.model_dump_json()), "overrides": overrides}
+    tmp = run_dir / (SPEC_FILE + ".tmp")
+    tmp.write_text(json.dumps(spec, indent=1))
+    os.replace(tmp, run_dir / SPEC_FILE)
+    raw = run_dir / RAW_METRICS
+    raw.mkdir(exist_ok=True)
+    attempt = len(list(raw.glob("attempt_*.jsonl")))
+    env = {
+        "VERL_PLATFORM": "cpu" if v.device == "cpu" else "",
+        "VERL_ENGINE_DEVICE": "cuda",
+        "VERL_FILE_LOGGER_PATH": str(raw / f"attempt_{attempt:03d}.jsonl"),
+        "EXGRPO_SEED": str(cfg.seed),
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+        "WANDB_MODE": "disabled",
+        "RAY_DEDUP_LOGS": "0",
+    }
+    env = {k: val for k, val in env.items() if val}
+    command = [sys.executable, "-m", "exgrpo.backends.verl.main", str(run_dir / SPEC_FILE),
+               "trainer.logger=[console,file]"]
+    return PreparedRun(run_dir, command, env)
+
+
+def collect(run_dir: Path) -> list[dict[str, float]]:
+    """veRL's metric logs of every attempt -> our rows (one per step; a resumed attempt's rows win)."""
+    from exgrpo.tracking.mlflow_tracking import sanitize_metric_name
+
+    by_step: dict[int, dict[str, float]] = {}
+    for path in sorted((run_dir / RAW_METRICS).glob("attempt_*.jsonl")):
+        for line in path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:  # a torn last line of a killed attempt
+                continue
+            step = int(rec["step"])
+            row = by_step.setdefault(step, {"step": float(step)})
+            for key, value in rec["data"].items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    row[sanitize_metric_name(key)] = float(value)
+                    if key.startswith("val-core/") and "/mean@" in key:
+                        row["val/accuracy"] = float(value)
+    rows = [by_step[s] for s in sorted(by_step)]
+    tmp = run_dir / "metrics.jsonl.tmp"
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    os.replace(tmp, run_dir / "metrics.jsonl")
+    return rows
+
+
+def run_local(prepared: PreparedRun, progress: bool = True, log_tail: int = 40) -> None:
+    """Run the prepared command as a child process; its output goes to ``verl.log`` (and the
+    terminal with ``progress``). A failure raises :class:`VerlRunError` with the log's last lines."""
+    env = {**os.environ, **prepared.env}
+    log_path = prepared.run_dir / "verl.log"
+    tail: deque[str] = deque(maxlen=log_tail)
+    with log_path.open("a") as log, subprocess.Popen(
+        prepared.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+    ) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log.write(line)
+            tail.append(line.rstrip())
+            if progress:
+                print(line, end="", flush=True)
+        rc = proc.wait()
+    if rc != 0:
+        last = "\n".join(tail)
+        raise VerlRunError(f"veRL run failed (exit code {rc}); see {log_path}. Last lines:\n{last}")
+
+
+class VerlBackend:
+    """veRL's RayPPOTrainer with the ExGRPO replay core (CPU here, GPU on a cluster)."""
+
+    name = "verl"
+
+    def train(self, cfg: ExperimentConfig, callbacks=None, resume: bool = False, progress: bool = True):
+        from exgrpo.backends.native.trainer import TrainResult
+
+        prepared = prepare(cfg, resume=resume, progress=progress)
+        run_local(prepared, progress=progress)
+        history = collect(prepared.run_dir)
+        if not any("batch/solved" in r for r in history):
+            raise VerlRunError(f"veRL run in {prepared.run_dir} finished but logged no training step")
+        for row in history:
+            for cb in callbacks or []:
+                cb(int(row["step"]), row)
+        final = dict(history[-1])
+        last_val = [r for r in history if "val/accuracy" in r]
+        if last_val and "val/accuracy" not in final:
+            final["val/accuracy"] = last_val[-1]["val/accuracy"]
+        ckpts = sorted((prepared.run_dir / "checkpoints").glob("global_step_*"), key=lambda p: int(p.name.split("_")[-1]))
+        return TrainResult(final, history, prepared.run_dir, ckpts[-1] if ckpts else None)
+
+
+VERL = VerlBackend()

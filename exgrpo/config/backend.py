@@ -1,0 +1,51 @@
+"""The backend section: which trainer runs the experiment, and the veRL settings it needs."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from exgrpo.config.options import _Strict
+
+
+class VerlSettings(_Strict):
+    """veRL's RayPPOTrainer: resources, rollout engine and data (CPU defaults; the paper tier sets GPU ones)."""
+
+    device: Literal["cpu", "cuda"] = "cpu"
+    """cpu: the exgrpo cpu platform (gloo, logical Ray GPUs); cuda: real GPUs (NCCL)."""
+    rollout: Literal["hf", "vllm"] = "hf"
+    """Rollout engine: hf (exgrpo's CPU server, batched) or vllm (GPU, the ``gpu`` extra)."""
+    workers_per_node: int = Field(1, ge=1)
+    """Actor/rollout workers per node (veRL's trainer.n_gpus_per_node)."""
+    nnodes: int = Field(1, ge=1)
+    """Nodes (veRL's trainer.nnodes)."""
+    model_path: str | None = None
+    """HF model directory or hub id; None: the tiny LM of policy.model, exported with its tokenizer."""
+    train_files: str | None = None
+    """Training parquet (veRL RLHFDataset layout); None: built from the task section."""
+    val_files: str | None = None
+    """Validation parquet; None: built from the task section."""
+    max_prompt_length: int = Field(64, ge=8)
+    """Longest prompt in tokens (data.max_prompt_length)."""
+    micro_batch_size_per_worker: int = Field(16, ge=1)
+    """Sequences per forward/backward micro-batch on one worker."""
+    rollout_tensor_parallel: int = Field(1, ge=1)
+    """Tensor-parallel size of a rollout replica (vllm on GPU)."""
+    gpu_memory_utilization: float = Field(0.6, gt=0.0, le=1.0)
+    """vLLM's KV-cache share of GPU memory (vllm only)."""
+    ray_address: str | None = None
+    """Ray cluster to run on (e.g. ray://head:10001); None: a private local Ray bound to 127.0.0.1."""
+    num_cpus: int | None = Field(None, ge=1)
+    """Logical CPUs of the local Ray (None: enough for the workers; the CPU box has 2 real cores)."""
+    extra_overrides: list[str] = []
+    """Further veRL Hydra overrides (key=value), applied last; derived settings should not be repeated here."""
+
+
+class BackendConfig(_Strict):
+    """Which backend trains: the in-process native trainer, or veRL's RayPPOTrainer."""
+
+    name: Literal["native", "verl"] = "native"
+    """native: exgrpo's CPU trainer (toy, tiny-lm, smollm2); verl: veRL's RayPPOTrainer (CPU or GPU)."""
+    verl: VerlSettings = VerlSettings()
+    """veRL settings (used when name = verl)."""

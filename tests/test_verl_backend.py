@@ -1,0 +1,213 @@
+"""The veRL backend: veRL 0.9.1's real RayPPOTrainer on CPU (cpu platform plugin, hf rollout, FSDP2
+on gloo), GRPO and ExGRPO end to end through the CLI, a real kill and resume with the pool."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from exgrpo.config import ConfigError, load_experiment
+
+EXGRPO = "experiments/verl-tiny-exgrpo.yaml"
+GRPO = "experiments/verl-tiny-grpo.yaml"
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """One tiny-LM warm start for the whole module (trained once, ~25 s)."""
+    return tmp_path_factory.mktemp("exgrpo-cache")
+
+
+def _env(cache):
+    return {**os.environ, "EXGRPO_CACHE": str(cache), "PYTHONUNBUFFERED": "1"}
+
+
+def _train(config, out, cache, *extra, check=True):
+    cmd = [sys.executable, "-m", "exgrpo.cli", "train", config, "--no-progress", "--output-dir", str(out), *extra]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=_env(cache), timeout=900)
+    if check:
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return res
+
+
+def _rows(run_dir):
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+# ------------------------------------------------------------------------------------ plugin
+def test_plugin_loads_in_a_fresh_process_through_the_entry_point():
+    """veRL imports the verl.plugins entry point itself: no exgrpo import in the child."""
+    code = (
+        "import verl\n"
+        "from verl.plugin.platform.platform_manager import get_platform\n"
+        "from verl.workers.rollout.base import get_rollout_class\n"
+        "from verl.workers.rollout.replica import RolloutReplicaRegistry\n"
+        "import verl.utils.distributed as d\n"
+        "print(get_platform().device_name, get_platform().communication_backend_name(),\n"
+        "      get_rollout_class('hf').__name__, RolloutReplicaRegistry.get('hf').__name__,\n"
+        "      getattr(d.initialize_global_process_group_ray, '__exgrpo_patched__', False))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "VERL_PLATFORM": "cpu"}, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["cpu", "gloo", "HFServerAdapter", "HFReplica", "True"]
+
+
+VERL_PG_INIT_SHA256 = "761a94d1a2e058d31a0ac231c89a142abf5daf822e333bac75e84cafcf7507ac"
+"""sha256 of veRL 0.9.1's initialize_global_process_group_ray source (what the patch was written against)."""
+
+
+def test_process_group_patch_guard_fails_if_verl_changes_the_function():
+    """The one monkeypatch is written against veRL 0.9.1's function body; a changed body fails here."""
+    import verl.utils.distributed as d
+
+    from exgrpo.backends.verl.platform.patches import source_sha256
+
+    original = getattr(d.initialize_global_process_group_ray, "__exgrpo_original__", d.initialize_global_process_group_ray)
+    assert source_sha256(original) == VERL_PG_INIT_SHA256, (
+        f"veRL's initialize_global_process_group_ray changed (sha256 {source_sha256(original)}): re-check "
+        "exgrpo/backends/verl/platform/patches.py, then update VERL_PG_INIT_SHA256")
+
+
+def test_patched_process_group_init_runs_gloo_on_cpu(tmp_path):
+    """Unpatched, veRL asks torch for 'cpu:gloo,cpu:gloo' and torch refuses; patched, it inits."""
+    code = (
+        "import verl, torch.distributed as dist\n"
+        "from verl.utils.distributed import initialize_global_process_group_ray as f\n"
+        "f(timeout_second=30)\n"
+        "print(dist.get_backend(), dist.get_world_size())\n"
+        "orig = f.__exgrpo_original__\n"
+        "dist.destroy_process_group()\n"
+        "try:\n"
+        "    orig(timeout_second=30)\n"
+        "    print('unpatched-ok')\n"
+        "except Exception as e:\n"
+        "    print('unpatched-fails', type(e).__name__)\n"
+    )
+    env = {**os.environ, "VERL_PLATFORM": "cpu", "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": "29533"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.split("\n")
+    assert lines[0].split()[1] == "1" and "gloo" in lines[0]
+    assert lines[1].startswith("unpatched-fails")
+
+
+def test_hf_tokenizer_encodes_like_the_char_tokenizer():
+    from exgrpo.backends.native.lm.tokenizer import CharTokenizer
+    from exgrpo.backends.verl.assets import hf_char_tokenizer
+
+    char = CharTokenizer()
+    hf = hf_char_tokenizer(char)
+    for text in ["12+7*3=?", "7*3=21 12+21=33 \\boxed{33}", "Mixed Case!\nline"]:
+        assert hf.encode(text, add_special_tokens=False) == char.encode(text.lower())
+    assert hf.encode("\n", add_special_tokens=False) == [char.unk_id]
+    prompt = hf.apply_chat_template([{"role": "user", "content": "1+2=?"}], add_generation_prompt=True, tokenize=True)
+    ids = prompt["input_ids"] if hasattr(prompt, "keys") else prompt
+    assert list(ids) == char.encode("1+2=?", add_bos=True)
+
+
+# ------------------------------------------------------------------------------------ config
+def test_overrides_are_derived_from_the_typed_config_and_compose():
+    from exgrpo.backends.verl.overrides import RunPaths, compose, hydra_overrides
+
+    cfg = load_experiment(EXGRPO, {"train.lr": 3e-5, "algorithm.group_size": 8, "seed": 4})
+    paths = RunPaths("/m", "/t.parquet", "/v.parquet", Path("/c"), Path("/r.py"))
+    config = compose(hydra_overrides(cfg, paths))
+    a = config.actor_rollout_ref
+    assert a.actor.optim.lr == 3e-5 and a.rollout.n == 8 and a.rollout.name == "hf"
+    assert a.actor.strategy == "fsdp2" and config.trainer.device == "cpu" and config.trainer.use_v1 is False
+    assert config.data.train_batch_size == cfg.train.batch_size and config.trainer.balance_batch is False
+    assert config.algorithm.adv_estimator == "grpo" and config.algorithm.norm_adv_by_std_in_grpo is False
+    assert config.ray_kwargs.ray_init.address == "local"
+
+
+def test_paper_tier_gpu_config_composes_with_vllm_nccl_and_real_gpu_counts():
+    """The paper tier's GPU settings, composed on CPU (nothing runs)."""
+    from exgrpo.backends.verl.overrides import RunPaths, compose, hydra_overrides
+
+    cfg = load_experiment("experiments/paper-exgrpo.yaml")
+    paths = RunPaths(cfg.backend.verl.model_path, cfg.backend.verl.train_files, cfg.backend.verl.val_files,
+                     Path("/ckpt"), Path("/r.py"))
+    config = compose(hydra_overrides(cfg, paths))
+    a = config.actor_rollout_ref
+    assert a.rollout.name == "vllm" and config.trainer.device == "cuda"
+    assert config.trainer.n_gpus_per_node == 8 and a.rollout.n == 8
+    assert a.model.path == "Qwen/Qwen2.5-Math-1.5B" and a.actor.fsdp_config.dtype == "bfloat16"
+    assert a.model.override_config.attn_implementation == "flash_attention_2"
+    assert "ray_init" not in config.ray_kwargs or config.ray_kwargs.ray_init.get("address") in (None, "auto")
+
+
+def test_bad_verl_config_fails_before_any_work():
+    with pytest.raises(ConfigError, match="rollout=vllm needs backend.verl.device=cuda"):
+        load_experiment(EXGRPO, {"backend.verl.rollout": "vllm"})
+    with pytest.raises(ConfigError, match="algorithm.replay='notebook' has no veRL backend"):
+        load_experiment(EXGRPO, {"algorithm.replay": "notebook"})
+    with pytest.raises(ConfigError, match="policy.model.arch=llama"):
+        load_experiment(EXGRPO, {"policy.model.arch": "qwen2"})
+
+
+# ------------------------------------------------------------------------------------ end to end
+@pytest.mark.slow
+def test_verl_grpo_end_to_end_through_the_cli(tmp_path, cache):
+    _train(GRPO, tmp_path, cache)
+    run_dir = tmp_path / "verl-tiny-grpo" / "seed0"
+    rows = _rows(run_dir)
+    assert [r["step"] for r in rows if "batch/solved" in r] == [1, 2, 3, 4, 5, 6]
+    assert all(r["replay/questions"] == 0 and r["actor/off_token_fraction"] == 0 for r in rows if "batch/solved" in r)
+    assert [r["step"] for r in rows if "val/accuracy" in r] == [3, 6]
+    # weight sync: the hf rollout's log-probs equal the actor's recomputed ones after every update
+    assert max(r["training/rollout_probs_diff_mean"] for r in rows if "batch/solved" in r) < 0.01
+
+
+@pytest.mark.slow
+def test_verl_exgrpo_replays_through_the_real_actor_loss(tmp_path, cache):
+    _train(EXGRPO, tmp_path, cache)
+    run_dir = tmp_path / "verl-tiny-exgrpo" / "seed0"
+    rows = [r for r in _rows(run_dir) if "batch/solved" in r]
+    # replayed rows reached the worker's loss with the mask set (these come from the actor, not the driver)
+    assert max(r["replay/questions"] for r in rows) > 0
+    assert max(r["actor/off_token_fraction"] for r in rows) > 0
+    replaying = [r for r in rows if r["actor/off_token_fraction"] > 0]
+    assert all(0.5 < r["actor/off_ratio_mean"] < 2.0 for r in replaying)  # w near 1: behaviour log-probs restored
+    assert max(r["pool/questions"] for r in rows) > 0
+    pool = torch.load(run_dir / "checkpoints" / "global_step_6" / "exgrpo_pool.pt", weights_only=True)
+    assert pool["step"] == 6 and len(pool["replay"]["pool"]["questions"]) == rows[-1]["pool/questions"]
+
+
+@pytest.mark.slow
+def test_verl_exgrpo_killed_then_resumed_keeps_its_pool(tmp_path, cache):
+    """A real SIGKILL of `exgrpo train` (and the veRL driver under it), then `--resume`."""
+    out = tmp_path / "run"
+    extra = ["--set=train.max_steps=6", "--set=train.checkpoint_every=2"]
+    cmd = [sys.executable, "-m", "exgrpo.cli", "train", EXGRPO, "--no-progress", "--output-dir", str(out), *extra]
+    proc = subprocess.Popen(cmd, env=_env(cache), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    run_dir = out / "verl-tiny-exgrpo" / "seed0"
+    marker = run_dir / "checkpoints" / "global_step_2" / "exgrpo_pool.pt"
+    deadline = time.time() + 600
+    while time.time() < deadline and not marker.exists() and proc.poll() is None:
+        time.sleep(0.2)
+    assert marker.exists(), "no checkpoint before the kill"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed_at = torch.load(marker, weights_only=True)
+
+    # a fresh run into the same directory refuses: only --resume may continue it
+    fresh = _train(EXGRPO, out, cache, *extra, check=False)
+    assert fresh.returncode != 0 and "--resume" in (fresh.stdout + fresh.stderr)
+
+    _train(EXGRPO, out, cache, *extra, "--resume")
+    log = (run_dir / "verl.log").read_text()
+    assert "exgrpo: restored the replay state of step" in log
+    rows = {int(r["step"]): r for r in _rows(run_dir) if "batch/solved" in r}
+    assert max(rows) == 6
+    resumed_step = min(s for s in rows if s > killed_at["step"])
+    # the pool carried over: nothing retired before the kill is forgotten
+    assert rows[resumed_step]["pool/retired"] >= len(killed_at["replay"]["pool"]["retired"])
