@@ -40,7 +40,7 @@ def test_prefect_yaml_declares_the_deployments():
 
     d = yaml.safe_load(open("prefect.yaml"))
     deps = {x["name"]: x for x in d["deployments"]}
-    assert set(deps) == {"train", "compare", "sweep", "evaluate"}
+    assert set(deps) == {"train", "train-verl", "compare", "sweep", "evaluate"}
     for dep in deps.values():
         assert dep["work_pool"]["name"] == "local-pool"
         flow = load_flow_from_entrypoint(dep["entrypoint"])

@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 pytest.importorskip("reasoning_gym")
 
-from exgrpo.backends.native.lm.tokenizer import CharTokenizer
+from exgrpo.tasks.tokenizers import CharTokenizer
 from exgrpo.tasks import reasoning_gym_tasks as rgt
 from exgrpo.tasks.reasoning_gym_tasks import (
     BasicArithmeticKnobs,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from exgrpo.backends.native.lm.tokenizer import DEFAULT_CHARS, CharTokenizer
+from exgrpo.tasks.tokenizers import DEFAULT_CHARS, CharTokenizer
 from exgrpo.core.selection import pad_right
 from exgrpo.tasks.text_arithmetic import (
     ArithmeticProblemsConfig,

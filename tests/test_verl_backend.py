@@ -100,7 +100,7 @@ def test_patched_process_group_init_runs_gloo_on_cpu(tmp_path):
 
 
 def test_hf_tokenizer_encodes_like_the_char_tokenizer():
-    from exgrpo.backends.native.lm.tokenizer import CharTokenizer
+    from exgrpo.tasks.tokenizers import CharTokenizer
     from exgrpo.backends.verl.assets import hf_char_tokenizer
 
     char = CharTokenizer()
@@ -211,3 +211,49 @@ def test_verl_exgrpo_killed_then_resumed_keeps_its_pool(tmp_path, cache):
     resumed_step = min(s for s in rows if s > killed_at["step"])
     # the pool carried over: nothing retired before the kill is forgotten
     assert rows[resumed_step]["pool/retired"] >= len(killed_at["replay"]["pool"]["retired"])
+
+
+# ------------------------------------------------------------------------------------ Prefect -> Ray Job -> MLflow
+@pytest.mark.slow
+def test_prefect_train_flow_launches_verl_as_a_ray_job_into_mlflow(tmp_path, cache, monkeypatch):
+    """The train flow creates the MLflow run, submits the veRL run as a Ray Job, streams its log and
+    records its metrics; a job that fails ends the MLflow run FAILED with the job id in the error."""
+    for k, v in {"PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                 "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90", "EXGRPO_CACHE": str(cache),
+                 "RAY_AUTH_MODE": "disabled"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    import ray
+
+    from exgrpo.backends.verl import jobs
+    from flows.train import train_flow
+
+    monkeypatch.setattr(jobs, "_LOCAL_JOB_SERVER", None)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    try:
+        _flow_then_failure(train_flow, uri, tmp_path)
+    finally:
+        ray.shutdown()  # the job server this test started
+
+
+def _flow_then_failure(train_flow, uri, tmp_path):
+    import mlflow
+
+    out = train_flow(config=EXGRPO, overrides={"output_dir": str(tmp_path / "runs"), "train.max_steps": 3},
+                     tracking_uri=uri)
+    client = mlflow.MlflowClient(uri)
+    run = client.get_run(out["run_id"])
+    assert run.info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "batch/solved")] == [1, 2, 3]
+    assert client.get_metric_history(run.info.run_id, "pool/questions")
+    assert "Ray Job" not in run.data.tags.get("error", "")
+    log = (tmp_path / "runs" / "verl-tiny-exgrpo" / "seed0" / "verl.log").read_text()
+    assert "Training Progress" in log
+
+    with pytest.raises(Exception, match=r"Ray Job \S+ FAILED"):
+        train_flow(config=EXGRPO, overrides={"output_dir": str(tmp_path / "bad"), "name": "verl-bad",
+                                             "backend.verl.extra_overrides": ["actor_rollout_ref.actor.no_such_key=1"]},
+                   tracking_uri=uri)
+    exp = client.get_experiment_by_name("verl-bad")
+    (bad,) = client.search_runs([exp.experiment_id])
+    assert bad.info.status == "FAILED" and "Ray Job" in bad.data.tags["error"]

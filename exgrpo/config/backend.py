@@ -38,6 +38,10 @@ class VerlSettings(_Strict):
     """Ray cluster to run on (e.g. ray://head:10001); None: a private local Ray bound to 127.0.0.1."""
     num_cpus: int | None = Field(None, ge=1)
     """Logical CPUs of the local Ray (None: enough for the workers; the CPU box has 2 real cores)."""
+    launch: Literal["process", "ray_job"] = "process"
+    """How the run starts: a child process of the caller, or a Ray Job (the Prefect train flow's way)."""
+    job_address: str | None = None
+    """Ray job server for launch=ray_job (e.g. http://head:8265); None: a private local Ray on 127.0.0.1."""
     extra_overrides: list[str] = []
     """Further veRL Hydra overrides (key=value), applied last; derived settings should not be repeated here."""
 

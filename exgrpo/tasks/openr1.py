@@ -19,7 +19,7 @@ column                         content                                          
   ``range(len(dataframe))`` after its parent class filtered the prompts). ``rows`` keeps each
   question's position in the file.
 * Prompts: the ``prompt`` messages rendered by the tokenizer's chat template with
-  ``add_generation_prompt=True`` (:func:`~exgrpo.backends.native.lm.smollm2.chat_prompt_ids`).
+  ``add_generation_prompt=True`` (:func:`~exgrpo.tasks.tokenizers.chat_prompt_ids`).
   ``remove_system=True`` drops system messages first (the reference's evaluation does; training
   keeps them). Note SmolLM2's template inserts its own default system prompt when none is given.
 * ``max_prompt_length``: questions whose rendered prompt is longer (in tokens) are dropped (the
@@ -188,7 +188,7 @@ class OpenR1Task:
 
     # ------------------------------------------------------------------ prompts
     def _render(self, msgs: list[dict[str, str]]) -> list[int]:
-        from exgrpo.backends.native.lm.smollm2 import chat_prompt_ids
+        from exgrpo.tasks.tokenizers import chat_prompt_ids
 
         return chat_prompt_ids(self.tokenizer, msgs)
 

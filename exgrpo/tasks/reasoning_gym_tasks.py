@@ -243,7 +243,7 @@ class ReasoningGymTask:
         cls, cfg: ReasoningGymTaskConfig | None, tokenizer: Any, system: str | None = None
     ) -> ReasoningGymTask:
         """Prompts rendered with an HF tokenizer's chat template (e.g. SmolLM2's ChatML)."""
-        from exgrpo.backends.native.lm.smollm2 import chat_prompt_ids
+        from exgrpo.tasks.tokenizers import chat_prompt_ids
 
         task = cls(
             cfg,
@@ -258,7 +258,7 @@ class ReasoningGymTask:
         """Prompts ``[BOS] + chars(text.lower())`` for the tiny-lm :class:`CharTokenizer` (its
         alphabet has no capitals; other characters outside it become ``<unk>``)."""
         if tokenizer is None:
-            from exgrpo.backends.native.lm.tokenizer import CharTokenizer
+            from exgrpo.tasks.tokenizers import CharTokenizer
 
             tokenizer = CharTokenizer()
         task = cls(

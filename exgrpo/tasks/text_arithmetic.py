@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from exgrpo.backends.native.lm.tokenizer import CharTokenizer
+from exgrpo.tasks.tokenizers import CharTokenizer
 from exgrpo.config import ArithmeticProblemsConfig, TextArithmeticTaskConfig
 
 __all__ = [

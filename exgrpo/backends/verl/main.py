@@ -71,6 +71,9 @@ def run(cfg: ExperimentConfig, overrides: list[str]) -> None:
             if key in os.environ:
                 env[key] = os.environ[key]
         init = {k: v for k, v in init.items() if v is not None}
+        if init.get("address") == "local":  # a private Ray, even inside a Ray Job (its env is forwarded above)
+            os.environ.pop("RAY_JOB_CONFIG_JSON_ENV_VAR", None)
+            os.environ.pop("RAY_ADDRESS", None)
         ray.init(runtime_env=runtime_env, **init)
     runner = ExGRPOTaskRunner.remote()
     ray.get(runner.run.remote(config, cfg.model_dump_json()))

@@ -138,7 +138,13 @@ class VerlBackend:
         from exgrpo.backends.native.trainer import TrainResult
 
         prepared = prepare(cfg, resume=resume, progress=progress)
-        run_local(prepared, progress=progress)
+        v = cfg.backend.verl
+        if v.launch == "ray_job":
+            from exgrpo.backends.verl.jobs import local_job_server, run_ray_job
+
+            run_ray_job(prepared, v.job_address or local_job_server(), on_line=print if progress else (lambda _: None))
+        else:
+            run_local(prepared, progress=progress)
         history = collect(prepared.run_dir)
         if not any("batch/solved" in r for r in history):
             raise VerlRunError(f"veRL run in {prepared.run_dir} finished but logged no training step")

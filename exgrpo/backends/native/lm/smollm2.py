@@ -32,6 +32,8 @@ sets eos/pad/bos from the GGUF's ``config`` ids (eos 2, pad 2, bos 1) before sav
 
 from __future__ import annotations
 
+from exgrpo.tasks.tokenizers import chat_prompt_ids  # noqa: F401  (re-exported for the SmolLM2 tier)
+
 import contextlib
 import functools
 import json
@@ -41,7 +43,7 @@ import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final
 
@@ -298,26 +300,6 @@ def load_smollm2(
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype).eval()
     return model, tokenizer
-
-
-def chat_prompt_ids(tokenizer: Any, question: str | Sequence[dict[str, str]], system: str | None = None) -> list[int]:
-    """Token ids of a ChatML prompt ending with the assistant header (``add_generation_prompt``).
-
-    ``question`` is the user message text, or a full list of ``{"role", "content"}`` messages
-    (e.g. an OpenR1 ``prompt`` cell); ``system`` prepends a system message (SmolLM2's template
-    inserts its default system prompt when there is none)."""
-    if isinstance(question, str):
-        messages: list[dict[str, str]] = [{"role": "user", "content": question}]
-    else:
-        messages = [{"role": str(m["role"]), "content": str(m["content"])} for m in question]
-    if system is not None:
-        messages = [{"role": "system", "content": system}] + [m for m in messages if m["role"] != "system"]
-    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    if hasattr(out, "keys") and "input_ids" in out:  # transformers 5 returns a BatchEncoding
-        out = out["input_ids"]
-    if out and isinstance(out[0], list):
-        out = out[0]
-    return [int(i) for i in out]
 
 
 def smollm2_policy(policy_cfg: Any = None, cache: str | Path | None = None) -> tuple[Any, Any]:

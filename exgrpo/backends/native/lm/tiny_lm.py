@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from exgrpo.backends.native.lm.engine import RolloutEngine, SamplingParams
-from exgrpo.backends.native.lm.tokenizer import CharTokenizer
+from exgrpo.tasks.tokenizers import CharTokenizer
 from exgrpo.config import TinyLMConfig
 from exgrpo.filelock import exclusive
 from exgrpo.tasks.text_arithmetic import (

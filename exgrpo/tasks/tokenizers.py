@@ -1,4 +1,12 @@
-"""A character-level tokenizer for the tiny-lm tier (no hub, no `tokenizers` model file).
+"""What tasks need from a tokenizer, and the two the project uses.
+
+* :class:`PromptTokenizer`: the protocol a task's prompts and rewards need (encode, decode);
+* :class:`CharTokenizer`: the tiny-lm tier's character-level tokenizer (no hub, no model file);
+* :func:`chat_prompt_ids`: ChatML prompt ids through an HF tokenizer's chat template (SmolLM2).
+
+Tasks import tokenizers from here, never from a backend.
+
+A character-level tokenizer for the tiny-lm tier (no hub, no `tokenizers` model file).
 
 One token per character of a fixed alphabet (digits, arithmetic operators, space, the characters
 of ``\\boxed{}``, lowercase letters and a little punctuation) plus four specials at fixed ids:
@@ -9,14 +17,23 @@ JSON file next to the model (``save`` / ``load``).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any, Protocol
 
 SPECIAL_TOKENS: tuple[str, ...] = ("<pad>", "<bos>", "<eos>", "<unk>")
 DEFAULT_CHARS: str = "0123456789" + "+-*/=?()., :" + "\\{}" + "abcdefghijklmnopqrstuvwxyz"
 """55 tokens in all with the specials (an LM vocabulary well under 64)."""
 
 VOCAB_FILE = "char_vocab.json"
+
+
+class PromptTokenizer(Protocol):
+    """What a task needs from a tokenizer."""
+
+    def encode(self, text: str, *args: Any, **kwargs: Any) -> list[int]: ...
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str: ...
 
 
 class CharTokenizer:
@@ -84,3 +101,23 @@ class CharTokenizer:
         if data.get("type") != "char" or tuple(data.get("specials", ())) != SPECIAL_TOKENS:
             raise ValueError(f"{path}: not a CharTokenizer vocabulary")
         return cls(data["chars"])
+
+
+def chat_prompt_ids(tokenizer: Any, question: str | Sequence[dict[str, str]], system: str | None = None) -> list[int]:
+    """Token ids of a ChatML prompt ending with the assistant header (``add_generation_prompt``).
+
+    ``question`` is the user message text, or a full list of ``{"role", "content"}`` messages
+    (e.g. an OpenR1 ``prompt`` cell); ``system`` prepends a system message (SmolLM2's template
+    inserts its default system prompt when there is none)."""
+    if isinstance(question, str):
+        messages: list[dict[str, str]] = [{"role": "user", "content": question}]
+    else:
+        messages = [{"role": str(m["role"]), "content": str(m["content"])} for m in question]
+    if system is not None:
+        messages = [{"role": "system", "content": system}] + [m for m in messages if m["role"] != "system"]
+    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if hasattr(out, "keys") and "input_ids" in out:  # transformers 5 returns a BatchEncoding
+        out = out["input_ids"]
+    if out and isinstance(out[0], list):
+        out = out[0]
+    return [int(i) for i in out]

@@ -1,0 +1,77 @@
+"""Launch a prepared veRL run as a Ray Job (``JobSubmissionClient.submit_job``), stream its logs,
+and turn its final status into a result or a one-line error with the job id and the last lines.
+
+Without a configured job address, a private local Ray with its job server is started for the
+submission (dashboard on 127.0.0.1); the job itself runs veRL's driver, which starts its own
+private Ray for the workers (``backend.verl.ray_address`` unset) or joins the configured cluster.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+from exgrpo.backends.verl.runner import PreparedRun, VerlRunError
+
+TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
+
+
+_LOCAL_JOB_SERVER: str | None = None
+
+
+def local_job_server(num_cpus: int = 4) -> str:
+    """A private local Ray with its job server (dashboard) on 127.0.0.1, started once per process;
+    returns the job-server address."""
+    global _LOCAL_JOB_SERVER
+    if _LOCAL_JOB_SERVER is None:
+        import tempfile
+
+        import ray
+
+        ctx = ray.init(address="local", num_cpus=num_cpus, include_dashboard=True, dashboard_host="127.0.0.1",
+                       _temp_dir=tempfile.mkdtemp(prefix="exgrpo-ray-"))
+        _LOCAL_JOB_SERVER = "http://" + ctx.dashboard_url
+    return _LOCAL_JOB_SERVER
+
+
+def run_ray_job(prepared: PreparedRun, address: str, on_line: Callable[[str], None] = print,
+                poll_seconds: float = 1.0, log_tail: int = 40) -> str:
+    """Submit the run, stream its log to ``on_line`` (and ``verl.log``), wait; returns the job id."""
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    client = JobSubmissionClient(address)
+    deadline = time.monotonic() + 120
+    while True:  # a just-started job server has no job agent for a few seconds
+        try:
+            job_id = client.submit_job(entrypoint=shlex.join(prepared.command), runtime_env={"env_vars": prepared.env})
+            break
+        except RuntimeError as e:
+            if "No available agent" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(2)
+    tail: deque[str] = deque(maxlen=log_tail)
+    seen = 0
+    log_path = Path(prepared.run_dir) / "verl.log"
+    status = None
+    with log_path.open("a") as log:
+        while True:
+            status = client.get_job_status(job_id)
+            text = client.get_job_logs(job_id)
+            for line in text[seen:].splitlines():
+                log.write(line + "\n")
+                tail.append(line)
+                on_line(line)
+            seen = len(text)
+            if str(status.value if isinstance(status, JobStatus) else status) in TERMINAL:
+                break
+            time.sleep(poll_seconds)
+    final = str(status.value if isinstance(status, JobStatus) else status)
+    if final != "SUCCEEDED":
+        info = client.get_job_info(job_id)
+        last = "\n".join(tail)
+        raise VerlRunError(f"Ray Job {job_id} {final}: {info.message or 'no message'}; see {log_path}. "
+                           f"Last lines:\n{last}")
+    return job_id
