@@ -70,7 +70,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     cfg = load_experiment(args.config, overrides)  # fails here, before any work, on bad input
     from exgrpo.backends.base import train
 
-    result = train(cfg, resume=args.resume, progress=not args.no_progress)
+    result = train(cfg, resume=args.resume or args.force_resume, progress=not args.no_progress,
+                   force_resume=args.force_resume)
     final = {k: v for k, v in result.final_metrics.items() if k.startswith(("val/", "pool/", "batch/solved"))}
     print(json.dumps({"run_dir": str(result.run_dir), "checkpoint": str(result.checkpoint), **final}, indent=2))
     return 0
@@ -203,6 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, help="run seed (model init, sampling, replay)")
     t.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a config field (repeatable)")
     t.add_argument("--resume", action="store_true", help="continue from the latest checkpoint of this run")
+    t.add_argument("--force-resume", action="store_true",
+                   help="resume even if the config differs from the checkpoint's in fields that change the run")
     t.add_argument("--max-steps", type=int, help="stop after this many steps (same as --set train.max_steps=N)")
     t.add_argument("--output-dir", help="root of run directories (default: runs/)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -284,11 +287,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from exgrpo.runs import ResumeMismatch
+
     try:
         return args.fn(args)
-    except ConfigError as e:
+    except (ConfigError, ResumeMismatch) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except RuntimeError as e:  # a failed veRL run: one line with the log path, then its last lines
+        if type(e).__name__ != "VerlRunError":
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -199,9 +199,9 @@ def test_verl_exgrpo_killed_then_resumed_keeps_its_pool(tmp_path, cache):
     proc.wait()
     killed_at = torch.load(marker, weights_only=True)
 
-    # a fresh run into the same directory refuses: only --resume may continue it
-    fresh = _train(EXGRPO, out, cache, *extra, check=False)
-    assert fresh.returncode != 0 and "--resume" in (fresh.stdout + fresh.stderr)
+    # it resumes only with its own config (checked before anything starts)
+    other = _train(EXGRPO, out, cache, *extra, "--resume", "--set=train.lr=0.1", check=False)
+    assert other.returncode == 2 and "train.lr (1e-05 -> 0.1)" in other.stderr
 
     _train(EXGRPO, out, cache, *extra, "--resume")
     log = (run_dir / "verl.log").read_text()

@@ -27,6 +27,7 @@ class Backend(Protocol):
         callbacks: list[StepCallback] | None = None,
         resume: bool = False,
         progress: bool = True,
+        force_resume: bool = False,
     ) -> TrainResult: ...
 
 
@@ -48,9 +49,12 @@ def get_backend(name: str) -> Backend:
 
 
 def train(cfg: ExperimentConfig, callbacks: list[StepCallback] | None = None, resume: bool = False,
-          progress: bool = True) -> TrainResult:
-    """Train ``cfg`` on the backend its ``backend.name`` selects: the one entry point of the CLI and flows."""
-    return get_backend(cfg.backend.name).train(cfg, callbacks=callbacks, resume=resume, progress=progress)
+          progress: bool = True, force_resume: bool = False) -> TrainResult:
+    """Train ``cfg`` on the backend its ``backend.name`` selects: the one entry point of the CLI and flows.
+    ``resume`` continues the run from its own latest checkpoint (refused if the config differs in a
+    field that changes its meaning, unless ``force_resume``); a fresh run moves an earlier one aside."""
+    return get_backend(cfg.backend.name).train(cfg, callbacks=callbacks, resume=resume, progress=progress,
+                                               force_resume=force_resume)
 
 
 def register_backend(name: str, target: str) -> Callable[[], None]:

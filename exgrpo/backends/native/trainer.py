@@ -213,20 +213,27 @@ class Trainer:
         resume: bool = False,
         progress: bool = True,
         stop_after_step: int | None = None,
+        force_resume: bool = False,
     ) -> TrainResult:
         """Train to ``total_steps``. ``resume`` continues from the latest checkpoint in the run
         directory; ``stop_after_step`` ends early (after checkpointing) as if the run were killed."""
         from exgrpo.backends.native import checkpoint as ckpt
         from exgrpo.progress import StepProgress
 
+        from exgrpo.runs import check_resume, move_aside
+
         run_dir = self.cfg.run_dir()
+        if not resume:
+            move_aside(run_dir)  # a fresh run never mixes with an earlier run's checkpoints
         run_dir.mkdir(parents=True, exist_ok=True)
         metrics_path = run_dir / "metrics.jsonl"
         if resume:
             path = ckpt.latest_checkpoint(run_dir)
             if path is None:
                 raise FileNotFoundError(f"--resume: no checkpoint under {run_dir / 'checkpoints'}; run without --resume")
-            ckpt.load(self, path)
+            state = ckpt.load_state(path)
+            check_resume(state["config"], self.cfg.model_dump_json(), path, force=force_resume)
+            self.load_state_dict(state)
             self.history = ckpt.read_metrics(metrics_path, up_to_step=self.step)
             ckpt.write_metrics(metrics_path, self.history)
         else:
@@ -306,9 +313,10 @@ def _jsonable(state: dict) -> str:
 
 
 def train(cfg: ExperimentConfig, callbacks: list[StepCallback] | None = None, resume: bool = False,
-          progress: bool = True) -> TrainResult:
-    """Build and run a trainer for ``cfg``: the one entry point flows and the CLI call."""
-    return Trainer(cfg, progress=progress).fit(callbacks=callbacks, resume=resume, progress=progress)
+          progress: bool = True, force_resume: bool = False) -> TrainResult:
+    """Build and run a native trainer for ``cfg``."""
+    return Trainer(cfg, progress=progress).fit(callbacks=callbacks, resume=resume, progress=progress,
+                                               force_resume=force_resume)
 
 
 class NativeBackend:
@@ -317,8 +325,8 @@ class NativeBackend:
     name = "native"
 
     def train(self, cfg: ExperimentConfig, callbacks: list[StepCallback] | None = None, resume: bool = False,
-              progress: bool = True) -> TrainResult:
-        return train(cfg, callbacks=callbacks, resume=resume, progress=progress)
+              progress: bool = True, force_resume: bool = False) -> TrainResult:
+        return train(cfg, callbacks=callbacks, resume=resume, progress=progress, force_resume=force_resume)
 
 
 NATIVE = NativeBackend()

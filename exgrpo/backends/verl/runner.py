@@ -36,16 +36,23 @@ class PreparedRun:
     """Variables the run needs on top of the caller's environment (also a Ray Job's runtime_env)."""
 
 
-def prepare(cfg: ExperimentConfig, resume: bool = False, progress: bool = False) -> PreparedRun:
+def prepare(cfg: ExperimentConfig, resume: bool = False, progress: bool = False,
+            force_resume: bool = False) -> PreparedRun:
     """Build the run's assets and its veRL overrides; nothing is launched."""
     from exgrpo.backends.verl import assets
     from exgrpo.backends.verl.overrides import RunPaths, hydra_overrides
 
+    from exgrpo.runs import check_resume, move_aside
+
     run_dir = cfg.run_dir().resolve()
     ckpt = run_dir / "checkpoints"
-    if not resume and ckpt.exists() and any(ckpt.glob("global_step_*")):
-        raise FileExistsError(f"{run_dir} already holds checkpoints of a run; pass --resume to continue it "
-                              "or choose another output_dir/name")
+    if resume:
+        if not (run_dir / SPEC_FILE).is_file():
+            raise FileNotFoundError(f"--resume: {run_dir} holds no veRL run; run without --resume")
+        saved = json.loads((run_dir / SPEC_FILE).read_text())["config"]
+        check_resume(saved, cfg.model_dump_json(), run_dir / SPEC_FILE, force=force_resume)
+    else:
+        move_aside(run_dir)  # a fresh run never mixes with an earlier run's checkpoints
     run_dir.mkdir(parents=True, exist_ok=True)
     v = cfg.backend.verl
     model = v.model_path or str(assets.export_model(cfg, progress=progress))
@@ -134,10 +141,11 @@ class VerlBackend:
 
     name = "verl"
 
-    def train(self, cfg: ExperimentConfig, callbacks=None, resume: bool = False, progress: bool = True):
+    def train(self, cfg: ExperimentConfig, callbacks=None, resume: bool = False, progress: bool = True,
+              force_resume: bool = False):
         from exgrpo.backends.native.trainer import TrainResult
 
-        prepared = prepare(cfg, resume=resume, progress=progress)
+        prepared = prepare(cfg, resume=resume, progress=progress, force_resume=force_resume)
         v = cfg.backend.verl
         if v.launch == "ray_job":
             from exgrpo.backends.verl.jobs import local_job_server, run_ray_job

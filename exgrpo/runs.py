@@ -1,0 +1,65 @@
+"""Run directories: a run resumes only from its own checkpoints, and a fresh run never mixes with old ones.
+
+* :func:`run_identity_diff` compares the config a checkpoint was made with against the current one,
+  ignoring :data:`SAFE_TO_CHANGE` (budget, evaluation cadence, where things are written).
+* :func:`check_resume` turns a difference into a one-line error naming the fields (unless forced).
+* :func:`move_aside` moves an earlier run's directory out of a fresh run's way and says where.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+SAFE_TO_CHANGE: tuple[str, ...] = (
+    "train.max_steps", "train.epochs", "train.eval_every_epochs", "train.eval_every_steps",
+    "train.eval_before_train", "train.checkpoint_every", "train.threads", "output_dir",
+    "backend.verl.launch", "backend.verl.job_address", "backend.verl.ray_address", "backend.verl.num_cpus",
+)
+"""Fields a resumed run may change: they do not change what the checkpoint means."""
+
+
+def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def run_identity_diff(saved: dict[str, Any] | str, current: dict[str, Any] | str) -> list[str]:
+    """``field (saved -> current)`` for every field that differs, except :data:`SAFE_TO_CHANGE`."""
+    a = _flat(json.loads(saved) if isinstance(saved, str) else saved)
+    b = _flat(json.loads(current) if isinstance(current, str) else current)
+    keys = sorted(set(a) | set(b))
+    return [f"{k} ({a.get(k)!r} -> {b.get(k)!r})" for k in keys
+            if a.get(k) != b.get(k) and not any(k == s or k.startswith(s + ".") for s in SAFE_TO_CHANGE)]
+
+
+class ResumeMismatch(ValueError):
+    """--resume with a config that differs from the checkpoint's."""
+
+
+def check_resume(saved: dict[str, Any] | str, current: dict[str, Any] | str, where: Path, force: bool = False) -> None:
+    diff = run_identity_diff(saved, current)
+    if diff and not force:
+        raise ResumeMismatch(f"--resume: {where} was made with a different config: {'; '.join(diff)}. "
+                             "Resume with the same settings, or pass --force-resume to continue anyway")
+
+
+def move_aside(run_dir: Path) -> Path | None:
+    """If ``run_dir`` holds an earlier run, rename it to ``<run_dir>.old-<time>`` and return the new path."""
+    if not run_dir.exists() or not any(run_dir.iterdir()):
+        return None
+    target = run_dir.with_name(f"{run_dir.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
+    n = 1
+    while target.exists():
+        target = run_dir.with_name(f"{run_dir.name}.old-{time.strftime('%Y%m%d-%H%M%S')}-{n}")
+        n += 1
+    run_dir.rename(target)
+    print(f"note: {run_dir} held an earlier run; moved it to {target} (use --resume to continue a run)")
+    return target
