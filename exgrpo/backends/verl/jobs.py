@@ -31,6 +31,8 @@ def local_job_server(num_cpus: int = 4) -> str:
 
         import ray
 
+        if ray.is_initialized():  # e.g. an earlier comparison's Ray in this process, started without a job server
+            ray.shutdown()
         ctx = ray.init(address="local", num_cpus=num_cpus, include_dashboard=True, dashboard_host="127.0.0.1",
                        _temp_dir=tempfile.mkdtemp(prefix="exgrpo-ray-"))
         _LOCAL_JOB_SERVER = "http://" + ctx.dashboard_url
