@@ -7,12 +7,13 @@ Written atomically (temp file + rename) as ``<run_dir>/checkpoints/step_<n>.pt``
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+
+from exgrpo.atomic import torch_save_atomic
 
 if TYPE_CHECKING:
     from exgrpo.backends.native.trainer import Trainer
@@ -23,11 +24,7 @@ _STEP = re.compile(r"step_(\d+)\.pt$")
 def save(trainer: Trainer, run_dir: Path) -> Path:
     d = run_dir / "checkpoints"
     d.mkdir(parents=True, exist_ok=True)
-    path = d / f"step_{trainer.step:07d}.pt"
-    tmp = path.with_suffix(".pt.tmp")
-    torch.save(trainer.state_dict(), tmp)
-    os.replace(tmp, path)
-    return path
+    return torch_save_atomic(trainer.state_dict(), d / f"step_{trainer.step:07d}.pt")
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:

@@ -66,8 +66,7 @@ def run(cfg: ExperimentConfig, overrides: list[str]) -> None:
         init = OmegaConf.to_container(config.ray_kwargs.get("ray_init", {}), resolve=True)
         runtime_env = OmegaConf.to_container(OmegaConf.merge(get_ppo_ray_runtime_env(config), init.pop("runtime_env", {}) or {}))
         env = runtime_env.setdefault("env_vars", {})
-        for key in ("VERL_PLATFORM", "VERL_ENGINE_DEVICE", "MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID", "EXGRPO_SEED",
-                    "PYTHONPATH"):
+        for key in ("VERL_PLATFORM", "VERL_ENGINE_DEVICE", "EXGRPO_SEED", "PYTHONPATH"):
             if key in os.environ:
                 env[key] = os.environ[key]
         init = {k: v for k, v in init.items() if v is not None}

@@ -17,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
+from exgrpo.atomic import write_text_atomic
 from exgrpo.config import ExperimentConfig
 
 SPEC_FILE = "verl_run.json"
@@ -68,9 +69,7 @@ def prepare(cfg: ExperimentConfig, resume: bool = False, progress: bool = False,
         ray_tmp = tempfile.mkdtemp(prefix="exgrpo-ray-")  # short: Ray's socket paths must fit 107 chars
         overrides += [f"+ray_kwargs.ray_init._temp_dir={ray_tmp}"]
     spec = {"config": json.loads(cfg.model_dump_json()), "overrides": overrides}
-    tmp = run_dir / (SPEC_FILE + ".tmp")
-    tmp.write_text(json.dumps(spec, indent=1))
-    os.replace(tmp, run_dir / SPEC_FILE)
+    write_text_atomic(run_dir / SPEC_FILE, json.dumps(spec, indent=1))
     raw = run_dir / RAW_METRICS
     raw.mkdir(exist_ok=True)
     attempt = len(list(raw.glob("attempt_*.jsonl")))
@@ -109,9 +108,7 @@ def collect(run_dir: Path) -> list[dict[str, float]]:
                     if key.startswith("val-core/") and "/mean@" in key:
                         row["val/accuracy"] = float(value)
     rows = [by_step[s] for s in sorted(by_step)]
-    tmp = run_dir / "metrics.jsonl.tmp"
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    os.replace(tmp, run_dir / "metrics.jsonl")
+    write_text_atomic(run_dir / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
     return rows
 
 

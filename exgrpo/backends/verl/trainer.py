@@ -21,7 +21,6 @@ The step is veRL's own ``fit``; the replay core enters through five hooks, in st
 from __future__ import annotations
 
 import json
-import os
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from torch.utils.data import Sampler
 from verl import DataProto
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
+from exgrpo.atomic import torch_save_atomic
 from exgrpo.backends.verl.loss import CLIP_FIELD, OFF_POLICY_FIELD, SUMS_PREFIX, ActorLossSettings, exgrpo_actor_loss
 from exgrpo.backends.verl.overrides import VERL_LOSS_AGG
 from exgrpo.config import ExperimentConfig
@@ -280,9 +280,7 @@ class ExGRPORayTrainer(RayPPOTrainer):
                     "numpy_fresh": json.dumps(self.fresh.rng.bit_generator.state)},
             "config": self.exgrpo.model_dump_json(),
         }
-        tmp = path.with_suffix(".pt.tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, path)
+        torch_save_atomic(state, path)
 
     def _load_checkpoint(self):
         result = super()._load_checkpoint()
