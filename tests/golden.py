@@ -1,5 +1,8 @@
 """Golden runs: per-step metrics of fixed-seed runs, recorded before the replay-core refactor
-(issue 8) and compared bit for bit after it. ``python -m tests.golden --record`` rewrites them."""
+(issue 8) and compared bit for bit after it. ``python -m tests.golden --record`` rewrites them.
+
+The tiny-lm runs grade with the lenient answer format, the rule they were recorded under (strict
+grading became the default later, issue 10): a behaviour change, not a refactor."""
 
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ TINY_LM = {
     "policy.model.intermediate_size": 128, "policy.max_new_tokens": 24, "task.n_train": 48, "task.n_val": 16,
     "train.batch_size": 8, "algorithm.group_size": 4, "algorithm.replay_start_pass_rate": 0.0,
     "train.max_steps": 4, "train.eval_every_steps": 2, "train.eval_before_train": True, "train.lr": 1e-4,
+    "task.answer_format": "boxed_or_last_number",
 }
 RUNS = {
     "toy-grpo": ("experiments/toy-exgrpo.yaml", TOY, {"algorithm.replay": "none"}),
@@ -30,7 +34,17 @@ RUNS = {
 }
 
 
+#: Pinned CPU kernels and one thread: ATen, MKL and oneDNN pick code paths by the CPU's ISA
+#: (AVX2 vs AVX-512 give different float rounding), so fixtures are recorded and checked with the
+#: AVX2 paths on every machine, in a fresh process (the settings act at library load).
+PINNED_ENV = {
+    "ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+}
+
+
 def run(name: str, output_dir: Path) -> list[dict[str, float]]:
+    """The per-step metrics (no timings) of golden run ``name``, trained in this process."""
     from exgrpo.backends.native.trainer import Trainer
     from exgrpo.config import load_experiment
 
@@ -41,10 +55,27 @@ def run(name: str, output_dir: Path) -> list[dict[str, float]]:
     return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in hist]
 
 
+def run_pinned(name: str, output_dir: Path, cache: Path) -> list[dict[str, float]]:
+    """:func:`run` in a fresh interpreter with :data:`PINNED_ENV` (what the fixtures hold)."""
+    import os
+    import subprocess
+
+    env = {**os.environ, **PINNED_ENV, "EXGRPO_CACHE": str(cache)}
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--run", name, str(output_dir)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=Path(__file__).parent.parent)
+    if proc.returncode != 0:
+        raise RuntimeError(f"golden run {name} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+if __name__ == "__main__" and "--run" in sys.argv:
+    i = sys.argv.index("--run")
+    print(json.dumps(run(sys.argv[i + 1], Path(sys.argv[i + 2]))))
+
 if __name__ == "__main__" and "--record" in sys.argv:
     import tempfile
 
     with tempfile.TemporaryDirectory() as d:
-        out = {name: run(name, Path(d) / name) for name in RUNS}
+        out = {name: run_pinned(name, Path(d) / name, Path(d) / "cache") for name in RUNS}
     FIXTURES.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
     print(f"wrote {FIXTURES}")

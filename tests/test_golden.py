@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from golden import FIXTURES, RUNS, run
+from golden import FIXTURES, RUNS, run_pinned
 
 RECORDED = json.loads(FIXTURES.read_text())
 DROPPED = {"notebook/lambda"}
@@ -13,9 +13,8 @@ DROPPED = {"notebook/lambda"}
 
 
 @pytest.mark.parametrize("name", sorted(RUNS))
-def test_fixed_seed_run_reproduces_recorded_metrics(tmp_path, monkeypatch, name):
-    monkeypatch.setenv("EXGRPO_CACHE", str(tmp_path / "cache"))
-    got = run(name, tmp_path / "out")
+def test_fixed_seed_run_reproduces_recorded_metrics(tmp_path, name):
+    got = run_pinned(name, tmp_path / "out", tmp_path / "cache")
     want = RECORDED[name]
     if not name.endswith("notebook"):
         want = [{k: v for k, v in row.items() if k not in DROPPED} for row in want]

@@ -17,6 +17,9 @@ TINY = {
     "train.batch_size": 8, "algorithm.group_size": 4, "algorithm.replay": "buckets",
     "algorithm.replay_start_pass_rate": 0.0, "train.max_steps": 6, "train.eval_every_steps": 3,
     "train.eval_before_train": True, "train.checkpoint_every": 2, "train.lr": 1e-4,
+    # a 40-step warm start rarely boxes within 24 tokens: the lenient rule gives it the few successes
+    # that make replay happen here (strict grading has its own tests: test_reward_hacks.py)
+    "task.answer_format": "boxed_or_last_number",
 }
 
 

@@ -167,8 +167,8 @@ def test_math_verify_rewards(parquet):
     pytest.importorskip("math_verify")
     tok = ChatMLChars()
     task = load_openr1(parquet, tokenizer=tok)
-    texts = ["so \\boxed{2}", "\\boxed{0.75}", "\\boxed{-3}", "I think it is 6"]
-    assert task.score_texts([0, 1, 2, 3], texts) == [1.0, 1.0, 0.0, 1.0]
+    texts = ["so \\boxed{2}", "\\boxed{0.75}", "\\boxed{-3}", "I think it is 6", "\\boxed{6}"]
+    assert task.score_texts([0, 1, 2, 3, 3], texts) == [1.0, 1.0, 0.0, 0.0, 1.0]  # strict: no box, no reward
     tokens = torch.tensor([[ord(c) for c in "x \\boxed{2}"]])
     assert task.rewards([0], tokens, torch.ones_like(tokens, dtype=torch.bool)).tolist() == [1.0]
     think = load_openr1(parquet, tokenizer=tok, require_think=True)

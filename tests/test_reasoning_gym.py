@@ -159,13 +159,12 @@ def test_prompts_with_chat_tokenizer():
     "text, expected",
     [
         ("so the answer is \\boxed{42}", "42"),
-        ("\\boxed{1} then \\boxed{ x = -5 }", "-5"),
+        ("\\boxed{-5} then \\boxed{ -5 }", "-5"),  # boxes that agree
+        ("\\boxed{1} then \\boxed{ x = -5 }", None),  # distinct boxes: a hedge, no answer
         ("\\boxed{$12$.}", "12"),
-        ("3 + 4 = 7", "7"),
-        ("5-3", "3"),
-        ("we get -12", "-12"),
-        ("total 1,692 apples", "1692"),
-        ("2.50 dollars", "2.50"),
+        ("3 + 4 = 7", None),  # strict: no box, no answer
+        ("total \\boxed{1,692} apples", "1,692"),  # graded with strip_commas
+        ("\\boxed{2.50} dollars", "2.50"),
         ("no digits here", None),
         ("\\boxed{}", None),
     ],
@@ -182,7 +181,7 @@ def test_rewards_are_binary_exact_match(task):
         wrong = str(int(gold) + 1)
         qids += [q, q, q, q]
         texts += [f"so \\boxed{{{gold}}}", f"{gold} is it", f"\\boxed{{{wrong}}}", f"\\boxed{{{gold}}} no, {wrong}"]
-        want += [1.0, 1.0, 0.0, 1.0]  # a box beats a later bare number
+        want += [1.0, 0.0, 0.0, 1.0]  # strict: no box scores 0; a box beats a later bare number
     tokens, mask = _rows(tok, texts)
     r = task.rewards(qids, tokens, mask)
     assert r.dtype == torch.float32 and r.shape == (len(qids),)

@@ -27,6 +27,7 @@ from exgrpo.rewards import (
     extract_boxed,
     extract_last_number,
 )
+from exgrpo.config import AnswerFormat
 from exgrpo.rewards._faults import CRASH, HANG, faulty_score_item
 from exgrpo.rewards.math_reward import MAX_VERIFY_PAIRS
 
@@ -89,7 +90,7 @@ def pool_fast() -> MathVerifier:
     ("text", "expected"),
     [
         (r"so \boxed{\frac{1}{2}}.", r"\frac{1}{2}"),
-        (r"\boxed{1} then \boxed{2}", "2"),
+        (r"\boxed{1} then \boxed{2}", "2"),  # the raw last-box rule (extract_answer refuses the pair)
         (r"\boxed{\left( 3, \frac{\pi}{2} \right)}", r"\left( 3, \frac{\pi}{2} \right)"),
         (r"\boxed{\{1,2\}}", r"\{1,2\}"),  # escaped braces are literal
         (r"\boxed{  7 }", "7"),
@@ -122,30 +123,36 @@ def test_extract_last_number(text: str, expected: str | None) -> None:
 
 
 def test_extract_answer_prefers_box_over_numbers() -> None:
+    lenient = AnswerFormat.BOXED_OR_LAST_NUMBER
     assert extract_answer(r"\boxed{42}. Check: 6*7=42, 100") == "42"
-    assert extract_answer("so the answer is 18.") == "18"
-    assert extract_answer(r"\boxed{} but 5") == ""  # empty box: no fallback
-    assert extract_answer("no digits") is None
+    assert extract_answer(r"\boxed{42}. Check: 6*7=42, 100", lenient) == "42"
+    assert extract_answer("so the answer is 18.") is None  # strict: no box, no answer
+    assert extract_answer("so the answer is 18.", lenient) == "18"
+    assert extract_answer(r"\boxed{} but 5", lenient) is None  # empty box: no fallback
+    assert extract_answer("no digits", lenient) is None
 
 
 def test_extraction_is_linear_on_pathological_input() -> None:
     text = "\\boxed{" * 20_000 + "{" * 50_000 + "1" * 50_000
     t0 = time.monotonic()
     assert extract_boxed(text) is None
-    assert extract_answer(text) == "1" * 50_000
+    assert extract_answer(text, AnswerFormat.BOXED_OR_LAST_NUMBER, None) == "1" * 50_000
     assert time.monotonic() - t0 < 5.0  # quadratic scanning would take minutes
 
 
 def test_build_prediction_protocol() -> None:
     assert build_prediction(r"thus \boxed{\frac12}") == r"\boxed{\frac12}"
-    assert build_prediction("it is 18 eggs") == r"\boxed{18}"
-    assert build_prediction("the answer is $\\pi$") == "the answer is $\\pi$"  # no digits: raw text
+    assert build_prediction("it is 18 eggs") is None  # strict: no box
+    assert build_prediction("it is 18 eggs", AnswerFormat.BOXED_OR_LAST_NUMBER) == r"\boxed{18}"
+    # The raw text never reaches math-verify, whose own extraction would find numbers in noise.
+    assert build_prediction("the answer is $\\pi$", AnswerFormat.BOXED_OR_LAST_NUMBER) is None
     assert build_prediction("") is None
     assert build_prediction(None) is None
     assert build_prediction(r"\boxed{ }") is None
-    # Truncation keeps the tail, where the answer is.
+    # A long response is not truncated: its one box is graded wherever it stands.
     long = "x" * 10_000 + r" \boxed{7}"
-    assert build_prediction(long, max_chars=100) == r"\boxed{7}"
+    assert build_prediction(long) == r"\boxed{7}"
+    assert build_prediction(r"\boxed{7} " + "x" * 10_000) == r"\boxed{7}"
     assert build_prediction("\x00\\boxed{5}\x00") == r"\boxed{5}"
 
 
@@ -163,9 +170,9 @@ CORRECTNESS_CASES = [
     (r"\boxed{\frac{1}{3}}", "0.5", 0.0),
     ("I do not know.", "5", 0.0),
     ("", "5", 0.0),
-    ("Janet sells 9 eggs, so she makes 9 * 2 = 18 dollars.", "18", 1.0),  # last-number fallback
-    ("She has 18 now, and 3 more later.", "18", 0.0),  # fallback takes the *last* number
-    ("The total is 2,125 apples", "2125", 1.0),
+    ("Janet sells 9 eggs, so she makes 9 * 2 = 18 dollars.", "18", 0.0),  # strict: no box
+    (r"so she makes 9 * 2 = \boxed{18} dollars.", "18", 1.0),
+    (r"The total is \boxed{2,125} apples", "2125", 1.0),
     (r"\boxed{}", "0", 0.0),
 ]
 
@@ -176,7 +183,7 @@ def test_correctness_cases(verifier: MathVerifier, response: str, gold: str, rew
 
 
 def test_batch_alignment_statuses_and_counts(verifier: MathVerifier) -> None:
-    responses = [r"\boxed{1}", r"\boxed{2}", "nothing", r"\boxed{1}", None]
+    responses = [r"\boxed{1}", r"\boxed{2}", "nothing 3", r"\boxed{1}", None]
     golds = ["1", "1", "3", "1", 4]  # int gold is accepted
     b = verifier.score(responses, golds)
     assert isinstance(b, RewardBatch)
@@ -309,8 +316,9 @@ def test_hostile_batch_pool_and_hostile_gold(pool_fast: MathVerifier) -> None:
         max_size=40,
     ).map("".join)
 )
-def test_random_text_never_raises(inproc_fast: MathVerifier, text: str) -> None:
-    b = inproc_fast.score([text], ["5"])
+def test_random_text_never_raises(pool_fast: MathVerifier, text: str) -> None:
+    # The pool: hypothesis runs gc callbacks, where an in-process SIGALRM timeout would be swallowed.
+    b = pool_fast.score([text], ["5"])
     assert b.rewards[0] in (0.0, 1.0)
 
 

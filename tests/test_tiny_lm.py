@@ -46,13 +46,13 @@ def test_tokenizer_round_trip(tmp_path):
     [
         ("7*3=21 12+21=33 \\boxed{33}", 33),
         ("4-38=-34 -34+11=-23 \\boxed{-23}", -23),
-        ("\\boxed{5} then \\boxed{ 8 }", 8),
+        ("\\boxed{5} then \\boxed{ 8 }", None),  # distinct boxes: a hedge, no answer
+        ("\\boxed{8} then \\boxed{ 8 }", 8),
         ("\\boxed{12} \\boxed{1", 12),  # an unterminated last box falls back to the previous box
         ("\\boxed{x}", None),
         ("\\boxed{}", None),
-        ("12+21=33", 33),  # no box: last integer
-        ("5-3", 3),  # a glued '-' is an operator
-        ("so -7", -7),
+        ("12+21=33", None),  # strict: no box, no answer
+        ("\\boxed{４２}", None),  # non-ASCII digits
         ("no digits", None),
         ("", None),
     ],
@@ -96,18 +96,18 @@ def test_task_rewards_on_constructed_strings():
     texts = [
         task.solution_text(q[0]),  # the worked solution: correct
         f"1+1=2 \\boxed{{{gold[1] + 1}}}",  # wrong box
-        f"the answer is {gold[2]}",  # no box: last integer
+        f"the answer is {gold[2]}",  # no box: no answer (strict)
         f"\\boxed{{{gold[3]}}} junk 999",  # box wins over a later integer
     ]
     seqs = [tok.encode(t, add_eos=True) for t in texts]
     seqs[2] = seqs[2][:-1]  # a truncated row (no EOS)
     tokens, mask = pad_right(seqs, pad=tok.pad_id)
     r = task.rewards(q, tokens, mask)
-    assert r.dtype == torch.float32 and r.tolist() == [1.0, 0.0, 1.0, 1.0]
+    assert r.dtype == torch.float32 and r.tolist() == [1.0, 0.0, 0.0, 1.0]
     # tokens beyond the mask are ignored
     tokens2 = tokens.clone()
     tokens2[~mask] = tok.encode("7")[0]
-    assert task.rewards(q, tokens2, mask).tolist() == [1.0, 0.0, 1.0, 1.0]
+    assert task.rewards(q, tokens2, mask).tolist() == [1.0, 0.0, 0.0, 1.0]
 
 
 # ---------------------------------------------------------------------------------- tiny LM

@@ -21,6 +21,7 @@ from exgrpo.config.experiment import (
     read_yaml,
 )
 from exgrpo.config.options import (
+    AnswerFormat,
     BucketWeighting,
     ConfigError,
     LossAggregation,
@@ -45,6 +46,7 @@ from exgrpo.config.tasks import (
 
 __all__ = [
     "AlgorithmConfig",
+    "AnswerFormat",
     "BackendConfig",
     "ArithmeticProblemsConfig",
     "BasicArithmeticKnobs",

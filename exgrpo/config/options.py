@@ -62,6 +62,17 @@ class LossAggregation(StrEnum):
     TOKEN_SUM_NORM = "token-sum-norm"  # sum over tokens / max_response_length (the reference)
 
 
+class AnswerFormat(StrEnum):
+    """Where a response must put its final answer to be graded (exgrpo.rewards.extraction)."""
+
+    BOXED = "boxed"  # strict (default): one distinct boxed answer, ASCII digits, bounded length
+    BOXED_OR_LAST_NUMBER = "boxed_or_last_number"  # lenient: else the last number (gameable; warns)
+
+
+#: Longest graded answer (box content) by default; a longer one scores 0, it is never truncated.
+DEFAULT_MAX_ANSWER_CHARS = 512
+
+
 class Tier(StrEnum):
     """Model/task size; all tiers share the config schema, the core and the trainer step."""
 

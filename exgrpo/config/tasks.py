@@ -6,7 +6,7 @@ from typing import Final, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from exgrpo.config.options import _Strict
+from exgrpo.config.options import DEFAULT_MAX_ANSWER_CHARS, AnswerFormat, _Strict
 
 
 class ToyTaskConfig(_Strict):
@@ -45,7 +45,16 @@ class ArithmeticProblemsConfig(_Strict):
         return self
 
 
-class TextArithmeticTaskConfig(_Strict):
+class GradedTaskConfig(_Strict):
+    """How a language task's responses are graded (shared by the LM tasks)."""
+
+    answer_format: AnswerFormat = AnswerFormat.BOXED
+    """Where the final answer must be: boxed (strict) or boxed_or_last_number (gameable; warns)."""
+    max_answer_chars: int = Field(DEFAULT_MAX_ANSWER_CHARS, ge=1)
+    """Longest graded answer; a longer one scores 0 instead of being truncated."""
+
+
+class TextArithmeticTaskConfig(GradedTaskConfig):
     """Text arithmetic questions with worked answers (tiny-lm tier)."""
 
     kind: Literal["text_arithmetic"] = "text_arithmetic"
@@ -194,7 +203,7 @@ def check_dataset_name(name: str) -> str:
     return name
 
 
-class ReasoningGymTaskConfig(_Strict):
+class ReasoningGymTaskConfig(GradedTaskConfig):
     """A mixture of reasoning-gym generators with train/held-out splits by seed."""
 
     kind: Literal["reasoning_gym"] = "reasoning_gym"

@@ -1,31 +1,48 @@
 """Pure-Python answer extraction from model responses (no math-verify import).
 
-The reward protocol (see :mod:`exgrpo.rewards.math_reward`) first pulls a
-candidate answer out of the free-form response with :func:`extract_answer`:
+Every reward in the project first pulls the final answer out of a free-form response with
+:func:`extract_answer`. The rule is strict by default (:attr:`AnswerFormat.BOXED`), because an RL
+policy finds every hole a lenient rule leaves:
 
-1. the content of the **last complete** ``\\boxed{...}`` (or ``\\fbox{...}``),
-   found with a brace-balancing scan (escaped ``\\{`` / ``\\}`` do not count);
-2. otherwise the **last number** in the text (integers, decimals, simple
-   fractions ``a/b``, thousands separators removed: ``"1,234"`` -> ``"1234"``);
-3. otherwise ``None``.
+1. the answer is the content of the ``\\boxed{...}`` (or ``\\fbox{...}``) boxes, found with a
+   brace-balancing scan (escaped ``\\{`` / ``\\}`` do not count; an unterminated box is ignored);
+2. several boxes must agree: two distinct boxed answers (hedging) give no answer;
+3. a box inside the answer (``\\boxed{\\boxed{5}}``) gives no answer;
+4. an answer longer than ``max_answer_chars`` gives no answer: it is never cut into a shorter,
+   different expression;
+5. an answer with non-ASCII digits (``４２``, ``٤٢``, ``𝟒𝟐``, superscripts) gives no answer;
+6. an empty box gives no answer.
 
-Everything here is linear in the input length and never raises on ``str``
-input, so it is safe to run on hostile text before any timeout is in place.
+With :attr:`AnswerFormat.BOXED_OR_LAST_NUMBER` (a task opts in, and a warning is logged) a
+response with no box at all falls back to its last ASCII number; that fallback scores text that
+merely ends in the gold number, so it is off unless asked for.
+
+Everything here is linear in the input length and never raises on ``str`` input, so it is safe
+to run on hostile text before any timeout is in place.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Final
 
+from exgrpo.config.options import DEFAULT_MAX_ANSWER_CHARS, AnswerFormat
+
+logger = logging.getLogger(__name__)
+
 __all__ = [
     "BOXED_COMMANDS",
+    "DEFAULT_MAX_ANSWER_CHARS",
+    "AnswerFormat",
+    "boxed_answers",
     "extract_answer",
     "extract_boxed",
     "extract_last_number",
     "sanitize",
-    "truncate_tail",
+    "warn_if_lenient",
 ]
+
 
 #: LaTeX commands whose braced argument counts as "the boxed answer".
 BOXED_COMMANDS: Final[tuple[str, ...]] = ("\\boxed", "\\fbox")
@@ -36,7 +53,7 @@ _BOXED_RE: Final = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
 # bracket, so "5-3" yields "3", not "-3"), digits with optional thousands groups,
 # optional decimals, optional "/denominator".
 _NUMBER_RE: Final = re.compile(
-    r"(?:(?<![\w)\]}])-)?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?"
+    r"(?:(?<![\w)\]}])-)?[0-9]+(?:,[0-9]{3})*(?:\.[0-9]+)?(?:/[0-9]+)?"
 )
 
 
@@ -47,18 +64,6 @@ def sanitize(text: str) -> str:
     including odd unicode, is left to the grader, which must cope with it.
     """
     return text.replace("\x00", "") if "\x00" in text else text
-
-
-def truncate_tail(text: str, max_chars: int | None) -> str:
-    """Keep only the last ``max_chars`` characters of ``text``.
-
-    Final answers sit at the end of a response, and parse time of the grader
-    grows with input length, so absurdly long responses are cut from the
-    *front*. ``None`` or a non-positive value disables truncation.
-    """
-    if max_chars is None or max_chars <= 0 or len(text) <= max_chars:
-        return text
-    return text[-max_chars:]
 
 
 def _closing_braces(text: str) -> dict[int, int]:
@@ -85,27 +90,35 @@ def _closing_braces(text: str) -> dict[int, int]:
     return pairs
 
 
-def extract_boxed(text: str) -> str | None:
-    """Return the content of the last *complete* ``\\boxed{...}`` in ``text``.
+def boxed_answers(text: str) -> list[str]:
+    """The stripped contents of every *complete* ``\\boxed{...}`` / ``\\fbox{...}`` in ``text``, in order.
 
-    Nested braces are balanced (``\\boxed{\\frac{1}{2}}`` -> ``\\frac{1}{2}``).
-    An unterminated trailing ``\\boxed{`` (e.g. a generation cut off by the
-    token limit) is skipped and the previous complete box, if any, is used.
-    ``\\boxed{}`` yields ``""``. Returns ``None`` if there is no complete box.
-    The scan is linear in ``len(text)``.
+    Nested braces are balanced (``\\boxed{\\frac{1}{2}}`` -> ``\\frac{1}{2}``); an unterminated
+    ``\\boxed{`` (a generation cut off by the token limit) is skipped. The scan is linear in
+    ``len(text)``.
     """
     starts = [m.end() for m in _BOXED_RE.finditer(text)]
     if not starts:
-        return None
+        return []
     pairs = _closing_braces(text)
-    for end in reversed(starts):
+    out = []
+    for end in starts:
         j = end
         while j < len(text) and text[j] in " \t":
             j += 1
         close = pairs.get(j)
         if close is not None:
-            return text[j + 1 : close].strip()
-    return None
+            out.append(text[j + 1 : close].strip())
+    return out
+
+
+def extract_boxed(text: str) -> str | None:
+    """The content of the last complete box in ``text`` (``""`` for ``\\boxed{}``), None if none.
+
+    This is the raw last-box rule with none of the strict checks of :func:`extract_answer`.
+    """
+    boxes = boxed_answers(text)
+    return boxes[-1] if boxes else None
 
 
 def extract_last_number(text: str) -> str | None:
@@ -122,14 +135,44 @@ def extract_last_number(text: str) -> str | None:
     return last.group(0).replace(",", "")
 
 
-def extract_answer(text: str) -> str | None:
-    """Extract the final answer: last ``\\boxed{}`` content, else last number.
+def _has_foreign_digits(answer: str) -> bool:
+    """True if ``answer`` has a digit-like character outside ASCII (fullwidth, Arabic-Indic, ...)."""
+    return any(not ch.isascii() and (ch.isdigit() or ch.isnumeric()) for ch in answer)
 
-    Returns ``None`` when the text has neither. A present-but-empty box
-    (``\\boxed{}``) returns ``""`` and does *not* fall back to the last number:
-    the model committed to an (empty) answer.
+
+def extract_answer(
+    text: str,
+    answer_format: AnswerFormat = AnswerFormat.BOXED,
+    max_answer_chars: int | None = DEFAULT_MAX_ANSWER_CHARS,
+) -> str | None:
+    """The graded final answer of ``text`` by the strict rule in the module docstring, or None.
+
+    None means "no answer" (reward 0): no box (unless ``answer_format`` allows the last-number
+    fallback), distinct boxed answers, a nested box, an empty box, an answer over
+    ``max_answer_chars`` (None disables the limit) or non-ASCII digits.
     """
-    boxed = extract_boxed(text)
-    if boxed is not None:
-        return boxed
-    return extract_last_number(text)
+    boxes = boxed_answers(text)
+    if boxes:
+        answer = boxes[-1]
+        if len(set(boxes)) > 1 or _BOXED_RE.search(answer):
+            return None
+    elif answer_format is AnswerFormat.BOXED_OR_LAST_NUMBER:
+        answer = extract_last_number(text)
+        if answer is None:
+            return None
+    else:
+        return None
+    if not answer or _has_foreign_digits(answer):
+        return None
+    if max_answer_chars is not None and len(answer) > max_answer_chars:
+        return None
+    return answer
+
+
+def warn_if_lenient(answer_format: AnswerFormat, where: str) -> None:
+    """Log a warning when ``where`` (a task or grader) grades with the gameable last-number fallback."""
+    if AnswerFormat(answer_format) is AnswerFormat.BOXED_OR_LAST_NUMBER:
+        logger.warning(
+            "%s: answer_format=boxed_or_last_number grades the last number of an unboxed response; "
+            "a policy can game it by ending its text in numbers (use 'boxed' for RL)", where
+        )

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Final
 
-from exgrpo.rewards.extraction import extract_answer, sanitize, truncate_tail
+from exgrpo.config.options import AnswerFormat
+from exgrpo.rewards.extraction import DEFAULT_MAX_ANSWER_CHARS, extract_answer, sanitize
 
 logger = logging.getLogger(__name__)
 
@@ -23,8 +24,6 @@ logger = logging.getLogger(__name__)
 GRADER_NAME: Final[str] = "math-verify"
 _DIST_NAME: Final[str] = "math-verify"
 
-#: Default number of trailing characters of a response that are graded.
-DEFAULT_MAX_CHARS: Final[int] = 4096
 #: Upper bound on (gold, prediction) candidate pairs compared by ``verify``;
 #: math-verify's ``parse`` returns at most a sympy object and a string fallback.
 MAX_VERIFY_PAIRS: Final[int] = 4
@@ -97,21 +96,21 @@ class RewardBatch:
 # --------------------------------------------------------------------------- #
 
 
-def build_prediction(response: str | None, max_chars: int | None = DEFAULT_MAX_CHARS) -> str | None:
-    """Turn a raw response into the string handed to math-verify's ``parse``.
+def build_prediction(
+    response: str | None,
+    answer_format: AnswerFormat = AnswerFormat.BOXED,
+    max_answer_chars: int | None = DEFAULT_MAX_ANSWER_CHARS,
+) -> str | None:
+    """The string handed to math-verify's ``parse``: ``"\\boxed{" + answer + "}"``, or None.
 
-    Returns ``None`` when there is nothing to grade (empty response or empty
-    ``\\boxed{}``). See the module docstring for the exact protocol.
+    The answer comes from :func:`~exgrpo.rewards.extraction.extract_answer` (strict by default);
+    None (nothing to grade: reward 0) when it finds no answer. The raw response is never handed
+    to math-verify, whose own extraction would find numbers in noise.
     """
     if not response:
         return None
-    text = truncate_tail(sanitize(response), max_chars)
-    answer = extract_answer(text)
-    if answer is None:
-        return text if text.strip() else None
-    if not answer.strip():
-        return None
-    return "\\boxed{" + answer + "}"
+    answer = extract_answer(sanitize(response), answer_format, max_answer_chars)
+    return None if answer is None else "\\boxed{" + answer + "}"
 
 
 @lru_cache(maxsize=4096)

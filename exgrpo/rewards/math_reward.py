@@ -2,16 +2,14 @@
 
 Reward protocol (one response, one gold string):
 
-1. **Sanitise and truncate.** NUL bytes are removed, then only the **last**
-   ``max_chars`` characters (default 4096) of the response are kept. Final
-   answers sit at the end of a response and math-verify's parse time grows with
-   input length, so a 100 kB rambling response is cut from the front. A
-   ``\\boxed{`` that opens before the cut is lost; that is deliberate.
-2. **Extract** with :func:`~exgrpo.rewards.extraction.extract_answer`: the last
-   complete ``\\boxed{...}``, else the last number. The prediction string given
-   to math-verify is ``"\\boxed{" + answer + "}"``; if nothing was extracted the
-   (truncated) raw text is given instead so math-verify may still find e.g.
-   ``$\\pi$``. An empty box or an empty response is :attr:`RewardStatus.NO_ANSWER`.
+1. **Sanitise.** NUL bytes are removed. The response is never truncated: a cut could
+   turn a long expression into a different, shorter one.
+2. **Extract** with :func:`~exgrpo.rewards.extraction.extract_answer`, strict by default
+   (one distinct complete ``\\boxed{...}``, no nested box, ASCII digits, at most
+   ``max_answer_chars``; the last-number fallback only with
+   :attr:`~exgrpo.config.AnswerFormat.BOXED_OR_LAST_NUMBER`). The prediction given to
+   math-verify is ``"\\boxed{" + answer + "}"``; with no answer the item is
+   :attr:`RewardStatus.NO_ANSWER` and math-verify never sees the raw text.
 3. **Grade.** ``gold_parsed = parse("$" + gold + "$")`` (the reference
    convention), ``pred_parsed = parse(prediction)``, and the reward is 1.0 if
    ``verify(g, p)`` holds for any pair ``(g, p)`` of parsed candidates
@@ -34,22 +32,24 @@ Scripts that use the pool must guard their entry point with
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import queue
 import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 
-from exgrpo.rewards.extraction import extract_answer
+from exgrpo.config.options import AnswerFormat
+from exgrpo.rewards.extraction import DEFAULT_MAX_ANSWER_CHARS, extract_answer, warn_if_lenient
 
 logger = logging.getLogger(__name__)
 from exgrpo.rewards.grading import (  # noqa: F401  (re-exported: the reward's rule lives in grading.py)
-    DEFAULT_MAX_CHARS,
     GRADER_NAME,
     MAX_VERIFY_PAIRS,
     RewardBatch,
@@ -97,6 +97,22 @@ def _kill_pool(pool: ProcessPoolExecutor, grace_s: float = 0.0) -> None:
         p.join(timeout=5.0)
 
 
+@contextlib.contextmanager
+def _no_stray_alarm() -> Iterator[None]:
+    """Run in-process grading so that no math-verify ``SIGALRM`` outlives it.
+
+    math-verify arms ``signal.alarm`` per call and nests its timeouts (``verify`` parses), so an
+    alarm can stay armed after it returns and fire later inside unrelated code. On exit any
+    pending alarm is cancelled and the caller's ``SIGALRM`` handler is put back.
+    """
+    previous = signal.getsignal(signal.SIGALRM)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 class _PoolHolder:
     """Mutable slot for the worker pool (shared with the verifier's finalizer)."""
 
@@ -121,7 +137,9 @@ class MathVerifier:
         item_timeout: outer per-item deadline in seconds (pool only). Default:
             ``2 * parse_timeout + MAX_VERIFY_PAIRS * verify_timeout + 2``, i.e.
             just above the worst case the inner timeouts allow.
-        max_chars: graded tail length of each response (see module docstring).
+        answer_format: where an answer must be (strict ``boxed`` by default; see
+            :mod:`exgrpo.rewards.extraction`). The lenient format logs a warning.
+        max_answer_chars: longest graded answer; a longer one scores 0 (None: no limit).
         startup_timeout: seconds to wait for fresh workers to import math-verify.
         memory_limit_mb: ``RLIMIT_AS`` for each worker (``None`` disables), so
             a runaway big-integer computation fails with ``MemoryError``
@@ -145,7 +163,8 @@ class MathVerifier:
         parse_timeout: int = 5,
         verify_timeout: int = 5,
         item_timeout: float | None = None,
-        max_chars: int | None = DEFAULT_MAX_CHARS,
+        answer_format: AnswerFormat | str = AnswerFormat.BOXED,
+        max_answer_chars: int | None = DEFAULT_MAX_ANSWER_CHARS,
         startup_timeout: float = 120.0,
         memory_limit_mb: int | None = 4096,
     ) -> None:
@@ -167,7 +186,9 @@ class MathVerifier:
             if item_timeout is not None
             else float(2 * parse_timeout + MAX_VERIFY_PAIRS * verify_timeout + 2)
         )
-        self.max_chars = max_chars
+        self.answer_format = AnswerFormat(answer_format)
+        warn_if_lenient(self.answer_format, "MathVerifier")
+        self.max_answer_chars = max_answer_chars
         self.startup_timeout = startup_timeout
         self.memory_limit_mb = memory_limit_mb
         self.grader_name: str = GRADER_NAME
@@ -255,7 +276,7 @@ class MathVerifier:
             raise TypeError(
                 f"MathVerifier.score: responses[{i}] must be a str or None, got {type(response).__name__}"
             )
-        return build_prediction(response, self.max_chars)
+        return build_prediction(response, self.answer_format, self.max_answer_chars)
 
     def _score_in_process(self, items: list[tuple[str | None, str]]) -> list[RewardStatus]:
         if threading.current_thread() is not threading.main_thread():
@@ -266,12 +287,13 @@ class MathVerifier:
         out: list[RewardStatus] = []
         fn = type(self)._item_fn
         for pred, gold in items:
-            try:
-                out.append(RewardStatus(fn(pred, gold, self.parse_timeout, self.verify_timeout)))
-            except BaseException as exc:  # noqa: BLE001 - TimeoutException is a BaseException
-                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-                    raise
-                out.append(RewardStatus.ERROR)
+            with _no_stray_alarm():
+                try:
+                    out.append(RewardStatus(fn(pred, gold, self.parse_timeout, self.verify_timeout)))
+                except BaseException as exc:  # noqa: BLE001 - TimeoutException is a BaseException
+                    if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                        raise
+                    out.append(RewardStatus.ERROR)
         return out
 
     # ----------------------------------------------------------------- pool --

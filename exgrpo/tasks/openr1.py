@@ -39,7 +39,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from exgrpo.config.tasks import GradedTaskConfig
 
 __all__ = ["REQUIRED_COLUMNS", "OpenR1FormatError", "OpenR1Task", "OpenR1TaskConfig", "load_openr1"]
 
@@ -52,10 +54,8 @@ class OpenR1FormatError(ValueError):
     """The parquet file does not have the OpenR1-Math layout; the message names the file and column."""
 
 
-class OpenR1TaskConfig(BaseModel):
+class OpenR1TaskConfig(GradedTaskConfig):
     """An OpenR1-Math-46k-style parquet file as a task."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
 
     kind: str = "openr1"
     """Task registry key."""
@@ -210,7 +210,8 @@ class OpenR1Task:
         if self._verifier is None:
             from exgrpo.rewards.math_reward import MathVerifier
 
-            self._verifier = MathVerifier(workers=0)
+            # The process pool: graded on its workers' main threads, bounded from outside.
+            self._verifier = MathVerifier(answer_format=self.cfg.answer_format, max_answer_chars=self.cfg.max_answer_chars)
         return self._verifier
 
     def gradable_text(self, text: str) -> str | None:

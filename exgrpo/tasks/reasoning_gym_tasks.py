@@ -57,7 +57,8 @@ from exgrpo.config.tasks import (
     _KNOBS,
     check_dataset_name,
 )
-from exgrpo.rewards.extraction import extract_answer
+from exgrpo.config import AnswerFormat
+from exgrpo.rewards.extraction import DEFAULT_MAX_ANSWER_CHARS, extract_answer, warn_if_lenient
 
 __all__ = [
     "REFUSED",
@@ -146,13 +147,16 @@ def _fix_basic_arithmetic(entry: dict[str, Any]) -> dict[str, Any] | None:
 _VAR_EQ_RE = re.compile(r"^\s*[A-Za-z]\s*=\s*")
 
 
-def extract_final_answer(text: str) -> str | None:
-    """The final answer string, by the project's extraction rule
-    (:func:`exgrpo.rewards.extraction.extract_answer`: the content of the last complete
-    ``\\boxed{}``, else the last number, thousands commas removed, a ``-`` glued to a preceding
-    word/digit being an operator: ``"5-3"`` -> ``"3"``), then ``$``, spaces, a trailing period
-    and a leading ``x =`` removed; None if nothing (or an empty box) is found."""
-    ans = extract_answer(text)
+def extract_final_answer(
+    text: str,
+    answer_format: AnswerFormat = AnswerFormat.BOXED,
+    max_answer_chars: int | None = DEFAULT_MAX_ANSWER_CHARS,
+) -> str | None:
+    """The final answer string, by the project's strict extraction rule
+    (:func:`exgrpo.rewards.extraction.extract_answer`: the one ``\\boxed{}`` answer; with the
+    lenient format, else the last number), then ``$``, spaces, a trailing period and a leading
+    ``x =`` removed; None if no answer is found."""
+    ans = extract_answer(text, answer_format, max_answer_chars)
     if ans is None:
         return None
     ans = _VAR_EQ_RE.sub("", ans.replace("$", "").strip()).strip().rstrip(".").strip()
@@ -187,6 +191,7 @@ class ReasoningGymTask:
         decode_fn: Callable[[Sequence[int]], str],
     ) -> None:
         self.cfg = cfg = cfg or ReasoningGymTaskConfig()
+        warn_if_lenient(cfg.answer_format, "task reasoning_gym")
         self.prompt_fn, self.decode_fn = prompt_fn, decode_fn
         self.template = "custom"
         """Name of the prompt template (recorded beside evaluation scores)."""
@@ -299,7 +304,7 @@ class ReasoningGymTask:
     def score_text(self, qid: int, text: str) -> float:
         """1.0 if the final answer in ``text`` equals the gold answer exactly (numerically), else 0."""
         qid = int(qid)
-        answer = extract_final_answer(text)
+        answer = extract_final_answer(text, self.cfg.answer_format, self.cfg.max_answer_chars)
         if answer is None:
             return 0.0
         name, entry = self.sources[qid], self.entries[qid]

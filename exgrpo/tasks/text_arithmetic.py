@@ -8,8 +8,8 @@ left to right, and ends with the boxed answer::
     "12+7*3=?"  ->  "7*3=21 12+21=33 \\boxed{33}"
 
 A prompt row is ``[BOS] + chars(question)`` in the :class:`CharTokenizer` ids; a response is
-decoded and graded by :func:`extract_final_integer` (last ``\\boxed{}`` content, else last integer)
-against the gold integer, exactly.
+decoded and graded by :func:`extract_final_integer` (the one ``\\boxed{}`` answer, by the
+strict rule of :mod:`exgrpo.rewards.extraction`) against the gold integer, exactly.
 
 Splits. Every possible question falls on one side of a fixed hash split (:func:`is_rl_question`):
 the SFT warm start only ever trains on the "sft" side, and this task's train/val questions come
@@ -27,7 +27,8 @@ import numpy as np
 import torch
 
 from exgrpo.tasks.tokenizers import CharTokenizer
-from exgrpo.config import ArithmeticProblemsConfig, TextArithmeticTaskConfig
+from exgrpo.config import AnswerFormat, ArithmeticProblemsConfig, TextArithmeticTaskConfig
+from exgrpo.rewards.extraction import DEFAULT_MAX_ANSWER_CHARS, extract_answer, warn_if_lenient
 
 __all__ = [
     "ArithmeticProblemsConfig",
@@ -113,39 +114,19 @@ def sample_sft_problems(cfg: ArithmeticProblemsConfig, rng: np.random.Generator,
 # ------------------------------------------------------------------------------------------------
 # Grading
 # ------------------------------------------------------------------------------------------------
-_INT_RE = re.compile(r"(?:(?<![\w)\]}])-)?\d+")
-_INT_FULL_RE = re.compile(r"\s*[+-]?\d+\s*")
+_INT_FULL_RE = re.compile(r"[+-]?[0-9]+")
 
 
-def _last_boxed(text: str) -> str | None:
-    """Content of the last complete ``\\boxed{...}`` (braces balanced), else None."""
-    start = text.rfind("\\boxed")
-    while start != -1:
-        j = start + len("\\boxed")
-        if j < len(text) and text[j] == "{":
-            depth = 0
-            for k in range(j, len(text)):
-                if text[k] == "{":
-                    depth += 1
-                elif text[k] == "}":
-                    depth -= 1
-                    if depth == 0:
-                        return text[j + 1 : k]
-        start = text.rfind("\\boxed", 0, start)
-    return None
-
-
-def extract_final_integer(text: str) -> int | None:
-    """The integer in the last complete ``\\boxed{}`` (None if its content is not an integer);
-    without a box, the last integer in the text (a ``-`` glued to a preceding digit is an
-    operator: ``"5-3"`` -> 3); None if there is none."""
-    boxed = _last_boxed(text)
-    if boxed is not None:
-        return int(boxed) if _INT_FULL_RE.fullmatch(boxed) else None
-    last = None
-    for last in _INT_RE.finditer(text):
-        pass
-    return int(last.group(0)) if last is not None else None
+def extract_final_integer(
+    text: str,
+    answer_format: AnswerFormat = AnswerFormat.BOXED,
+    max_answer_chars: int | None = DEFAULT_MAX_ANSWER_CHARS,
+) -> int | None:
+    """The integer answer of ``text`` by the project's strict rule
+    (:func:`exgrpo.rewards.extraction.extract_answer`): the one boxed answer (or, with the lenient
+    format, the last number), if it is a plain ASCII integer; None otherwise."""
+    answer = extract_answer(text, answer_format, max_answer_chars)
+    return int(answer) if answer is not None and _INT_FULL_RE.fullmatch(answer) else None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -156,6 +137,7 @@ class TextArithmetic:
 
     def __init__(self, cfg: TextArithmeticTaskConfig | None = None, tokenizer: CharTokenizer | None = None) -> None:
         self.cfg = cfg = cfg or TextArithmeticTaskConfig()
+        warn_if_lenient(cfg.answer_format, "task text_arithmetic")
         self.tokenizer = tokenizer or CharTokenizer()
         total = cfg.n_train + cfg.n_val
         rng = np.random.default_rng(cfg.data_seed)
@@ -202,9 +184,13 @@ class TextArithmetic:
         """Response rows (N, T) -> text (specials, EOS included, dropped)."""
         return [self.tokenizer.decode(row[m].tolist()) for row, m in zip(tokens, mask.bool())]
 
+    def final_integer(self, text: str) -> int | None:
+        """The graded integer answer of a response text (the config's answer format)."""
+        return extract_final_integer(text, self.cfg.answer_format, self.cfg.max_answer_chars)
+
     def rewards(self, qids: Sequence[int], tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """(N,) float: 1.0 where the response's final integer equals the gold answer, else 0."""
         texts = self.decode(tokens, mask)
         return torch.tensor(
-            [float(extract_final_integer(t) == self.answers[int(q)]) for q, t in zip(qids, texts)], dtype=torch.float32
+            [float(self.final_integer(t) == self.answers[int(q)]) for q, t in zip(qids, texts)], dtype=torch.float32
         )

@@ -99,6 +99,8 @@ def hydra_overrides(cfg: ExperimentConfig, paths: RunPaths) -> list[str]:
         # reward: the task's own grader
         f"reward.custom_reward_function.path={paths.reward_fn}",
         "reward.custom_reward_function.name=compute_score",
+        f"+reward.custom_reward_function.reward_kwargs.answer_format={cfg.task.answer_format.value}",
+        f"+reward.custom_reward_function.reward_kwargs.max_answer_chars={cfg.task.max_answer_chars}",
         f"reward.num_workers={1 if cpu else 8}",
         # trainer
         "trainer.use_v1=False",

@@ -5,25 +5,39 @@ from __future__ import annotations
 from typing import Any
 
 from exgrpo.backends.verl.assets import DATA_SOURCE
+from exgrpo.config.options import AnswerFormat
+from exgrpo.rewards.extraction import DEFAULT_MAX_ANSWER_CHARS
 
 
-def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None, **kwargs: Any) -> float:
-    """1.0 when the response's final integer equals the gold answer (the tiny-lm tier's rule), else 0."""
+def compute_score(
+    data_source: str,
+    solution_str: str,
+    ground_truth: str,
+    extra_info: Any = None,
+    answer_format: str = "boxed",
+    max_answer_chars: int = DEFAULT_MAX_ANSWER_CHARS,
+    **kwargs: Any,
+) -> float:
+    """1.0 when the response's graded answer equals the gold answer, else 0.
+
+    Our task's rows use the tiny-lm rule (one boxed integer); others are graded by math-verify.
+    ``answer_format`` and ``max_answer_chars`` come from the task config (``reward_kwargs``).
+    """
     if data_source == DATA_SOURCE:
         from exgrpo.tasks.text_arithmetic import extract_final_integer
 
-        return float(extract_final_integer(solution_str) == int(ground_truth))
-    return float(_math_verifier().score_one(solution_str, ground_truth))
+        return float(extract_final_integer(solution_str, AnswerFormat(answer_format), max_answer_chars) == int(ground_truth))
+    return float(_math_verifier(answer_format, max_answer_chars).score_one(solution_str, ground_truth))
 
 
-_VERIFIER = None
+_VERIFIERS: dict[tuple[str, int], Any] = {}
 
 
-def _math_verifier():
-    """One math-verify grader per process (its worker pool is reused across calls)."""
-    global _VERIFIER
-    if _VERIFIER is None:
+def _math_verifier(answer_format: str, max_answer_chars: int):
+    """One math-verify grader per process and setting (its worker pool is reused across calls)."""
+    key = (answer_format, max_answer_chars)
+    if key not in _VERIFIERS:
         from exgrpo.rewards.math_reward import MathVerifier
 
-        _VERIFIER = MathVerifier()
-    return _VERIFIER
+        _VERIFIERS[key] = MathVerifier(answer_format=answer_format, max_answer_chars=max_answer_chars)
+    return _VERIFIERS[key]
