@@ -7,7 +7,6 @@ STAMP   := .venv/.installed
 export WANDB_MODE := disabled
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
-export RAY_AUTH_MODE := disabled
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_CLI_PROMPT := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 90

@@ -41,7 +41,7 @@ _TMP = Path(tempfile.mkdtemp(prefix="bench-orch-"))
 for _k, _v in {
     "PREFECT_HOME": str(_TMP / "prefect-home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     "PREFECT_CLI_PROMPT": "false", "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
-    "PREFECT_LOGGING_LEVEL": "WARNING", "PREFECT_SERVER_UI_ENABLED": "false", "RAY_AUTH_MODE": "disabled",
+    "PREFECT_LOGGING_LEVEL": "WARNING", "PREFECT_SERVER_UI_ENABLED": "false",
     "WANDB_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
 }.items():
     os.environ.setdefault(_k, _v)

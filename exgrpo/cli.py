@@ -51,7 +51,7 @@ def _load_flow(flow_file: Path, name: str):
     machines (stack-notes.md §10) unless the environment already sets them."""
     import os
 
-    for k, v in {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "RAY_AUTH_MODE": "disabled",
+    for k, v in {"PREFECT_SERVER_ANALYTICS_ENABLED": "false",
                  "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90"}.items():
         os.environ.setdefault(k, v)
     from prefect.flows import load_flow_from_entrypoint

@@ -17,7 +17,7 @@ atexit.register(shutil.rmtree, _HOME, True)
 for k, v in {
     "PREFECT_HOME": _HOME, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_CLI_PROMPT": "false",
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90", "PREFECT_LOGGING_LEVEL": "WARNING",
-    "PREFECT_SERVER_UI_ENABLED": "false", "RAY_AUTH_MODE": "disabled",
+    "PREFECT_SERVER_UI_ENABLED": "false",
 }.items():
     os.environ.setdefault(k, v)
 os.environ.pop("PREFECT_API_URL", None)

@@ -23,8 +23,7 @@ def test_dead_ray_cluster_file_does_not_break_local_runs():
     STALE.parent.mkdir(parents=True, exist_ok=True)
     STALE.write_text("127.0.0.1:9")  # a GCS address nobody listens on: the dead cluster
     try:
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180,
-                             env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
     finally:
         if saved is None:
             STALE.unlink(missing_ok=True)
@@ -32,3 +31,62 @@ def test_dead_ray_cluster_file_does_not_break_local_runs():
             STALE.write_text(saved)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["42"]
+
+
+_DRIVER = (
+    "import os, sys, ray\n"
+    "from exgrpo.sweep.runner import ensure_ray\n"
+    "ensure_ray()\n"
+    "print(ray.get_runtime_context().gcs_address, os.environ['RAY_AUTH_TOKEN'], flush=True)\n"
+    "sys.stdin.read()\n"  # stay up until the test closes stdin
+    "ray.shutdown()\n"
+)
+_CLIENT = (
+    "import sys, ray\n"
+    "try:\n"
+    "    ray.init(address=sys.argv[1])\n"
+    "    print('JOINED', ray.get(ray.remote(lambda: 41 + 1).remote()))\n"
+    "except Exception as e:\n"
+    "    print('REFUSED', type(e).__name__, str(e)[:200].replace(chr(10), ' '))\n"
+)
+
+
+def _client(address: str, env: dict[str, str]) -> str:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    out = subprocess.run([sys.executable, "-c", _CLIENT, address], capture_output=True, text=True, timeout=240,
+                         env={**base, **env})
+    return (out.stdout.strip().splitlines() or [f"no output: {out.stderr[-1500:]}"])[-1]
+
+
+def test_local_ray_refuses_clients_without_its_token():
+    """Before the fix the local Ray ran with RAY_AUTH_MODE=disabled: anyone who reached its ports could
+    join it and run code as the user. Now it uses token authentication with a per-process token."""
+    driver = subprocess.Popen([sys.executable, "-c", _DRIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env={k: v for k, v in os.environ.items()
+                                                                      if not k.startswith("RAY_AUTH")})
+    try:
+        line = driver.stdout.readline().split()
+        assert len(line) == 2, driver.stderr.read()[-2000:] if driver.poll() is not None else line
+        gcs, token = line
+        port = gcs.rsplit(":", 1)[1]
+        address = f"127.0.0.1:{port}"
+        assert _client(address, {"RAY_AUTH_MODE": "disabled"}).startswith("REFUSED")
+        assert _client(address, {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64}).startswith("REFUSED")
+        # the control: the same client with the driver's token joins (so the refusals above are auth)
+        assert _client(address, {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}) == "JOINED 42"
+    finally:
+        driver.stdin.close()
+        try:
+            driver.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            driver.kill()
+
+
+def test_disabled_ray_auth_is_refused_with_a_one_line_error(monkeypatch):
+    import pytest
+
+    from exgrpo.raylocal import enable_token_auth
+
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    with pytest.raises(RuntimeError, match="RAY_AUTH_MODE=disabled .* unset it"):
+        enable_token_auth()

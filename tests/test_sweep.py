@@ -15,7 +15,6 @@ optuna = pytest.importorskip("optuna")
 pytest.importorskip("ray")
 mlflow = pytest.importorskip("mlflow")
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 if "RAY_TMPDIR" not in os.environ:  # short: Ray's unix socket paths are length-limited
     os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="ray", dir="/tmp")
     atexit.register(shutil.rmtree, os.environ["RAY_TMPDIR"], True)  # runs after Ray's own atexit shutdown

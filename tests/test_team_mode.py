@@ -65,7 +65,6 @@ mlflow = pytest.importorskip("mlflow")
 pytest.importorskip("ray")
 yaml = pytest.importorskip("yaml")
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 if "RAY_TMPDIR" not in os.environ:  # short: Ray's unix socket paths are length-limited
     os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="ray", dir="/tmp")
     atexit.register(shutil.rmtree, os.environ["RAY_TMPDIR"], True)

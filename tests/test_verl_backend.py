@@ -219,8 +219,7 @@ def test_prefect_train_flow_launches_verl_as_a_ray_job_into_mlflow(tmp_path, cac
     """The train flow creates the MLflow run, submits the veRL run as a Ray Job, streams its log and
     records its metrics; a job that fails ends the MLflow run FAILED with the job id in the error."""
     for k, v in {"PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-                 "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90", "EXGRPO_CACHE": str(cache),
-                 "RAY_AUTH_MODE": "disabled"}.items():
+                 "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90", "EXGRPO_CACHE": str(cache)}.items():
         monkeypatch.setenv(k, v)
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     import ray

@@ -20,25 +20,19 @@ from exgrpo.sweep.study import make_pruner, open_study
 # --------------------------------------------------------------------------------------------
 def ensure_ray(address: str | None = None, num_cpus: int = 2) -> None:
     """``ray.init`` once per process: a cluster only when ``address`` is given; otherwise always a
-    private local Ray (``address="local"``, its own temp dir, no
-    dashboard), so a stale ``ray_current_cluster`` file left by a dead cluster is never picked up."""
+    private local Ray with token authentication (:func:`exgrpo.raylocal.init_local_ray`)."""
     import ray
 
     if ray.is_initialized():
         return
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
-    tmp = os.environ.get("RAY_TMPDIR")
+    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True,
+                              "runtime_env": {"env_vars": {"OMP_NUM_THREADS": "1"}}}
     if address:
-        kwargs["address"] = address
+        ray.init(address=address, **kwargs)
     else:
-        import tempfile
+        from exgrpo.raylocal import init_local_ray
 
-        kwargs.update(address="local", num_cpus=num_cpus)
-        # short path: Ray's socket paths must fit in 107 characters
-        kwargs["_temp_dir"] = tempfile.mkdtemp(prefix="exgrpo-ray-", dir=str(Path(tmp).resolve()) if tmp else None)
-    kwargs["runtime_env"] = {"env_vars": {"OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"}}
-    ray.init(**kwargs)
+        init_local_ray(num_cpus, **kwargs)
 
 
 # --------------------------------------------------------------------------------------------

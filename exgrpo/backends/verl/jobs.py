@@ -4,6 +4,7 @@ and turn its final status into a result or a one-line error with the job id and 
 Without a configured job address, a private local Ray with its job server is started for the
 submission (dashboard on 127.0.0.1); the job itself runs veRL's driver, which starts its own
 private Ray for the workers (``backend.verl.ray_address`` unset) or joins the configured cluster.
+Both private Rays use token authentication (:mod:`exgrpo.raylocal`): the job inherits the token.
 """
 
 from __future__ import annotations
@@ -27,14 +28,13 @@ def local_job_server(num_cpus: int = 4) -> str:
     returns the job-server address."""
     global _LOCAL_JOB_SERVER
     if _LOCAL_JOB_SERVER is None:
-        import tempfile
-
         import ray
+
+        from exgrpo.raylocal import init_local_ray
 
         if ray.is_initialized():  # e.g. an earlier comparison's Ray in this process, started without a job server
             ray.shutdown()
-        ctx = ray.init(address="local", num_cpus=num_cpus, include_dashboard=True, dashboard_host="127.0.0.1",
-                       _temp_dir=tempfile.mkdtemp(prefix="exgrpo-ray-"))
+        ctx = init_local_ray(num_cpus, include_dashboard=True, dashboard_host="127.0.0.1")
         _LOCAL_JOB_SERVER = "http://" + ctx.dashboard_url
     return _LOCAL_JOB_SERVER
 

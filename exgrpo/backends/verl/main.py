@@ -71,8 +71,11 @@ def run(cfg: ExperimentConfig, overrides: list[str]) -> None:
                 env[key] = os.environ[key]
         init = {k: v for k, v in init.items() if v is not None}
         if init.get("address") == "local":  # a private Ray, even inside a Ray Job (its env is forwarded above)
+            from exgrpo.raylocal import enable_token_auth
+
             os.environ.pop("RAY_JOB_CONFIG_JSON_ENV_VAR", None)
             os.environ.pop("RAY_ADDRESS", None)
+            env.update(enable_token_auth())
         ray.init(runtime_env=runtime_env, **init)
     runner = ExGRPOTaskRunner.remote()
     ray.get(runner.run.remote(config, cfg.model_dump_json()))

@@ -1,0 +1,66 @@
+"""Starting the embedded default's private local Ray, safely (issue 10, item 1).
+
+Ray 2.60's GCS, raylet and workers listen on every interface whatever ``node_ip_address`` says
+(measured with ``ss -ltnp``; README "Security and failure behaviour"), so the private Ray is
+protected by Ray's **token authentication**: a random token per process, in ``RAY_AUTH_TOKEN``,
+with ``RAY_AUTH_MODE=token``. Every process Ray starts inherits both; a client that does not hold
+the token (another user, another host) is refused by the GCS and the job server. The dashboard
+and job server bind to 127.0.0.1.
+
+A configured cluster (``ray_address``) is joined as it is: its operator secures it (README,
+team mode).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+AUTH_MODE_VAR = "RAY_AUTH_MODE"
+TOKEN_VAR = "RAY_AUTH_TOKEN"
+
+
+def enable_token_auth() -> dict[str, str]:
+    """Token authentication for this process and everything it starts; returns the two variables.
+
+    An explicit ``RAY_AUTH_MODE=disabled`` in the environment is an error: the local Ray would
+    accept any client that reaches its ports.
+    """
+    mode = os.environ.get(AUTH_MODE_VAR, "token").lower()
+    if mode != "token":
+        raise RuntimeError(
+            f"{AUTH_MODE_VAR}={os.environ[AUTH_MODE_VAR]} would start a local Ray that accepts any client; "
+            f"unset it (the project starts Ray with token authentication)"
+        )
+    os.environ[AUTH_MODE_VAR] = "token"
+    os.environ.setdefault(TOKEN_VAR, secrets.token_hex(32))
+    os.environ.pop("RAY_AUTH_TOKEN_PATH", None)  # the token in the environment is the one
+    if "ray" in sys.modules:  # Ray read its config at import: make this process see token mode too
+        from ray._raylet import AuthenticationTokenLoader, Config
+
+        Config.initialize("")
+        AuthenticationTokenLoader.instance().reset_cache()
+    return {AUTH_MODE_VAR: "token", TOKEN_VAR: os.environ[TOKEN_VAR]}
+
+
+def local_temp_dir() -> str:
+    """A fresh temp dir for one private Ray (short: Ray's socket paths must fit in 107 characters)."""
+    tmp = os.environ.get("RAY_TMPDIR")
+    return tempfile.mkdtemp(prefix="exgrpo-ray-", dir=str(Path(tmp).resolve()) if tmp else None)
+
+
+def init_local_ray(num_cpus: int, **kwargs: Any):
+    """``ray.init`` of a private local Ray (``address="local"``, its own temp dir, token auth).
+
+    A stale ``ray_current_cluster`` file left by a dead cluster is never picked up.
+    """
+    import ray
+
+    env = enable_token_auth()
+    runtime_env = dict(kwargs.pop("runtime_env", None) or {})
+    runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **env}
+    return ray.init(address="local", num_cpus=num_cpus, _temp_dir=local_temp_dir(), runtime_env=runtime_env, **kwargs)
