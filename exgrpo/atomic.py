@@ -1,28 +1,46 @@
-"""Atomic file writes: write a temporary file beside the target, then rename it into place, so a
-kill mid-write never leaves a torn file under the final name."""
+"""Atomic file writes: write a temporary file beside the target, flush it to disk (fsync), then
+rename it into place, so a kill or a crash mid-write never leaves a torn file under the final name,
+and a failed write leaves no temporary file behind."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
+
+
+def _write_atomic(path: str | Path, write: Callable[[BinaryIO], None]) -> Path:
+    """Call ``write`` on ``<path>.tmp``, fsync it, rename it to ``path`` and fsync the directory."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    try:  # the rename itself is durable once the directory entry is on disk
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:  # some filesystems cannot fsync a directory
+        pass
+    return path
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:
-    """Write ``text`` to ``path`` through ``<path>.tmp`` and a rename."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-    return path
+    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    return _write_atomic(path, lambda f: f.write(text.encode()))
 
 
 def torch_save_atomic(obj: Any, path: str | Path) -> Path:
-    """``torch.save`` to ``path`` through ``<path>.tmp`` and a rename."""
+    """``torch.save`` ``obj`` to ``path`` atomically."""
     import torch
 
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-    return path
+    return _write_atomic(path, lambda f: torch.save(obj, f))

@@ -46,17 +46,26 @@ def _fields_epilog() -> str:
     return "\n".join(lines)
 
 
-def _load_flow(flow_file: Path, name: str):
-    """A flow of ``flows/`` to run on Prefect's local API, with the settings it needs on these
-    machines (stack-notes.md §10) unless the environment already sets them."""
+def _load_flow(module: str, name: str):
+    """Flow ``name`` of the installed ``flows`` package (``flows/<module>.py``), to run on Prefect's
+    local API with the settings it needs on these machines (stack-notes.md §10) unless the
+    environment already sets them. A missing flow is a one-line error, never a silent fallback."""
+    import importlib
     import os
 
-    for k, v in {"PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-                 "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90"}.items():
+    for k, v in {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90"}.items():
         os.environ.setdefault(k, v)
-    from prefect.flows import load_flow_from_entrypoint
+    try:
+        return getattr(importlib.import_module(f"flows.{module}"), name)
+    except (ImportError, AttributeError) as e:
+        raise FlowMissing(
+            f"the Prefect flow flows/{module}.py:{name} cannot be loaded ({e}); reinstall with `make venv`, "
+            "or pass --no-prefect to run without Prefect"
+        ) from e
 
-    return load_flow_from_entrypoint(f"{flow_file}:{name}")
+
+class FlowMissing(RuntimeError):
+    """A Prefect flow of the ``flows`` package cannot be imported."""
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -86,10 +95,9 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         cc = cc.model_copy(update={"seeds": list(range(args.seeds))})
     from exgrpo.compare import RunOutcome, format_table, jobs, run_local, summarize
     from exgrpo.report import comparison_figure
-    from exgrpo.tracking import TrackingError, project_root
+    from exgrpo.tracking import TrackingError
 
-    flow_file = project_root() / "flows" / "compare.py"
-    if args.no_prefect or not flow_file.is_file():
+    if args.no_prefect:
         from rich.progress import Progress
 
         from exgrpo.progress import console
@@ -103,11 +111,11 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
             outcomes = run_local(cc, workers=args.workers, on_done=done)
     else:
-        flow = _load_flow(flow_file, "compare_flow")
         try:
+            flow = _load_flow("compare", "compare_flow")
             out = flow(config=str(args.config), seeds=args.seeds, overrides=overrides,
                        tracking_uri=args.tracking_uri, executor="ray", workers=args.workers)
-        except TrackingError as e:
+        except (TrackingError, FlowMissing) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
         outcomes = [RunOutcome(**o) for o in out["outcomes"]]
@@ -149,15 +157,14 @@ def _cmd_config(args: argparse.Namespace) -> int:
 def _cmd_sweep(args: argparse.Namespace) -> int:
 
     from exgrpo.sweep import load_sweep
-    from exgrpo.tracking import TrackingError, project_root
+    from exgrpo.tracking import TrackingError
 
     overrides = parse_set(args.set)
     if args.study_name:
         overrides["study.name"] = args.study_name
     sc = load_sweep(args.config, overrides)  # fails here, before any work, on a bad space
-    flow_file = project_root() / "flows" / "sweep.py"
     try:
-        if args.no_prefect or not flow_file.is_file():
+        if args.no_prefect:
             from exgrpo.sweep import run_sweep
 
             res = run_sweep(sc, storage=args.storage, tracking_uri=args.tracking_uri, ray_address=args.ray_address,
@@ -170,12 +177,12 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
                               "best_params": res.best_params, "counts": res.counts,
                               "mlflow_parent_run_id": res.parent_run_id}, indent=2, default=str))
             return 0
-        flow = _load_flow(flow_file, "sweep_flow")
+        flow = _load_flow("sweep", "sweep_flow")
         out = flow(config=str(args.config), n_trials=args.n_trials, overrides=overrides, storage=args.storage,
                    tracking_uri=args.tracking_uri, ray_address=args.ray_address)
         print(json.dumps({k: v for k, v in out.items() if k != "trials"}, indent=2, default=str))
         return 0
-    except TrackingError as e:
+    except (TrackingError, FlowMissing) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

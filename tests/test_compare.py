@@ -88,3 +88,21 @@ def test_compare_cli_runs_the_prefect_flow_into_mlflow(tmp_path):
     assert len(parents) == 1 and len(children) == 4
     assert {r.data.tags["algo"] for r in children} == {"grpo", "exgrpo"}
     assert parents[0].info.run_id in out.stdout
+
+
+def test_flows_are_found_by_import_from_any_directory(tmp_path):
+    """`exgrpo compare/sweep` import the installed flows package; they used to look for ./flows and
+    silently ran without Prefect when it was not there (any other working directory)."""
+    code = "from exgrpo.cli import _load_flow; print(_load_flow('compare', 'compare_flow').name, _load_flow('sweep', 'sweep_flow').name)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["compare", "sweep"]
+
+
+def test_a_missing_flow_is_a_one_line_error_not_a_silent_fallback(monkeypatch, capsys):
+    from exgrpo import cli
+
+    monkeypatch.setitem(sys.modules, "flows.compare", None)  # the import now fails
+    assert cli.main(["compare", "experiments/toy.yaml", "--seeds", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "flows/compare.py:compare_flow cannot be loaded" in err[0] and "--no-prefect" in err[0]

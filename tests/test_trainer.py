@@ -103,3 +103,49 @@ def test_cli_train_killed_then_resumed_matches_uninterrupted(tmp_path):
 def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         Trainer(small_cfg(tmp_path)).fit(progress=False, resume=True)
+
+
+# ------------------------------------------------------------------ torn files (issue 10, item 5)
+def test_torn_newest_checkpoint_falls_back_to_the_newest_intact_one(tmp_path, capsys):
+    """Before: a truncated newest checkpoint crashed --resume. Now resume says which file is torn,
+    continues from the one before, and ends where the uninterrupted run ends."""
+    full = Trainer(small_cfg(tmp_path / "a", **{"train.checkpoint_every": 5})).fit(progress=False)
+    cfg = small_cfg(tmp_path / "b", **{"train.checkpoint_every": 5})
+    Trainer(cfg).fit(progress=False, stop_after_step=15)
+    newest = ckpt.latest_checkpoint(cfg.run_dir())
+    assert newest.name == "step_0000015.pt"
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 3])  # torn mid-write
+    with (cfg.run_dir() / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 16.0, "actor/lo')  # a kill during a metrics write
+    resumed = Trainer(cfg).fit(progress=False, resume=True)
+    err = capsys.readouterr().err
+    assert "step_0000015.pt is unreadable" in err and "falling back to the previous one (step_0000010.pt)" in err
+    assert "torn metrics line is dropped" in err
+    assert strip_time(resumed.history) == strip_time(full.history)
+
+
+def test_only_torn_checkpoints_is_a_clear_error(tmp_path):
+    cfg = small_cfg(tmp_path, **{"train.checkpoint_every": 5})
+    Trainer(cfg).fit(progress=False, stop_after_step=5)
+    only = ckpt.latest_checkpoint(cfg.run_dir())
+    only.write_bytes(b"not a checkpoint")
+    with pytest.raises(FileNotFoundError, match="no readable checkpoint"):
+        Trainer(cfg).fit(progress=False, resume=True)
+
+
+def test_a_failed_atomic_write_leaves_the_old_file_and_no_tmp(tmp_path):
+    from exgrpo.atomic import torch_save_atomic, write_text_atomic
+
+    target = tmp_path / "state.pt"
+    torch_save_atomic({"x": torch.ones(2)}, target)
+
+    class Unpicklable:
+        def __reduce__(self):
+            raise RuntimeError("disk full")  # stands in for any failure during the write
+
+    with pytest.raises(RuntimeError, match="disk full"):
+        torch_save_atomic({"x": Unpicklable()}, target)
+    assert [p.name for p in tmp_path.iterdir()] == ["state.pt"]
+    assert torch.equal(torch.load(target, weights_only=True)["x"], torch.ones(2))
+    write_text_atomic(tmp_path / "a.txt", "hello")
+    assert (tmp_path / "a.txt").read_text() == "hello" and not (tmp_path / "a.txt.tmp").exists()

@@ -1,23 +1,28 @@
 """Checkpoints: model, optimiser, experience pool, replay switch, RNG states and step, in one file.
 
-Written atomically (temp file + rename) as ``<run_dir>/checkpoints/step_<n>.pt``; loaded with
-``torch.load(weights_only=True)`` (the state holds only tensors and plain containers).
+Written atomically (temp file + fsync + rename) as ``<run_dir>/checkpoints/step_<n>.pt``; loaded
+with ``torch.load(weights_only=True)`` (the state holds only tensors and plain containers). Resume
+takes the newest checkpoint that loads: a torn one (a disk that filled, a copy cut short) is
+skipped with a warning naming it, and the run goes on from the one before.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
-from exgrpo.atomic import torch_save_atomic
+from exgrpo.atomic import torch_save_atomic, write_text_atomic
 
 if TYPE_CHECKING:
     from exgrpo.backends.native.trainer import Trainer
 
+logger = logging.getLogger(__name__)
 _STEP = re.compile(r"step_(\d+)\.pt$")
 
 
@@ -27,10 +32,30 @@ def save(trainer: Trainer, run_dir: Path) -> Path:
     return torch_save_atomic(trainer.state_dict(), d / f"step_{trainer.step:07d}.pt")
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
+def checkpoints(run_dir: Path) -> list[Path]:
+    """The run's ``step_*.pt`` files, oldest first."""
     d = run_dir / "checkpoints"
     found = sorted((int(m.group(1)), p) for p in d.glob("step_*.pt") if (m := _STEP.search(p.name)))
-    return found[-1][1] if found else None
+    return [p for _, p in found]
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    found = checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def load_latest_intact(run_dir: Path, warn: Callable[[str], None] = logger.warning) -> tuple[Path, dict] | None:
+    """The newest checkpoint that loads, and its state; None if there is none. Each torn newer one
+    is reported through ``warn`` (one line: which file, why, which one is used instead)."""
+    found = checkpoints(run_dir)
+    for i in range(len(found) - 1, -1, -1):
+        try:
+            return found[i], load_state(found[i])
+        except Exception as e:  # noqa: BLE001 - torch.load raises many types for a torn zip
+            older = found[i - 1].name if i > 0 else "none left"
+            warn(f"checkpoint {found[i]} is unreadable ({type(e).__name__}: {str(e)[:120]}); "
+                 f"falling back to the previous one ({older})")
+    return None
 
 
 def load_state(path: Path) -> dict:
@@ -41,13 +66,21 @@ def load(trainer: Trainer, path: Path) -> None:
     trainer.load_state_dict(load_state(path))
 
 
-def read_metrics(path: Path, up_to_step: int) -> list[dict[str, float]]:
-    """Metric records with step <= ``up_to_step`` (later ones belong to the killed tail)."""
+def read_metrics(path: Path, up_to_step: int, warn: Callable[[str], None] = logger.warning) -> list[dict[str, float]]:
+    """Metric records with step <= ``up_to_step`` (later ones belong to the killed tail). A line
+    that does not parse (a kill during its write) is dropped with a warning."""
     if not path.exists():
         return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            warn(f"{path}:{n}: a torn metrics line is dropped ({line[:60]!r})")
     return [r for r in rows if r["step"] <= up_to_step]
 
 
 def write_metrics(path: Path, rows: list[dict[str, float]]) -> None:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))

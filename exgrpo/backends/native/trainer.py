@@ -228,13 +228,14 @@ class Trainer:
         run_dir.mkdir(parents=True, exist_ok=True)
         metrics_path = run_dir / "metrics.jsonl"
         if resume:
-            path = ckpt.latest_checkpoint(run_dir)
-            if path is None:
-                raise FileNotFoundError(f"--resume: no checkpoint under {run_dir / 'checkpoints'}; run without --resume")
-            state = ckpt.load_state(path)
+            found = ckpt.load_latest_intact(run_dir, warn=_say)
+            if found is None:
+                what = "readable checkpoint" if ckpt.checkpoints(run_dir) else "checkpoint"
+                raise FileNotFoundError(f"--resume: no {what} under {run_dir / 'checkpoints'}; run without --resume")
+            path, state = found
             check_resume(state["config"], self.cfg.model_dump_json(), path, force=force_resume)
             self.load_state_dict(state)
-            self.history = ckpt.read_metrics(metrics_path, up_to_step=self.step)
+            self.history = ckpt.read_metrics(metrics_path, up_to_step=self.step, warn=_say)
             ckpt.write_metrics(metrics_path, self.history)
         else:
             metrics_path.write_text("")
@@ -301,6 +302,13 @@ class Trainer:
         torch.set_rng_state(state["rng"]["torch_global"])
         self.rng.bit_generator.state = json.loads(state["rng"]["numpy"])
         self.fresh.rng.bit_generator.state = json.loads(state["rng"]["numpy_fresh"])
+
+
+def _say(message: str) -> None:
+    """A one-line note to the user (resume fall-backs), on stderr."""
+    import sys
+
+    print(f"note: {message}", file=sys.stderr)
 
 
 def _legacy_replay_state(state: dict[str, Any]) -> dict[str, Any]:
