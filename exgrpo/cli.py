@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import sys
 import textwrap
@@ -292,6 +293,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+_WRITE_ERRORS = {
+    errno.ENOSPC: "the disk is full: free space or choose another --output-dir",
+    errno.EDQUOT: "the disk quota is used up: free space or choose another --output-dir",
+    errno.EFBIG: "a file grew past this system's size limit: choose another --output-dir",
+    errno.EACCES: "no permission: choose a writable --output-dir",
+    errno.EPERM: "not permitted: choose a writable --output-dir",
+    errno.EROFS: "a read-only file system: choose a writable --output-dir",
+}
+"""Write failures (errno) that end a command with one line instead of a traceback."""
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from exgrpo.runs import ResumeMismatch
@@ -300,6 +312,12 @@ def main(argv: list[str] | None = None) -> int:
         return args.fn(args)
     except (ConfigError, ResumeMismatch) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        hint = _WRITE_ERRORS.get(e.errno or 0)
+        if hint is None:
+            raise
+        print(f"error: cannot write {e.filename or 'the run directory'}: {e.strerror} ({hint})", file=sys.stderr)
         return 2
     except RuntimeError as e:  # a failed veRL run: one line with the log path, then its last lines
         if type(e).__name__ != "VerlRunError":

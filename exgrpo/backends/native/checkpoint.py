@@ -58,8 +58,31 @@ def load_latest_intact(run_dir: Path, warn: Callable[[str], None] = logger.warni
     return None
 
 
+class CheckpointError(ValueError):
+    """A file that is not a readable exgrpo checkpoint; the message is one line naming the file."""
+
+
 def load_state(path: Path) -> dict:
-    return torch.load(path, map_location="cpu", weights_only=True)
+    """The state dict of checkpoint ``path``, loaded with ``weights_only=True`` (tensors and plain
+    containers only: a pickle that would run code is refused). CheckpointError if it is not one."""
+    import pickle
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        if "weights_only" in str(e).lower() or "weights only" in str(e).lower():
+            raise CheckpointError(f"{path}: refused to load: it holds Python objects, not only tensors (exgrpo "
+                                  f"checkpoints load with weights_only=True; a foreign or hostile pickle)") from e
+        raise CheckpointError(f"{path}: not a readable exgrpo checkpoint ({_first_line(e)})") from e
+    except Exception as e:  # noqa: BLE001 - torch.load raises many types for torn or foreign files
+        raise CheckpointError(f"{path}: not a readable exgrpo checkpoint (torn or another format: {_first_line(e)})") from e
+    if not isinstance(state, dict) or not {"config", "model"} <= set(state):
+        raise CheckpointError(f"{path}: not an exgrpo checkpoint (no 'config' and 'model' entries)")
+    return state
+
+
+def _first_line(e: Exception) -> str:
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:160]}"
 
 
 def load(trainer: Trainer, path: Path) -> None:
