@@ -15,7 +15,7 @@ from typing import Any
 
 SAFE_TO_CHANGE: tuple[str, ...] = (
     "train.max_steps", "train.epochs", "train.eval_every_epochs", "train.eval_every_steps",
-    "train.eval_before_train", "train.checkpoint_every", "train.threads", "output_dir",
+    "train.eval_before_train", "train.checkpoint_every", "train.keep_last", "train.threads", "output_dir",
     "backend.verl.launch", "backend.verl.job_address", "backend.verl.ray_address", "backend.verl.num_cpus",
 )
 """Fields a resumed run may change: they do not change what the checkpoint means."""

@@ -149,3 +149,17 @@ def test_a_failed_atomic_write_leaves_the_old_file_and_no_tmp(tmp_path):
     assert torch.equal(torch.load(target, weights_only=True)["x"], torch.ones(2))
     write_text_atomic(tmp_path / "a.txt", "hello")
     assert (tmp_path / "a.txt").read_text() == "hello" and not (tmp_path / "a.txt.tmp").exists()
+
+
+def test_keep_last_keeps_the_disk_bounded(tmp_path):
+    cfg = small_cfg(tmp_path, **{"train.checkpoint_every": 2, "train.keep_last": 2, "train.max_steps": 11})
+    Trainer(cfg).fit(progress=False)
+    assert [p.name for p in ckpt.checkpoints(cfg.run_dir())] == ["step_0000010.pt", "step_0000011.pt"]
+    assert Trainer(cfg).fit(progress=False, resume=True).final_metrics["step"] == 11
+
+
+def test_budget_steps_beyond_the_epochs_are_said_not_silently_capped(tmp_path, capsys):
+    trainer = Trainer(small_cfg(tmp_path, **{"train.epochs": 2, "train.max_steps": 50}))
+    assert trainer.total_steps == 10
+    err = capsys.readouterr().err
+    assert "train.max_steps=50 is more than the 10 steps train.epochs=2 allow" in err

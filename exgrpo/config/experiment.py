@@ -64,6 +64,9 @@ class TrainConfig(_Strict):
     """Validate every this many steps instead (overrides eval_every_epochs); None: use epochs."""
     checkpoint_every: int = Field(0, ge=0)
     """Write a checkpoint every this many steps (0: only at the end)."""
+    keep_last: int | None = Field(None, ge=1)
+    """Keep only the newest this many checkpoints (disk stays bounded); None keeps all. Use >= 2 so
+    a torn newest one leaves one to resume from."""
     threads: int = Field(1, ge=1)
     """torch intra-op threads of one training process."""
 

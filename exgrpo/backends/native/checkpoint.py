@@ -27,9 +27,15 @@ _STEP = re.compile(r"step_(\d+)\.pt$")
 
 
 def save(trainer: Trainer, run_dir: Path) -> Path:
+    """Write ``step_<n>.pt``; then, with ``train.keep_last``, delete all but the newest that many."""
     d = run_dir / "checkpoints"
     d.mkdir(parents=True, exist_ok=True)
-    return torch_save_atomic(trainer.state_dict(), d / f"step_{trainer.step:07d}.pt")
+    path = torch_save_atomic(trainer.state_dict(), d / f"step_{trainer.step:07d}.pt")
+    keep = trainer.cfg.train.keep_last
+    if keep:
+        for old in checkpoints(run_dir)[:-keep]:
+            old.unlink(missing_ok=True)
+    return path
 
 
 def checkpoints(run_dir: Path) -> list[Path]:

@@ -116,6 +116,9 @@ class Trainer:
         self.steps_per_epoch = math.ceil(len(task.train_ids) / train.batch_size)
         total = train.epochs * self.steps_per_epoch
         self.total_steps = min(total, train.max_steps) if train.max_steps else total
+        if train.max_steps and train.max_steps > total:
+            _say(f"train.max_steps={train.max_steps} is more than the {total} steps train.epochs={train.epochs} allow "
+                 f"({self.steps_per_epoch} per epoch); the run stops at step {total} (raise train.epochs for more)")
         self.step = 0
         self.history: list[dict[str, float]] = []
 
