@@ -2,6 +2,7 @@
 on gloo), GRPO and ExGRPO end to end through the CLI, a real kill and resume with the pool."""
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from exgrpo.atomic import torch_save_atomic
 from exgrpo.config import ConfigError, load_experiment
 
 EXGRPO = "experiments/verl-tiny-exgrpo.yaml"
@@ -179,6 +181,30 @@ def test_verl_exgrpo_replays_through_the_real_actor_loss(tmp_path, cache):
     assert max(r["pool/questions"] for r in rows) > 0
     pool = torch.load(run_dir / "checkpoints" / "global_step_6" / "exgrpo_pool.pt", weights_only=True)
     assert pool["step"] == 6 and len(pool["replay"]["pool"]["questions"]) == rows[-1]["pool/questions"]
+
+
+@pytest.mark.slow
+def test_verl_actor_update_sees_a_known_shift_of_behaviour_log_probs(tmp_path, cache):
+    """veRL's real actor update (FSDP2 on gloo) computes the importance ratio of replayed tokens
+    against the *stored* behaviour log-probs: lower every stored log-prob by delta, resume, and the
+    ratio that comes out of the worker's loss is exp(delta) (times the policy's own small drift)."""
+    delta = 1.0
+    _train(EXGRPO, tmp_path, cache, "--set=train.max_steps=2", "--set=train.checkpoint_every=2")
+    run_dir = tmp_path / "verl-tiny-exgrpo" / "seed0"
+    pool_path = run_dir / "checkpoints" / "global_step_2" / "exgrpo_pool.pt"
+    state = torch.load(pool_path, weights_only=True)
+    questions = state["replay"]["pool"]["questions"]
+    assert questions, "nothing stored in two steps"
+    for q in questions:
+        q["behaviour_logp"] = [lp - delta for lp in q["behaviour_logp"]]
+    torch_save_atomic(state, pool_path)
+
+    _train(EXGRPO, tmp_path, cache, "--set=train.max_steps=3", "--set=train.checkpoint_every=2", "--resume")
+    row = next(r for r in _rows(run_dir) if r.get("step") == 3 and "batch/solved" in r)
+    assert row["replay/questions"] > 0 and row["actor/off_token_fraction"] > 0, row
+    expected = math.exp(delta)
+    assert expected / 1.3 < row["actor/off_ratio_mean"] < expected * 1.3, row["actor/off_ratio_mean"]
+    assert row["actor/on_ratio_max"] < 1.5  # fresh rows are untouched
 
 
 @pytest.mark.slow
