@@ -123,7 +123,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         print(f"MLflow parent run: {out['parent_run_id']} (experiment {out['experiment_id']}); "
               f"browse with `exgrpo ui` or `exgrpo dashboard --run-id {out['parent_run_id']}`")
     rows = summarize(outcomes, list(cc.arms), cc.baseline)
-    print(format_table(rows, cc.metric, cc.baseline))
+    horizon = max((o.curve_steps[-1] for o in outcomes if o.curve_steps), default=None)
+    print(format_table(rows, cc.metric, cc.baseline, horizon))
     report = Path(args.report or cc.base.output_dir / cc.base.name / "comparison.png")
     print(f"report: {comparison_figure(outcomes, list(cc.arms), cc.metric, report)}")
     if args.json:

@@ -112,16 +112,48 @@ def summarize(outcomes: Iterable[RunOutcome], arms: list[str], baseline: str) ->
     return rows
 
 
-def format_table(rows: list[ArmSummary], metric: str, baseline: str) -> str:
-    """A plain-text table (also valid Markdown)."""
+def format_table(rows: list[ArmSummary], metric: str, baseline: str, horizon: float | None = None) -> str:
+    """The comparison as a Markdown table, a one-line legend per column and a verdict in words.
+
+    ``horizon`` is the last evaluated step (for "not reached within N steps")."""
     lines = [
         f"| arm | seeds | final {metric} (mean ± 95% CI) | diff vs {baseline} (paired, 95% CI) | step reaching {baseline}'s final |",
         "|---|---|---|---|---|",
     ]
+    within = f" within {int(horizon)} steps" if horizon else ""
     for r in rows:
         diff = "—" if r.diff_vs_baseline is None else (
             f"{r.diff_vs_baseline.mean:+.4f} [{r.diff_vs_baseline.low:+.4f}, {r.diff_vs_baseline.high:+.4f}]"
         )
-        reach = "never (median)" if r.steps_to_baseline_final is None else f"{int(r.steps_to_baseline_final)}"
+        if r.arm == baseline:
+            reach = "— (baseline)"
+        else:
+            reach = f"not reached{within}" if r.steps_to_baseline_final is None else f"{int(r.steps_to_baseline_final)}"
         lines.append(f"| {r.arm} | {r.final.n} | {r.final} | {diff} | {reach} |")
+    n = max((r.final.n for r in rows), default=0)
+    lines += [
+        "",
+        f"- final {metric}: the metric at each run's last step; mean over {n} seeds ± a Student-t 95% CI.",
+        f"- diff vs {baseline}: the arm minus {baseline} on the same seed, averaged; a Student-t 95% CI of the paired differences.",
+        f"- step reaching {baseline}'s final: median over seeds of the first evaluation at which the arm reaches "
+        f"{baseline}'s mean final value.",
+        "",
+        verdict(rows, metric, baseline),
+    ]
     return "\n".join(lines)
+
+
+def verdict(rows: list[ArmSummary], metric: str, baseline: str) -> str:
+    """One sentence per non-baseline arm: ahead or behind, by how much, and whether the CI excludes zero."""
+    out = []
+    for r in rows:
+        d = r.diff_vs_baseline
+        if r.arm == baseline or d is None:
+            continue
+        side = "ahead of" if d.mean > 0 else "behind" if d.mean < 0 else "level with"
+        if d.low > 0 or d.high < 0:
+            sure = "the 95% CI excludes zero"
+        else:
+            sure = "the 95% CI includes zero, so no difference can be claimed"
+        out.append(f"{r.arm} is {side} {baseline} by {abs(d.mean):.4f} in final {metric} over {d.n} paired seeds; {sure}.")
+    return " ".join(out) if out else f"Only {baseline} has results."

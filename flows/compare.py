@@ -55,7 +55,6 @@ def compare_flow(
     create_table_artifact(res.table_rows(), key=_key(cc.base.name, "comparison-table"),
                           description=f"final {cc.metric} per arm")
     create_link_artifact(res.url, link_text=f"MLflow: compare {cc.base.name}", key=_key(cc.base.name, "mlflow"))
-    print(res.table)
     return {"parent_run_id": res.parent_run_id, "experiment_id": res.experiment_id, "table": res.table,
             "rows": res.table_rows(), "runs": {f"{o.arm}/seed{o.seed}": o.run_id for o in res.outcomes},
             "outcomes": [dataclasses.asdict(o) for o in res.outcomes]}

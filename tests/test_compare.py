@@ -27,6 +27,22 @@ def test_paired_difference_and_steps_to_target():
     assert steps_to_target([1, 2], [0.1, 0.2], 0.5) is None
 
 
+def test_the_table_explains_itself():
+    from exgrpo.compare import ArmSummary, format_table
+    from exgrpo.stats import Estimate
+
+    rows = [ArmSummary("grpo", Estimate(0.40, 0.35, 0.45, 3), None, 60.0),
+            ArmSummary("exgrpo", Estimate(0.36, 0.33, 0.39, 3), Estimate(-0.04, -0.11, 0.02, 3), None),
+            ArmSummary("big", Estimate(0.50, 0.47, 0.53, 3), Estimate(0.10, 0.05, 0.15, 3), 40.0)]
+    text = format_table(rows, "val/accuracy", "grpo", horizon=120)
+    assert "| grpo | 3 |" in text and "| — (baseline) |" in text  # no "never" for the baseline itself
+    assert "| not reached within 120 steps |" in text and "| 40 |" in text
+    assert "mean over 3 seeds ± a Student-t 95% CI" in text
+    assert ("exgrpo is behind grpo by 0.0400 in final val/accuracy over 3 paired seeds; "
+            "the 95% CI includes zero, so no difference can be claimed.") in text
+    assert "big is ahead of grpo by 0.1000 in final val/accuracy over 3 paired seeds; the 95% CI excludes zero." in text
+
+
 def test_summarize_pairs_by_seed():
     outs = [RunOutcome("grpo", s, 0.25 * s, [1, 2], [0.0, 0.25 * s]) for s in range(3)]
     outs += [RunOutcome("ex", s, 0.25 * s + 0.125, [1, 2], [0.25 * s, 0.25 * s + 0.125]) for s in range(3)]
@@ -47,6 +63,8 @@ TINY_COMPARE = (
 def _check_outputs(out, tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert "| grpo | 2 |" in out.stdout and "| exgrpo | 2 |" in out.stdout
+    assert (out.stdout + out.stderr).count("| arm | seeds |") == 1  # the table is printed once
+    assert "| grpo | 2 |" in out.stdout and "— (baseline) |" in out.stdout and "over 2 paired seeds" in out.stdout
     assert (tmp_path / "runs" / "tiny" / "comparison.png").stat().st_size > 10_000
     for arm in ("grpo", "exgrpo"):
         for seed in (0, 1):

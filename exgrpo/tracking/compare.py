@@ -131,7 +131,8 @@ def run_tracked_compare(
             raise ValueError(f"executor={executor!r}: use 'ray' or 'process'")
 
         rows = summarize(outcomes, list(cc.arms), cc.baseline) if outcomes else []
-        table = format_table(rows, cc.metric, cc.baseline)
+        horizon = max((o.curve_steps[-1] for o in outcomes if o.curve_steps), default=None)
+        table = format_table(rows, cc.metric, cc.baseline, horizon)
         metrics: dict[str, float] = {}
         for r in rows:
             metrics[f"{r.arm}/final_mean"] = r.final.mean
@@ -145,6 +146,7 @@ def run_tracked_compare(
                 metrics[f"{r.arm}/steps_to_baseline_final"] = float(r.steps_to_baseline_final)
         tracker.log_metrics(parent, {k: v for k, v in metrics.items() if _finite(v)})
         tracker.client.log_text(parent, table + "\n", "comparison.md")
+        tracker.client.set_tag(parent, "mlflow.note.content", table)  # the run's description in the MLflow UI
         tracker.client.log_dict(parent, [o.__dict__ for o in outcomes], "outcomes.json")
         result = TrackedComparison(parent, exp_id, tracker.uri, cc.metric, cc.baseline, outcomes, rows, table, failures)
         if failures:
