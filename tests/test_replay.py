@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from exgrpo.config import AlgorithmConfig, ReplayKind
-from exgrpo.core.batch import Replays, assemble_batch, generation_qids, rewarded_groups
+from exgrpo.core.batch import Replays, assemble_batch, batch_metrics, generation_qids, rewarded_groups
 from exgrpo.core.pool import Trajectory
 from exgrpo.core.replay import REPLAY_STRATEGIES, BucketReplay, ReplayStrategy, make_replay_strategy
 
@@ -41,6 +41,12 @@ def test_assemble_batch_layout_is_group_major_with_stored_row_first():
     groups = rewarded_groups(batch, rewards, step=4)
     assert [(g.qid, g.num_correct, len(g.correct)) for g in groups] == [(7, 2, 2), (9, 0, 0)]
     assert groups[0].correct[0].tokens == (5, 6, 7, 8) and groups[0].correct[0].step == 4
+
+    # fresh_solved counts the fresh questions' groups only (issue 11): the replayed group's new
+    # rollouts (1 of 2 solved) have their own metric and do not inflate it
+    m = batch_metrics(rewards, batch)
+    assert m["batch/fresh_solved"] == 0.0 and m["batch/replayed_fresh_solved"] == 0.5
+    assert m["batch/solved"] == pytest.approx(2 / 6) and m["replay/questions"] == 1
 
 
 def test_bucket_strategy_life_plan_select_observe_resume():

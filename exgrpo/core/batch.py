@@ -156,14 +156,21 @@ def rewarded_groups(batch: StepBatch, rewards: torch.Tensor, step: int) -> list[
 
 def batch_metrics(rewards: torch.Tensor, batch: StepBatch) -> dict[str, float]:
     """Outcome metrics of one step (METRICS.md); ``rewards`` is (G, K)."""
-    k = rewards.shape[1]
+    n_groups, k = rewards.shape
     flat = rewards.reshape(-1)
-    n_groups = rewards.shape[0]
     solved = rewards.sum(1)
+    replayed_group = batch.off_policy.reshape(n_groups, k).any(1)  # (G,) the group holds a replayed row
+    on_rows_of_replayed = (~batch.off_policy).reshape(n_groups, k) & replayed_group[:, None]  # (G, K)
     return {
         "batch/solved": float(flat.mean()),
         "batch/solve_all": float((solved == k).sum() / n_groups),
         "batch/solve_none": float((solved == 0).sum() / n_groups),
-        "batch/fresh_solved": float(flat[~batch.off_policy].mean()),
+        "batch/fresh_solved": _mean(rewards[~replayed_group].reshape(-1)),
+        "batch/replayed_fresh_solved": _mean(rewards[on_rows_of_replayed]),
         "replay/questions": float(batch.n_replayed),
     }
+
+
+def _mean(x: torch.Tensor) -> float:
+    """Mean of ``x``; 0.0 when empty (a step with no such rows)."""
+    return float(x.mean()) if x.numel() else 0.0
