@@ -189,6 +189,23 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         return 2
 
 
+def _cmd_sync(args: argparse.Namespace) -> int:
+    from exgrpo.tracking.sync import pending_runs, sync_run
+
+    dirs = [d for p in args.paths for d in pending_runs(p)]
+    if not dirs:
+        print(f"nothing to sync under {', '.join(args.paths)}")
+        return 0
+    failed = 0
+    for d in dirs:
+        try:
+            print(f"{d}: {sync_run(d)}")
+        except Exception as e:  # noqa: BLE001 - one line per run; the others still sync
+            failed += 1
+            print(f"error: {d}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", file=sys.stderr)
+    return 1 if failed else 0
+
+
 def _cmd_ui(args: argparse.Namespace) -> int:
     from exgrpo.tracking.ui import main as ui_main
 
@@ -286,6 +303,12 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--workers", type=int, default=2, help="math-verify worker processes")
     e.add_argument("--json", help="also write the scores to this JSON file")
     e.set_defaults(fn=_cmd_eval)
+
+    y = sub.add_parser("sync", help="finish in MLflow the runs a tracking-server outage left behind",
+                       description="Replays what MLflow lacks from each run's metrics.jsonl and sets its final "
+                       "status, for every run directory holding mlflow_pending.json under PATH.")
+    y.add_argument("paths", nargs="*", default=["runs"], help="run directories or roots to search (default: runs/)")
+    y.set_defaults(fn=_cmd_sync)
 
     g = sub.add_parser("config", help="print every config field with its doc, or a resolved config")
     g.add_argument("config", nargs="?", help="experiment YAML to resolve")

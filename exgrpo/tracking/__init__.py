@@ -18,9 +18,10 @@ from exgrpo.tracking.mlflow_tracking import (
     sanitize_metric_name,
     tracked_train,
 )
+from exgrpo.tracking.sync import pending_runs, sync_run
 
 __all__ = [
     "CURATED_PARAMS", "MLflowStepLogger", "TrackedRun", "Tracker", "TrackingError", "algo_tag", "artifact_root",
     "check_reachable", "curated_params", "default_tracking_uri", "project_root", "resolve_tracking_uri",
-    "run_tags", "run_url", "sanitize_metric_name", "tracked_train",
+    "pending_runs", "run_tags", "run_url", "sanitize_metric_name", "sync_run", "tracked_train",
 ]

@@ -27,6 +27,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from exgrpo.config import ExperimentConfig, flatten
+from exgrpo.tracking.step_logger import MLflowStepLogger  # noqa: F401  (re-exported)
 
 
 class TrackingError(RuntimeError):
@@ -214,6 +215,12 @@ class Tracker:
 
     def __init__(self, tracking_uri: str | None = None, check: bool = True, timeout: float = 3.0) -> None:
         self.uri = resolve_tracking_uri(tracking_uri)
+        if self.uri.startswith(("http://", "https://")):
+            # MLflow's defaults retry a dead server for minutes; fail a write in seconds instead:
+            # the step logger buffers and retries, and `exgrpo sync` completes what never arrived
+            for k, v in {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                         "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}.items():
+                os.environ.setdefault(k, v)
         if check:
             check_reachable(self.uri, timeout)
         from mlflow import MlflowClient
@@ -265,40 +272,6 @@ class Tracker:
         self.client.set_terminated(run_id, status)
 
 
-class MLflowStepLogger:
-    """A ``train(..., callbacks=[...])`` callback: buffers each step's metrics (names sanitised)
-    and writes them with ``log_batch`` every ``flush_every`` steps, on evaluation steps and on
-    :meth:`flush`."""
-
-    def __init__(self, client: Any, run_id: str, flush_every: int = 10) -> None:
-        self.client, self.run_id, self.flush_every = client, run_id, max(1, flush_every)
-        self._buf: list[Any] = []
-        self._names: dict[str, str] = {}
-        self.logged_steps = 0
-
-    def _name(self, key: str) -> str:
-        if key not in self._names:
-            self._names[key] = sanitize_metric_name(key)
-        return self._names[key]
-
-    def __call__(self, step: int, metrics: Mapping[str, float]) -> None:
-        from mlflow.entities import Metric
-
-        ts = int(time.time() * 1000)
-        for k, v in metrics.items():
-            if k == "step" or not isinstance(v, (int, float)):
-                continue
-            self._buf.append(Metric(self._name(k), float(v), ts, int(step)))
-        self.logged_steps += 1
-        if self.logged_steps % self.flush_every == 0 or any(k.startswith("val/") for k in metrics):
-            self.flush()
-
-    def flush(self) -> None:
-        while self._buf:
-            chunk, self._buf = self._buf[:1000], self._buf[1000:]
-            self.client.log_batch(self.run_id, metrics=chunk)
-
-
 @dataclass
 class TrackedRun:
     """A finished tracked run."""
@@ -307,6 +280,8 @@ class TrackedRun:
     run_id: str
     experiment_id: str
     tracking_uri: str
+    synced: bool = True
+    """False when MLflow was unreachable at the end: ``exgrpo sync`` completes the run."""
 
     @property
     def url(self) -> str:
@@ -430,9 +405,18 @@ def tracked_train(
         try:
             result = train(cfg, callbacks=[logger, *callbacks], resume=resume, progress=progress)
         finally:
-            logger.flush()
+            delivered = logger.flush(force=True)
         final = {f"final/{k}": v for k, v in result.final_metrics.items()
                  if k.startswith(("val/", "batch/solved")) and isinstance(v, float) and math.isfinite(v)}
+        if not delivered and result.run_dir:  # the server is down at the end: leave it to `exgrpo sync`
+            from exgrpo.tracking.sync import write_pending
+
+            marker = write_pending(result.run_dir, tracker.uri, run_id, "FINISHED", final)
+            print(f"note: MLflow is unreachable; run {run_id} is complete on disk, finish it in MLflow with "
+                  f"`exgrpo sync {marker.parent}`", flush=True)
+            if monitor is not None:
+                monitor.finish()
+            return TrackedRun(result, run_id, exp_id, tracker.uri, synced=False)
         tracker.log_metrics(run_id, final, step=int(result.final_metrics.get("step", 0)))
         if result.task is not None:
             log_task_datasets(client, run_id, cfg, result.task)
@@ -452,10 +436,16 @@ def tracked_train(
                 client.set_tag(run_id, "pruned", "true")
             else:
                 client.set_tag(run_id, "error", f"{type(e).__name__}: {e}"[:5000])
+            tracker.end_run(run_id, status)
+        except Exception:  # noqa: BLE001 - the store is down too: the run is ended by `exgrpo sync`
+            run_dir = cfg.run_dir()
+            if run_dir.is_dir():
+                from exgrpo.tracking.sync import write_pending
+
+                write_pending(run_dir, tracker.uri, run_id, status, error=f"{type(e).__name__}: {e}")
         finally:
             if monitor is not None:
                 monitor.finish()
-            tracker.end_run(run_id, status)
         raise
     if monitor is not None:
         monitor.finish()

@@ -1,0 +1,83 @@
+"""Completing MLflow runs that the tracking server missed: ``exgrpo sync``.
+
+When the server is unreachable at the end of a run (it died mid-run and has not come back), the run
+cannot be ended remotely. :func:`write_pending` then leaves ``mlflow_pending.json`` in the run
+directory: the run id, the store, the final status and metrics. :func:`sync_run` replays what
+MLflow lacks from ``metrics.jsonl`` (the local truth: every (metric, step) past the last step MLflow
+has for it), logs the final metrics and the metrics file, sets the final status (FINISHED, FAILED
+or KILLED: never RUNNING) and removes the marker. It is idempotent.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from exgrpo.atomic import write_text_atomic
+
+PENDING_FILE = "mlflow_pending.json"
+"""The marker of a run that MLflow has not fully received."""
+
+
+def write_pending(run_dir: str | Path, tracking_uri: str, run_id: str, status: str,
+                  final_metrics: Mapping[str, float] | None = None, error: str | None = None) -> Path:
+    """Leave the marker that ``exgrpo sync`` completes; returns its path."""
+    record = {"tracking_uri": tracking_uri, "run_id": run_id, "status": status,
+              "final_metrics": dict(final_metrics or {}), "error": error, "written": time.time()}
+    return write_text_atomic(Path(run_dir) / PENDING_FILE, json.dumps(record, indent=1))
+
+
+def pending_runs(root: str | Path) -> list[Path]:
+    """Run directories under ``root`` (or ``root`` itself) that hold a marker."""
+    root = Path(root)
+    if (root / PENDING_FILE).is_file():
+        return [root]
+    return sorted(p.parent for p in root.rglob(PENDING_FILE))
+
+
+def _rows(metrics_file: Path) -> list[dict[str, Any]]:
+    rows = []
+    if metrics_file.is_file():
+        for line in metrics_file.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:  # a torn last line
+                continue
+    return rows
+
+
+def sync_run(run_dir: str | Path) -> str:
+    """Deliver what MLflow lacks of the run in ``run_dir`` and end it; returns the final status."""
+    from mlflow.entities import Metric
+
+    from exgrpo.tracking.mlflow_tracking import Tracker, sanitize_metric_name
+
+    run_dir = Path(run_dir)
+    marker = run_dir / PENDING_FILE
+    record = json.loads(marker.read_text())
+    client = Tracker(record["tracking_uri"]).client
+    run_id = record["run_id"]
+    rows = _rows(run_dir / "metrics.jsonl")
+    keys = sorted({k for r in rows for k, v in r.items() if k != "step" and isinstance(v, (int, float))})
+    last: dict[str, int] = {}
+    for k in keys:
+        steps = [m.step for m in client.get_metric_history(run_id, sanitize_metric_name(k))]
+        last[k] = max(steps) if steps else -1
+    ts = int(time.time() * 1000)
+    missing = [Metric(sanitize_metric_name(k), float(r[k]), ts, int(r["step"]))
+               for r in rows for k in keys if k in r and isinstance(r[k], (int, float)) and int(r["step"]) > last[k]]
+    step = int(max((r.get("step", 0) for r in rows), default=0))
+    missing += [Metric(sanitize_metric_name(k), float(v), ts, step) for k, v in record["final_metrics"].items()]
+    for i in range(0, len(missing), 1000):
+        client.log_batch(run_id, metrics=missing[i:i + 1000])
+    if (run_dir / "metrics.jsonl").is_file():
+        client.log_artifact(run_id, str(run_dir / "metrics.jsonl"), "metrics")
+    if record.get("error"):
+        client.set_tag(run_id, "error", record["error"][:5000])
+    client.set_tag(run_id, "synced_after_outage", "true")
+    client.set_terminated(run_id, record["status"])
+    marker.unlink()
+    return record["status"]
