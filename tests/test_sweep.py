@@ -81,6 +81,28 @@ def test_empty_space_and_bad_ranges(tmp_path):
         load_sweep(sweep_dict(tmp_path), {"base.algorithm.group_size": 1})
 
 
+def test_sweep_bounds_outside_the_fields_range_fail_before_any_work(tmp_path):
+    with pytest.raises(SweepError, match=r"space.algorithm.experience_ratio: 1.5 is not a valid value of the field"):
+        load_sweep(sweep_dict(tmp_path, **{"algorithm.experience_ratio": {"type": "float", "low": 0.1, "high": 1.5}}))
+    with pytest.raises(SweepError, match=r"space.algorithm.group_size: 1 is not a valid value"):
+        load_sweep(sweep_dict(tmp_path, **{"algorithm.group_size": {"type": "int", "low": 1, "high": 8}}))
+    with pytest.raises(SweepError, match=r"space.algorithm.shaping: 'gaussian' is not a valid value"):
+        load_sweep(sweep_dict(tmp_path, **{"algorithm.shaping": {"type": "categorical", "choices": ["identity", "gaussian"]}}))
+
+
+def test_degenerate_sweeps_are_flagged_in_the_summary():
+    from exgrpo.sweep.runner import SweepResult
+
+    same = SweepResult("s", "sqlite://", "p", "1", "sqlite://", outcomes=[
+        {"number": i, "state": "COMPLETE", "value": 0.25, "params": {"algorithm.experience_ratio": r}}
+        for i, r in enumerate([0.1, 0.5, 0.9])])
+    assert "degenerate: all 3 completed trials scored 0.2500" in same.table()
+    varied = SweepResult("s", "sqlite://", "p", "1", "sqlite://", outcomes=[
+        {"number": 0, "state": "COMPLETE", "value": 0.25, "params": {}},
+        {"number": 1, "state": "COMPLETE", "value": 0.30, "params": {}}])
+    assert varied.degenerate() is None and "degenerate" not in varied.table()
+
+
 def test_repo_sweep_file_is_valid():
     sc = load_sweep("experiments/toy-sweep.yaml")
     assert sc.study.sampler == "tpe" and sc.budget_steps == 200

@@ -127,7 +127,17 @@ class SweepResult:
             ps = " | ".join(_fmt(o.get("params", {}).get(k)) for k in keys)
             err = " ".join((o.get("error") or "").split())[:160] if o["state"] == "FAIL" else ""
             lines.append(f"| {o['number']} | {o['state']} | {v} | {ps} | {err} |")
-        return "\n".join(lines)
+        note = self.degenerate()
+        return "\n".join(lines + ([f"\n{note}"] if note else []))
+
+    def degenerate(self) -> str | None:
+        """A warning when every completed trial scored the same: the searched fields changed nothing
+        at this budget (on the toy, replay that never starts does this), so "best" means nothing."""
+        values = [o["value"] for o in self.outcomes if o.get("state") == "COMPLETE" and o.get("value") is not None]
+        if len(values) >= 2 and max(values) - min(values) <= 1e-12:
+            return (f"degenerate: all {len(values)} completed trials scored {values[0]:.4f}; the searched fields "
+                    "had no effect at this budget (check that replay started: replay/started in the trial runs)")
+        return None
 
 
 def _fmt(v: Any) -> str:

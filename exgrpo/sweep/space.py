@@ -198,8 +198,26 @@ def load_sweep(path: str | Path | dict[str, Any], overrides: dict[str, Any] | No
         unknown = sorted(set(fixed) - set(sc.space))
         if unknown:
             raise SweepError(f"study.enqueue[{i}]: {unknown} not in the search space {sorted(sc.space)}")
-    base_config(sc)  # the shared base must be valid on its own
+    check_bounds(sc)  # the shared base, and each bound of each field, must be valid on its own
     return sc
+
+
+def check_bounds(sc: SweepConfig) -> None:
+    """Each bound (low, high) or choice of each searched field must be a valid value of that field,
+    checked on the sweep's base config before any trial runs; SweepError naming the bound if not."""
+    from exgrpo.config import ConfigError
+
+    base = base_config(sc).model_dump(mode="json")
+    for name, spec in sc.space.items():
+        values = list(spec.choices or []) if spec.type == "categorical" else [spec.low, spec.high]
+        for value in values:
+            if spec.type == "int":
+                value = int(value)
+            try:
+                _from_mapping(apply_overrides(base, {name: value}), {}, source=f"space.{name}")
+            except ConfigError as e:
+                why = next((ln.strip() for ln in str(e).splitlines() if ln.strip().startswith(name)), str(e).splitlines()[-1])
+                raise SweepError(f"space.{name}: {value!r} is not a valid value of the field ({why})") from None
 
 
 def _apply_sweep_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
