@@ -172,9 +172,12 @@ def test_sweep_on_ray_with_a_crashing_trial_then_resume(tmp_path):
     storage = f"sqlite:///{tmp_path}/optuna.db"
     uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"
     d = sweep_dict(tmp_path, **{"algorithm.experience_ratio": {"type": "float", "low": 0.1, "high": 0.9},
-                                "algorithm.bucket_rbound": {"type": "categorical", "choices": [3, 99]}})
-    # trial 0: the paper defaults (rbound = K-1 = 3); trial 1: rbound 99 > K -> the trial's config is invalid
-    d["study"].update(enqueue=[{"algorithm.bucket_rbound": 99, "algorithm.experience_ratio": 0.3}],
+                                "algorithm.bucket_lbound": {"type": "categorical", "choices": [0, 2]},
+                                "algorithm.bucket_rbound": {"type": "categorical", "choices": [3, 2]}})
+    # every bound is valid on its own (checked up front); lbound 2 with rbound 2 is not: that trial crashes.
+    # trial 0: the paper defaults (lbound 0, rbound = K-1 = 3); trial 1: lbound = rbound = 2
+    d["study"].update(enqueue=[{"algorithm.bucket_lbound": 2, "algorithm.bucket_rbound": 2,
+                                "algorithm.experience_ratio": 0.3}],
                       pruner="none", n_startup_trials=10)
     sc = load_sweep(d, TINY_BASE)
     seen = []
@@ -182,15 +185,17 @@ def test_sweep_on_ray_with_a_crashing_trial_then_resume(tmp_path):
 
     assert len(res.outcomes) == 4 == len(seen)
     by_number = {o["number"]: o for o in res.outcomes}
-    assert by_number[0]["params"] == {"algorithm.experience_ratio": 0.5, "algorithm.bucket_rbound": 3}
+    assert by_number[0]["params"] == {"algorithm.experience_ratio": 0.5, "algorithm.bucket_lbound": 0,
+                                      "algorithm.bucket_rbound": 3}
     assert by_number[0]["state"] == "COMPLETE"
-    assert by_number[1]["state"] == "FAIL" and "bucket_rbound=99" in by_number[1]["error"]
+    assert by_number[1]["state"] == "FAIL" and "bucket_lbound=2 must be < bucket_rbound=2" in by_number[1]["error"]
     for o in res.outcomes:
-        assert o["state"] == ("FAIL" if o["params"]["algorithm.bucket_rbound"] == 99 else "COMPLETE"), o
+        bad = o["params"]["algorithm.bucket_lbound"] == 2 and o["params"]["algorithm.bucket_rbound"] == 2
+        assert o["state"] == ("FAIL" if bad else "COMPLETE"), o
     study = optuna.load_study(study_name="s", storage=storage)
     states = [t.state for t in study.trials]
     assert states.count(TrialState.FAIL) >= 1 and states.count(TrialState.COMPLETE) >= 2
-    assert "bucket_rbound=99" in study.trials[1].user_attrs["error"]
+    assert "bucket_lbound=2" in study.trials[1].user_attrs["error"]
     assert res.counts["FAIL"] + res.counts["COMPLETE"] == 4
     assert "| 1 | FAIL |" in res.table()
 
