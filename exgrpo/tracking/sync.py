@@ -39,14 +39,10 @@ def pending_runs(root: str | Path) -> list[Path]:
 
 
 def _rows(metrics_file: Path) -> list[dict[str, Any]]:
-    rows = []
-    if metrics_file.is_file():
-        for line in metrics_file.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:  # a torn last line
-                continue
-    return rows
+    """Every record of ``metrics.jsonl`` (a torn last line dropped), as resume reads it."""
+    from exgrpo.backends.native.checkpoint import read_metrics
+
+    return read_metrics(metrics_file, up_to_step=float("inf"), warn=lambda _msg: None)
 
 
 def sync_run(run_dir: str | Path) -> str:
