@@ -12,7 +12,7 @@ from exgrpo.backends.native.lm.engine import (  # noqa: E402
     RolloutEngine,
     SamplingParams,
     build_packed_batch,
-    token_logp_entropy,
+    token_log_prob_entropy,
 )
 from exgrpo.backends.native.lm.policy import LMPolicy, LMPolicyConfig  # noqa: E402
 
@@ -45,14 +45,14 @@ def engine(model, **kw) -> RolloutEngine:
 
 
 def reference_row(model, prompt, response, temperature):
-    """Unpadded single-row forward of prompt+response -> (logp, entropy) of the response tokens."""
+    """Unpadded single-row forward of prompt+response -> (log_prob, entropy) of the response tokens."""
     ids = torch.tensor([prompt + response])
     logits = model(input_ids=ids).logits[0, len(prompt) - 1 : len(prompt) - 1 + len(response)]
-    lp, ent, _ = token_logp_entropy(logits, torch.tensor(response), temperature)
+    lp, ent, _ = token_log_prob_entropy(logits, torch.tensor(response), temperature)
     return lp, ent
 
 
-def test_rollout_logp_entropy_equal_full_forward(model):
+def test_rollout_log_prob_entropy_equal_full_forward(model):
     ro = engine(model).generate(PROMPTS, torch.Generator().manual_seed(3))
     n, t = ro.tokens.shape
     lengths = ro.mask.sum(1)
@@ -62,7 +62,7 @@ def test_rollout_logp_entropy_equal_full_forward(model):
     for i in range(n):
         L = int(lengths[i])
         assert ro.mask[i, :L].all() and not ro.mask[i, L:].any()
-        assert (ro.tokens[i, L:] == PAD).all() and (ro.logp[i, L:] == 0).all() and (ro.entropy[i, L:] == 0).all()
+        assert (ro.tokens[i, L:] == PAD).all() and (ro.log_prob[i, L:] == 0).all() and (ro.entropy[i, L:] == 0).all()
         if ro.finished[i]:
             assert ro.tokens[i, L - 1] == EOS and EOS not in ro.tokens[i, : L - 1].tolist()
         else:
@@ -73,7 +73,7 @@ def test_rollout_logp_entropy_equal_full_forward(model):
         for i, p in enumerate(PROMPTS):
             L = int(lengths[i])
             lp, ent = reference_row(model, p, ro.tokens[i, :L].tolist(), TEMP)
-            torch.testing.assert_close(ro.logp[i, :L], lp, atol=1e-5, rtol=0)
+            torch.testing.assert_close(ro.log_prob[i, :L], lp, atol=1e-5, rtol=0)
             torch.testing.assert_close(ro.entropy[i, :L], ent, atol=1e-5, rtol=0)
         # (b) one batched forward in an independent layout: [prompt; response] contiguous, right-padded
         seqs = [p + ro.tokens[i, : int(lengths[i])].tolist() for i, p in enumerate(PROMPTS)]
@@ -86,8 +86,8 @@ def test_rollout_logp_entropy_equal_full_forward(model):
         logits = model(input_ids=ids, attention_mask=am).logits
         for i, p in enumerate(PROMPTS):
             L = int(lengths[i])
-            lp, ent, _ = token_logp_entropy(logits[i, len(p) - 1 : len(p) - 1 + L], ro.tokens[i, :L], TEMP)
-            torch.testing.assert_close(ro.logp[i, :L], lp, atol=1e-5, rtol=0)
+            lp, ent, _ = token_log_prob_entropy(logits[i, len(p) - 1 : len(p) - 1 + L], ro.tokens[i, :L], TEMP)
+            torch.testing.assert_close(ro.log_prob[i, :L], lp, atol=1e-5, rtol=0)
             torch.testing.assert_close(ro.entropy[i, :L], ent, atol=1e-5, rtol=0)
 
 
@@ -95,19 +95,19 @@ def test_score_matches_rollout_and_is_differentiable(model):
     eng = engine(model)
     ro = eng.generate(PROMPTS, torch.Generator().manual_seed(5))
     sc = eng.score(PROMPTS, ro.tokens, ro.mask, full=True)
-    torch.testing.assert_close(sc.logp.detach(), ro.logp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(sc.log_prob.detach(), ro.log_prob, atol=1e-5, rtol=0)
     torch.testing.assert_close(sc.entropy.detach(), ro.entropy, atol=1e-5, rtol=0)
-    assert sc.full_logp.shape == (*ro.tokens.shape, 10)
-    gathered = sc.full_logp.gather(-1, ro.tokens[..., None]).squeeze(-1)
-    torch.testing.assert_close(torch.where(ro.mask, gathered, 0.0), sc.logp)
+    assert sc.full_log_prob.shape == (*ro.tokens.shape, 10)
+    gathered = sc.full_log_prob.gather(-1, ro.tokens[..., None]).squeeze(-1)
+    torch.testing.assert_close(torch.where(ro.mask, gathered, 0.0), sc.log_prob)
     # padding beyond T and a wider right pad do not change anything
     wide_tok = torch.cat([ro.tokens, torch.full((len(PROMPTS), 3), 7)], 1)
     wide_mask = torch.cat([ro.mask, torch.zeros((len(PROMPTS), 3), dtype=torch.bool)], 1)
     sc2 = eng.score(PROMPTS, wide_tok, wide_mask)
-    torch.testing.assert_close(sc2.logp[:, : ro.tokens.shape[1]], sc.logp, atol=1e-6, rtol=0)
-    assert (sc2.logp[:, ro.tokens.shape[1] :] == 0).all()
+    torch.testing.assert_close(sc2.log_prob[:, : ro.tokens.shape[1]], sc.log_prob, atol=1e-6, rtol=0)
+    assert (sc2.log_prob[:, ro.tokens.shape[1] :] == 0).all()
     model.zero_grad()
-    (sc.logp.sum() + sc.entropy.sum()).backward()
+    (sc.log_prob.sum() + sc.entropy.sum()).backward()
     assert model.model.embed_tokens.weight.grad is not None
     model.zero_grad()
 
@@ -129,7 +129,7 @@ def test_sampling_reproducible_with_generator(model):
     a = eng.generate(PROMPTS, torch.Generator().manual_seed(11))
     b = eng.generate(PROMPTS, torch.Generator().manual_seed(11))
     c = eng.generate(PROMPTS, torch.Generator().manual_seed(12))
-    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.mask, b.mask) and torch.equal(a.logp, b.logp)
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.mask, b.mask) and torch.equal(a.log_prob, b.log_prob)
     assert not torch.equal(a.tokens, c.tokens)
     # a generator's state, not the global RNG, drives sampling
     g = torch.Generator().manual_seed(11)
@@ -141,7 +141,7 @@ def test_tiny_top_p_is_greedy(model):
     greedy = engine(model).generate(PROMPTS, greedy=True)
     nucleus = engine(model, top_p=1e-6).generate(PROMPTS, torch.Generator().manual_seed(0))
     assert torch.equal(greedy.tokens, nucleus.tokens)
-    torch.testing.assert_close(greedy.logp, nucleus.logp)
+    torch.testing.assert_close(greedy.log_prob, nucleus.log_prob)
 
 
 def test_packed_batch_layout_and_validation():
@@ -168,5 +168,5 @@ def test_lm_policy_protocol(model):
         ro = pol.generate(PROMPTS, torch.Generator().manual_seed(1))
     assert isinstance(ro, Rollout) and ro.tokens.shape[1] <= 9
     sc = pol.score(PROMPTS, ro.tokens, ro.mask)
-    assert isinstance(sc, Scores) and sc.full_logp is None and sc.logp.requires_grad
-    torch.testing.assert_close(sc.logp.detach(), ro.logp, atol=1e-5, rtol=0)
+    assert isinstance(sc, Scores) and sc.full_log_prob is None and sc.log_prob.requires_grad
+    torch.testing.assert_close(sc.log_prob.detach(), ro.log_prob, atol=1e-5, rtol=0)

@@ -19,27 +19,27 @@ def test_registered_in_verl_registry():
 def test_policy_shaping_gradient(w):
     # l = -A f(w), f(w) = w/(w+g): dl/dw = -A g/(w+g)^2, and dl/dlogp = dl/dw * w
     gamma, adv = 0.1, 0.7
-    logp = torch.tensor([[0.0]], requires_grad=True)
+    log_prob = torch.tensor([[0.0]], requires_grad=True)
     old = torch.tensor([[-torch.log(torch.tensor(w)).item()]])
     loss, m = compute_exgrpo_policy_loss(
-        old, logp, torch.tensor([[adv]]), torch.tensor([[True]]), "token-mean",
+        old, log_prob, torch.tensor([[adv]]), torch.tensor([[True]]), "token-mean",
         MixedLossConfig(shaping=Shaping.POLICY_SHAPING, shaping_gamma=gamma),
         off_policy_mask=torch.tensor([[True]]),
     )
     loss.backward()
-    assert logp.grad.item() / w == pytest.approx(-adv * gamma / (w + gamma) ** 2, rel=1e-5)
+    assert log_prob.grad.item() / w == pytest.approx(-adv * gamma / (w + gamma) ** 2, rel=1e-5)
     assert m["actor/off_ratio_mean"] == pytest.approx(w, rel=1e-5)
 
 
 def test_truncation_and_identity():
-    logp = torch.zeros(1, 3)
+    log_prob = torch.zeros(1, 3)
     old = torch.log(torch.tensor([[0.5, 2.0, 5.0]]))  # w = 2, 0.5, 0.2
     adv, mask = torch.ones(1, 3), torch.ones(1, 3, dtype=torch.bool)
     cfg = MixedLossConfig(shaping=Shaping.TRUNCATE, is_clip=1.0, norm_length=1)
-    loss, _ = compute_exgrpo_policy_loss(old, logp, adv, mask, "token-sum-norm", cfg, off_policy_mask=mask)
+    loss, _ = compute_exgrpo_policy_loss(old, log_prob, adv, mask, "token-sum-norm", cfg, off_policy_mask=mask)
     assert loss.item() == pytest.approx(-(1.0 + 0.5 + 0.2), rel=1e-5)
     cfg = MixedLossConfig(shaping=Shaping.IDENTITY)
-    loss, _ = compute_exgrpo_policy_loss(old, logp, adv, mask, "token-mean", cfg, off_policy_mask=mask)
+    loss, _ = compute_exgrpo_policy_loss(old, log_prob, adv, mask, "token-mean", cfg, off_policy_mask=mask)
     assert loss.item() == pytest.approx(-(2.0 + 0.5 + 0.2) / 3, rel=1e-5)
 
 
@@ -49,20 +49,20 @@ def test_on_policy_part_equals_verl_vanilla_clipped_loss():
 
     g = torch.Generator().manual_seed(0)
     old = -torch.rand(6, 5, generator=g)
-    logp = old + 0.5 * torch.randn(6, 5, generator=g)
+    log_prob = old + 0.5 * torch.randn(6, 5, generator=g)
     adv = torch.randn(6, 1, generator=g).expand(6, 5).contiguous()
     mask = torch.rand(6, 5, generator=g) > 0.2
     cfg = ActorConfig(strategy="fsdp", rollout_n=2, ppo_micro_batch_size_per_gpu=6, use_torch_compile=False,
                       clip_ratio=0.2, clip_ratio_low=0.2, clip_ratio_high=0.2)
-    ref, _ = get_policy_loss_fn("vanilla")(old, logp, adv, mask, "token-mean", cfg)
-    ours, m = compute_exgrpo_policy_loss(old, logp, adv, mask, "token-mean", MixedLossConfig(clip_eps=0.2))
+    ref, _ = get_policy_loss_fn("vanilla")(old, log_prob, adv, mask, "token-mean", cfg)
+    ours, m = compute_exgrpo_policy_loss(old, log_prob, adv, mask, "token-mean", MixedLossConfig(clip_eps=0.2))
     assert ours.item() == pytest.approx(ref.item(), rel=1e-5, abs=1e-7)
     assert m["actor/off_token_fraction"] == 0.0
 
 
 def test_clip_dropped_after_replay_start_is_plain_ratio():
-    old, logp = torch.zeros(1, 1), torch.tensor([[1.0]])  # r = e, far outside the clip range
-    args = (old, logp, torch.ones(1, 1), torch.ones(1, 1, dtype=torch.bool), "token-mean")
+    old, log_prob = torch.zeros(1, 1), torch.tensor([[1.0]])  # r = e, far outside the clip range
+    args = (old, log_prob, torch.ones(1, 1), torch.ones(1, 1, dtype=torch.bool), "token-mean")
     clipped, _ = compute_exgrpo_policy_loss(*args, MixedLossConfig(clip_on_policy=True))
     unclipped, _ = compute_exgrpo_policy_loss(*args, MixedLossConfig(clip_on_policy=False))
     assert clipped.item() == pytest.approx(-1.2)

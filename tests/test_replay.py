@@ -28,8 +28,8 @@ def test_assemble_batch_layout_is_group_major_with_stored_row_first():
     m = len(gen_q)
     tokens = torch.arange(m * 2).view(m, 2) + 10
     mask = torch.ones(m, 2, dtype=torch.bool)
-    logp = torch.full((m, 2), -0.5)
-    batch = assemble_batch(replays, [9], tokens, mask, logp, torch.zeros(m, 2), k)
+    log_prob = torch.full((m, 2), -0.5)
+    batch = assemble_batch(replays, [9], tokens, mask, log_prob, torch.zeros(m, 2), k)
     assert batch.row_qids == [7, 7, 7, 9, 9, 9] and batch.group_qids == [7, 9]
     assert batch.off_policy.tolist() == [True, False, False, False, False, False]
     assert batch.tokens.shape == (6, 4)

@@ -15,13 +15,13 @@ def test_selection_picks_lowest_mean_entropy_across_lengths_and_padding():
     # trajectory 2: other question
     ent_rows = [[0.6, 0.6], [0.4, 0.4, 0.4, 0.4, 0.4], [0.1]]
     ent, mask = pad_right(ent_rows, pad=9.0, dtype=torch.float32)  # padding must never count
-    logp = -ent
-    values = trajectory_metric(SelectionMetric.ENTROPY, logp, ent, mask)
+    log_prob = -ent
+    values = trajectory_metric(SelectionMetric.ENTROPY, log_prob, ent, mask)
     assert torch.allclose(values, torch.tensor([0.6, 0.4, 0.1]))
     rng = np.random.default_rng(0)
     assert select_per_group(values, [0, 0, 1], SelectionMode.ARGMIN, rng) == [1, 2]
     assert select_per_group(values, [0, 0, 1], SelectionMode.ARGMAX, rng) == [0, 2]
-    ppl = trajectory_metric(SelectionMetric.PERPLEXITY, logp, ent, mask)
+    ppl = trajectory_metric(SelectionMetric.PERPLEXITY, log_prob, ent, mask)
     assert torch.allclose(ppl, torch.exp(torch.tensor([0.6, 0.4, 0.1])))
     picks = {tuple(select_per_group(None, [0, 0, 1], SelectionMode.ARGMIN, np.random.default_rng(s))) for s in range(20)}
     assert picks == {(0, 2), (1, 2)}

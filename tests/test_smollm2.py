@@ -116,4 +116,4 @@ def test_greedy_answer_3_plus_4(smol):
     out = policy.generate([prompt], torch.Generator().manual_seed(0), greedy=True)
     text = tok.decode(out.tokens[0][out.mask[0]].tolist(), skip_special_tokens=True)
     assert "7" in text, text
-    assert torch.isfinite(out.logp[out.mask]).all()
+    assert torch.isfinite(out.log_prob[out.mask]).all()

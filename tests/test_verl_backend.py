@@ -198,7 +198,7 @@ def test_verl_actor_update_sees_a_known_shift_of_behaviour_log_probs(tmp_path, c
     questions = state["replay"]["pool"]["questions"]
     assert questions, "nothing stored in four steps"
     for q in questions:
-        q["behaviour_logp"] = [lp - delta for lp in q["behaviour_logp"]]
+        q["behaviour_log_prob"] = [lp - delta for lp in q["behaviour_log_prob"]]
     torch_save_atomic(state, pool_path)
 
     _train(EXGRPO, tmp_path, cache, "--set=train.max_steps=5", *sets, "--resume")

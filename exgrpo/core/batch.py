@@ -139,7 +139,7 @@ def rewarded_groups(batch: StepBatch, rewards: torch.Tensor, step: int) -> list[
     lengths = batch.mask.sum(1).tolist()
     ent_mean = ((batch.behaviour_entropy * batch.mask).sum(1) / batch.mask.sum(1).clamp_min(1)).tolist()
     tokens = batch.tokens.tolist()
-    logps = batch.old_log_prob.tolist()
+    behaviour = batch.old_log_prob.tolist()
     correct = rewards.reshape(-1).bool().tolist()
     out: list[RewardedGroup] = []
     for g, q in enumerate(batch.group_qids):
@@ -149,7 +149,7 @@ def rewarded_groups(batch: StepBatch, rewards: torch.Tensor, step: int) -> list[
                 tok = tuple(tokens[r][: lengths[r]])
                 if tok not in seen:
                     seen.add(tok)
-                    trajs.append(Trajectory(tok, tuple(logps[r][: lengths[r]]), ent_mean[r], step))
+                    trajs.append(Trajectory(tok, tuple(behaviour[r][: lengths[r]]), ent_mean[r], step))
         out.append(RewardedGroup(q, int(rewards[g].sum()), trajs))
     return out
 

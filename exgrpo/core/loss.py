@@ -1,9 +1,9 @@
 """The mixed-policy objective of ExGRPO (exgrpo-spec.md §6), term by term.
 
-Per response token t of sequence i, with r = exp(logp - old_logp):
+Per response token t of sequence i, with r = exp(log_prob - old_log_prob):
 - fresh (on-policy) tokens: the PPO clipped surrogate  max(-A r, -A clip(r, 1-eps, 1+eps)),
   or the unclipped -A r once replay has started (reference: ``loss_remove_clip``);
-- replayed (off-policy) tokens, where old_logp is the *behaviour* log-prob stored in the pool:
+- replayed (off-policy) tokens, where old_log_prob is the *behaviour* log-prob stored in the pool:
   -A f(w), w = r, with f from :data:`SHAPINGS` (policy shaping w/(w+gamma) by default).
 The total objective adds ``-entropy_coeff * H`` and ``+kl_coeff * KL`` (see :func:`exgrpo_objective`).
 
@@ -131,7 +131,7 @@ class TokenLoss:
     off_loss: torch.Tensor
     """-A f(w) with the configured shaping."""
     ratio: torch.Tensor
-    """w = exp(logp - old_logp), log-ratio clamped to [-20, 20]."""
+    """w = exp(log_prob - old_log_prob), log-ratio clamped to [-20, 20]."""
     log_ratio: torch.Tensor
     on_clipfrac: torch.Tensor
     """bool, fresh tokens where the clipped branch was taken."""
@@ -248,7 +248,7 @@ def entropy_bonus(entropy: torch.Tensor, response_mask: torch.Tensor) -> torch.T
 
 
 def low_var_kl(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """Token-mean k3 estimator of KL(pi_theta || pi_ref): exp(ref - logp) - (ref - logp) - 1."""
+    """Token-mean k3 estimator of KL(pi_theta || pi_ref): exp(ref - log_prob) - (ref - log_prob) - 1."""
     d = (ref_log_prob - log_prob).clamp(-20.0, 20.0)
     kl = torch.exp(d) - d - 1.0
     m = response_mask.to(kl.dtype)
@@ -300,9 +300,9 @@ def notebook_off_policy_loss(
     kl_beta: float,
     full_log_prob: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The notebook variant's replay term: -mean(w * logp) + kl_beta * KL(current || new).
+    """The notebook variant's replay term: -mean(w * log_prob) + kl_beta * KL(current || new).
 
-    w = clamp(exp(logp - old_logp), 0, is_clip), detached. ``full_log_prob`` (B, T, V) are the
+    w = clamp(exp(log_prob - old_log_prob), 0, is_clip), detached. ``full_log_prob`` (B, T, V) are the
     current policy's log-probs over the whole vocabulary at each replayed position; the KL's
     "current" side is their detached copy (so, as in the notebook, the term has zero value and zero
     gradient at the first mini-batch of a step and only acts across later mini-batches).

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from exgrpo.core.pool import Trajectory
+from exgrpo.core.pool import Trajectory, read_behaviour_log_prob
 
 
 class NotebookBuffer:
@@ -79,7 +79,7 @@ class NotebookBuffer:
         return {
             "qid": [int(q) for (q, _), _ in items],
             "tokens": [torch.tensor(t.tokens, dtype=torch.long) for _, t in items],
-            "behaviour_logp": [torch.tensor(t.behaviour_logp, dtype=torch.float64) for _, t in items],
+            "behaviour_log_prob": [torch.tensor(t.behaviour_log_prob, dtype=torch.float64) for _, t in items],
             "entropy": [float(t.entropy) for _, t in items],
             "step": [int(t.step) for _, t in items],
         }
@@ -88,7 +88,7 @@ class NotebookBuffer:
         self._items.clear()
         self._by_q.clear()
         for q, tok, lp, e, s in zip(
-            state["qid"], state["tokens"], state["behaviour_logp"], state["entropy"], state["step"], strict=True
+            state["qid"], state["tokens"], read_behaviour_log_prob(state), state["entropy"], state["step"], strict=True
         ):
             traj = Trajectory(tuple(int(x) for x in tok.tolist()), tuple(float(x) for x in lp.tolist()), float(e), int(s))
             self._items[(int(q), traj.tokens)] = traj

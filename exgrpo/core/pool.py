@@ -30,7 +30,7 @@ class Trajectory:
 
     tokens: tuple[int, ...]
     """Response token ids (no prompt, no padding), length T."""
-    behaviour_logp: tuple[float, ...]
+    behaviour_log_prob: tuple[float, ...]
     """log pi_behaviour(token_t | prefix) for each of the T tokens, at collection time."""
     entropy: float
     """Mean token entropy of the behaviour policy over the T tokens."""
@@ -162,8 +162,8 @@ class ExperiencePool:
                     "k": int(entry.k),
                     "updated": int(entry.updated),
                     "tokens": [torch.tensor(t.tokens, dtype=torch.long) for t in entry.trajectories],
-                    "behaviour_logp": [
-                        torch.tensor(t.behaviour_logp, dtype=torch.float64) for t in entry.trajectories
+                    "behaviour_log_prob": [
+                        torch.tensor(t.behaviour_log_prob, dtype=torch.float64) for t in entry.trajectories
                     ],
                     "entropy": [float(t.entropy) for t in entry.trajectories],
                     "step": [int(t.step) for t in entry.trajectories],
@@ -176,7 +176,7 @@ class ExperiencePool:
         for q in state["questions"]:
             trajs = [
                 Trajectory(tuple(int(x) for x in tok.tolist()), tuple(float(x) for x in lp.tolist()), ent, st)
-                for tok, lp, ent, st in zip(q["tokens"], q["behaviour_logp"], q["entropy"], q["step"], strict=True)
+                for tok, lp, ent, st in zip(q["tokens"], read_behaviour_log_prob(q), q["entropy"], q["step"], strict=True)
             ]
             self._entries[int(q["qid"])] = _Entry(k=int(q["k"]), trajectories=trajs, updated=int(q["updated"]))
         self._retired = set(int(q) for q in state["retired"])
@@ -194,18 +194,18 @@ class ExperiencePool:
                         "bucket": entry.k,
                         "retired": False,
                         "tokens": list(t.tokens),
-                        "behaviour_logp": list(t.behaviour_logp),
+                        "behaviour_log_prob": list(t.behaviour_log_prob),
                         "entropy": t.entropy,
                         "step": t.step,
                     }
                 )
         for qid in sorted(self._retired):
             rows.append(
-                {"qid": qid, "bucket": self.group_size, "retired": True, "tokens": [], "behaviour_logp": [],
+                {"qid": qid, "bucket": self.group_size, "retired": True, "tokens": [], "behaviour_log_prob": [],
                  "entropy": np.nan, "step": -1}
             )
         return pd.DataFrame(
-            rows, columns=["qid", "bucket", "retired", "tokens", "behaviour_logp", "entropy", "step"]
+            rows, columns=["qid", "bucket", "retired", "tokens", "behaviour_log_prob", "entropy", "step"]
         )
 
     def to_parquet(self, path: str | Path) -> Path:
@@ -214,3 +214,9 @@ class ExperiencePool:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.to_frame().to_parquet(path, index=False)
         return path
+
+
+def read_behaviour_log_prob(state: dict[str, Any]) -> Any:
+    """The stored behaviour log-probs; checkpoints written before the one-name rename call them
+    ``behaviour_logp``."""
+    return state["behaviour_log_prob"] if "behaviour_log_prob" in state else state["behaviour_logp"]

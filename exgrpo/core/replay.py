@@ -176,13 +176,13 @@ class BucketReplay(ReplayStrategy):
             picked = select_per_group(None, owner, a.selection_mode, self.rng)
         else:
             tokens, mask = pad_right([t.tokens for t in candidates])
-            logp, entropy = score([qids[g] for g in owner], tokens, mask)
-            picked = select_per_group(trajectory_metric(a.selection_metric, logp, entropy, mask), owner,
+            log_prob, entropy = score([qids[g] for g in owner], tokens, mask)
+            picked = select_per_group(trajectory_metric(a.selection_metric, log_prob, entropy, mask), owner,
                                       a.selection_mode, self.rng)
-            current = logp[picked]
+            current = log_prob[picked]
         trajs = [candidates[i] for i in picked]
         if a.is_correction:
-            old, _ = pad_right([t.behaviour_logp for t in trajs], dtype=torch.float32)
+            old, _ = pad_right([t.behaviour_log_prob for t in trajs], dtype=torch.float32)
         else:  # w = 1 at the current policy: its log-probs play pi_old
             if current is None:
                 tokens, mask = pad_right([t.tokens for t in trajs])
@@ -258,7 +258,7 @@ class NotebookReplay(ReplayStrategy):
         if not samples:
             return None
         tokens, mask = pad_right([t.tokens for _, t in samples])
-        old, _ = pad_right([t.behaviour_logp for _, t in samples], dtype=torch.float32)
+        old, _ = pad_right([t.behaviour_log_prob for _, t in samples], dtype=torch.float32)
 
         def loss_fn(log_prob, full_log_prob):
             return notebook_off_policy_loss(log_prob, old, mask, nb.is_clip, nb.kl_beta, full_log_prob)

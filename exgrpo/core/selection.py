@@ -39,17 +39,17 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int = -1) -> torch.Ten
 
 
 MetricFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-"""(logp (N,T), entropy (N,T), mask (N,T)) -> per-trajectory metric (N,)."""
+"""(log_prob (N,T), entropy (N,T), mask (N,T)) -> per-trajectory metric (N,)."""
 
 SELECTION_METRICS: dict[SelectionMetric, MetricFn] = {
-    SelectionMetric.ENTROPY: lambda logp, ent, mask: masked_mean(ent, mask),
-    SelectionMetric.PERPLEXITY: lambda logp, ent, mask: torch.exp(-masked_mean(logp, mask)),
+    SelectionMetric.ENTROPY: lambda log_prob, ent, mask: masked_mean(ent, mask),
+    SelectionMetric.PERPLEXITY: lambda log_prob, ent, mask: torch.exp(-masked_mean(log_prob, mask)),
 }
 
 
-def trajectory_metric(metric: SelectionMetric, logp: torch.Tensor, entropy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def trajectory_metric(metric: SelectionMetric, log_prob: torch.Tensor, entropy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Per-trajectory selection metric, shape (N,). Not defined for ``random``."""
-    return SELECTION_METRICS[SelectionMetric(metric)](logp, entropy, mask)
+    return SELECTION_METRICS[SelectionMetric(metric)](log_prob, entropy, mask)
 
 
 def select_per_group(

@@ -24,7 +24,7 @@ class Rollout:
     """(N, T) long, right-padded response token ids."""
     mask: torch.Tensor
     """(N, T) bool, True on response tokens (through the EOS token when there is one)."""
-    logp: torch.Tensor
+    log_prob: torch.Tensor
     """(N, T) float, log pi_sampling(token) (0 on padding)."""
     entropy: torch.Tensor
     """(N, T) float, entropy of pi_sampling at each position (0 on padding)."""
@@ -34,11 +34,11 @@ class Rollout:
 class Scores:
     """The current policy's view of given responses."""
 
-    logp: torch.Tensor
+    log_prob: torch.Tensor
     """(N, T) token log-probs."""
     entropy: torch.Tensor
     """(N, T) token entropies."""
-    full_logp: torch.Tensor | None = None
+    full_log_prob: torch.Tensor | None = None
     """(N, T, V) log-probs over the vocabulary (only when asked for)."""
 
 

@@ -34,18 +34,18 @@ class MLPPolicy(nn.Module):
         return torch.log_softmax(self.net(unique), dim=-1)[inverse]
 
     def generate(self, prompts: torch.Tensor, generator: torch.Generator, greedy: bool = False) -> Rollout:
-        logp_all = self.log_probs(prompts)  # (N, V)
+        log_prob_all = self.log_probs(prompts)  # (N, V)
         if greedy:
-            actions = logp_all.argmax(-1)
+            actions = log_prob_all.argmax(-1)
         else:
-            actions = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(1)
-        logp = logp_all.gather(1, actions[:, None])  # (N, 1)
-        entropy = -(logp_all.exp() * logp_all).sum(-1, keepdim=True)  # (N, 1)
-        mask = torch.ones_like(logp, dtype=torch.bool)
-        return Rollout(tokens=actions[:, None], mask=mask, logp=logp, entropy=entropy)
+            actions = torch.multinomial(log_prob_all.exp(), 1, generator=generator).squeeze(1)
+        log_prob = log_prob_all.gather(1, actions[:, None])  # (N, 1)
+        entropy = -(log_prob_all.exp() * log_prob_all).sum(-1, keepdim=True)  # (N, 1)
+        mask = torch.ones_like(log_prob, dtype=torch.bool)
+        return Rollout(tokens=actions[:, None], mask=mask, log_prob=log_prob, entropy=entropy)
 
     def score(self, prompts: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor, full: bool = False) -> Scores:
-        logp_all = self.log_probs(prompts)  # (N, V)
-        logp = logp_all.gather(1, tokens[:, :1])  # (N, 1)
-        entropy = -(logp_all.exp() * logp_all).sum(-1, keepdim=True)  # (N, 1)
-        return Scores(logp=logp, entropy=entropy, full_logp=logp_all[:, None, :] if full else None)
+        log_prob_all = self.log_probs(prompts)  # (N, V)
+        log_prob = log_prob_all.gather(1, tokens[:, :1])  # (N, 1)
+        entropy = -(log_prob_all.exp() * log_prob_all).sum(-1, keepdim=True)  # (N, 1)
+        return Scores(log_prob=log_prob, entropy=entropy, full_log_prob=log_prob_all[:, None, :] if full else None)

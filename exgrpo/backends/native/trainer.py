@@ -131,7 +131,7 @@ class Trainer:
     @torch.no_grad()
     def _score_stored(self, qids: list[int], tokens: torch.Tensor, mask: torch.Tensor):
         scores = self.policy.score(self.task.prompts(qids), tokens, mask)
-        return scores.logp, scores.entropy
+        return scores.log_prob, scores.entropy
 
     def train_step(self) -> dict[str, float]:
         cfg, k = self.cfg, self.algo.group_size
@@ -145,7 +145,7 @@ class Trainer:
         # 4. rollouts: K-1 per replayed question, K per fresh one; the mixed batch
         with torch.no_grad():
             ro = self.policy.generate(self.task.prompts(generation_qids(replays.qids, fresh_qids, k)), self.generator)
-        batch = assemble_batch(replays, fresh_qids, ro.tokens, ro.mask, ro.logp, ro.entropy, k)
+        batch = assemble_batch(replays, fresh_qids, ro.tokens, ro.mask, ro.log_prob, ro.entropy, k)
 
         # 5. rewards; the strategy sees the groups (pool insert, retirement, bucket moves)
         rewards = self.task.rewards(batch.row_qids, batch.tokens, batch.mask).view(-1, k)  # (G, K)
@@ -179,12 +179,12 @@ class Trainer:
             scores = self.policy.score(prompts[idx] if torch.is_tensor(prompts) else [prompts[i] for i in chunk], batch.tokens[idx], mask)
             token_off = batch.off_policy[idx][:, None] & mask
             loss, m = exgrpo_objective(
-                self.loss_fn, batch.old_log_prob[idx], scores.logp, scores.entropy, adv[idx], mask, token_off,
+                self.loss_fn, batch.old_log_prob[idx], scores.log_prob, scores.entropy, adv[idx], mask, token_off,
                 loss_cfg, algo.loss_agg, algo.entropy_coeff, algo.kl_coeff,
             )
             if aux is not None:
                 aux_scores = self.policy.score(self.task.prompts(aux.qids), aux.tokens, aux.mask, full=aux.needs_full_log_prob)
-                aux_loss, m_aux = aux.loss(aux_scores.logp, aux_scores.full_logp)
+                aux_loss, m_aux = aux.loss(aux_scores.log_prob, aux_scores.full_log_prob)
                 loss = (1 - aux.weight) * loss + aux.weight * aux_loss
                 m.update(m_aux)
             self.optimizer.zero_grad(set_to_none=True)

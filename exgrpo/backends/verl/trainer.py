@@ -203,7 +203,7 @@ class ExGRPORayTrainer(RayPPOTrainer):
             last = int(b["position_ids"][r, p - 1])
             b["position_ids"][r, p:] = last + 1 + torch.arange(t_max)
             behaviour = torch.zeros(t_max)
-            behaviour[:length] = torch.tensor(traj.behaviour_logp[:length], dtype=torch.float32)
+            behaviour[:length] = torch.tensor(traj.behaviour_log_prob[:length], dtype=torch.float32)
             b["rollout_log_probs"][r] = behaviour.to(b["rollout_log_probs"].dtype)
             if "rm_scores" in b.keys():  # a stored trajectory is correct: reward 1 on its last token
                 b["rm_scores"][r] = 0.0

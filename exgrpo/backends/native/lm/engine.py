@@ -45,7 +45,7 @@ __all__ = [
     "SamplingParams",
     "ScoreOutput",
     "build_packed_batch",
-    "token_logp_entropy",
+    "token_log_prob_entropy",
 ]
 
 
@@ -92,7 +92,7 @@ class GenerationOutput:
     mask: torch.Tensor
     """(N, T) bool, True on response tokens, the EOS token included; a row without EOS ran to
     max_new_tokens (truncated)."""
-    logp: torch.Tensor
+    log_prob: torch.Tensor
     """(N, T) float32, log-prob of each sampled token under softmax(logits / temperature); 0 on padding."""
     entropy: torch.Tensor
     """(N, T) float32, entropy of softmax(logits / temperature) at each position; 0 on padding."""
@@ -104,11 +104,11 @@ class GenerationOutput:
 class ScoreOutput:
     """The model's view of given responses (same (N, T) layout as the responses)."""
 
-    logp: torch.Tensor
+    log_prob: torch.Tensor
     """(N, T) float32 token log-probs (0 on padding), differentiable."""
     entropy: torch.Tensor
     """(N, T) float32 token entropies (0 on padding), differentiable."""
-    full_logp: torch.Tensor | None = None
+    full_log_prob: torch.Tensor | None = None
     """(N, T, V) log-probs over the vocabulary (only when asked for; padding rows left as computed)."""
 
 
@@ -162,15 +162,15 @@ def build_packed_batch(
     return PackedBatch(input_ids, attention_mask, position_ids, p)
 
 
-def token_logp_entropy(
+def token_log_prob_entropy(
     logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(..., V) logits and (...) token ids -> (token log-probs, entropies, full log-probs) of
     softmax(logits / temperature), computed in float32."""
-    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
-    logp = logp_all.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
-    entropy = -(logp_all.exp() * logp_all).sum(-1)
-    return logp, entropy, logp_all
+    log_prob_all = torch.log_softmax(logits.float() / temperature, dim=-1)
+    log_prob = log_prob_all.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
+    entropy = -(log_prob_all.exp() * log_prob_all).sum(-1)
+    return log_prob, entropy, log_prob_all
 
 
 def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -219,7 +219,7 @@ class RolloutEngine:
 
         tokens = torch.full((n, steps), self.pad_id, dtype=torch.long)
         mask = torch.zeros((n, steps), dtype=torch.bool)
-        logp = torch.zeros((n, steps))
+        log_prob = torch.zeros((n, steps))
         entropy = torch.zeros((n, steps))
         finished = torch.zeros(n, dtype=torch.bool)
 
@@ -230,11 +230,11 @@ class RolloutEngine:
         t = 0
         for t in range(steps):
             logits = out.logits[:, -1, :].float()  # (N, V)
-            logp_all = torch.log_softmax(logits / sp.temperature, dim=-1)
+            log_prob_all = torch.log_softmax(logits / sp.temperature, dim=-1)
             if greedy:
                 nxt = logits.argmax(-1)
             else:
-                probs = logp_all.exp()
+                probs = log_prob_all.exp()
                 if sp.top_p < 1.0:
                     probs = _nucleus(probs, sp.top_p)
                 nxt = torch.multinomial(probs, 1, generator=generator).squeeze(1)
@@ -242,8 +242,8 @@ class RolloutEngine:
             nxt = torch.where(live, nxt, torch.full_like(nxt, self.pad_id))
             tokens[:, t] = nxt
             mask[:, t] = live
-            logp[:, t] = torch.where(live, logp_all.gather(1, nxt[:, None]).squeeze(1), 0.0)
-            entropy[:, t] = torch.where(live, -(logp_all.exp() * logp_all).sum(-1), 0.0)
+            log_prob[:, t] = torch.where(live, log_prob_all.gather(1, nxt[:, None]).squeeze(1), 0.0)
+            entropy[:, t] = torch.where(live, -(log_prob_all.exp() * log_prob_all).sum(-1), 0.0)
             if self.eos_id is not None:
                 finished = finished | (live & (nxt == self.eos_id))
             if bool(finished.all()) or t == steps - 1:
@@ -256,7 +256,7 @@ class RolloutEngine:
                 past_key_values=cache, use_cache=True,
             )
         width = t + 1
-        return GenerationOutput(tokens[:, :width], mask[:, :width], logp[:, :width], entropy[:, :width], finished)
+        return GenerationOutput(tokens[:, :width], mask[:, :width], log_prob[:, :width], entropy[:, :width], finished)
 
     # ------------------------------------------------------------------ scoring
     def score(
@@ -282,7 +282,7 @@ class RolloutEngine:
         logits = out.logits[:, :t, :]  # (N, T, V)
         mask = response_mask.bool()
         safe_tokens = torch.where(mask, response_tokens.long(), torch.zeros_like(response_tokens, dtype=torch.long))
-        logp, entropy, logp_all = token_logp_entropy(logits, safe_tokens, temp)
-        logp = torch.where(mask, logp, torch.zeros_like(logp))
+        log_prob, entropy, log_prob_all = token_log_prob_entropy(logits, safe_tokens, temp)
+        log_prob = torch.where(mask, log_prob, torch.zeros_like(log_prob))
         entropy = torch.where(mask, entropy, torch.zeros_like(entropy))
-        return ScoreOutput(logp, entropy, logp_all if full else None)
+        return ScoreOutput(log_prob, entropy, log_prob_all if full else None)

@@ -45,14 +45,14 @@ class LMPolicy(nn.Module):
     def generate(self, prompts: Sequence[Sequence[int]], generator: torch.Generator, greedy: bool = False) -> Rollout:
         """One response per prompt row; randomness only from ``generator`` (reproducible)."""
         out = self.engine.generate(prompts, generator=generator, greedy=greedy)
-        return Rollout(tokens=out.tokens, mask=out.mask, logp=out.logp, entropy=out.entropy)
+        return Rollout(tokens=out.tokens, mask=out.mask, log_prob=out.log_prob, entropy=out.entropy)
 
     def score(
         self, prompts: Sequence[Sequence[int]], tokens: torch.Tensor, mask: torch.Tensor, full: bool = False
     ) -> Scores:
         """(N, T) log-probs/entropies of right-padded responses (one forward), differentiable."""
         out = self.engine.score(prompts, tokens, mask, full=full)
-        return Scores(logp=out.logp, entropy=out.entropy, full_logp=out.full_logp)
+        return Scores(log_prob=out.log_prob, entropy=out.entropy, full_log_prob=out.full_log_prob)
 
     def forward(self, prompts, tokens, mask):  # noqa: D102 - nn.Module convention
         return self.score(prompts, tokens, mask)

@@ -143,7 +143,7 @@ def sft(
             targets = [tokenizer.encode(s, add_eos=True, strict=True) for _, s in pairs]
             resp, mask = pad_right(targets, pad=tokenizer.pad_id)
             out = engine.score(prompts, resp, mask, temperature=1.0)
-            loss = -out.logp.sum() / mask.sum()
+            loss = -out.log_prob.sum() / mask.sum()
             for g in opt.param_groups:
                 g["lr"] = _lr_at(step, cfg)
             opt.zero_grad(set_to_none=True)

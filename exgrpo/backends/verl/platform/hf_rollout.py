@@ -99,7 +99,7 @@ class HFRolloutServer:
         for i in range(len(prompts)):
             n = int(out.mask[i].sum())
             results.append(TokenOutput(
-                token_ids=out.tokens[i, :n].tolist(), log_probs=out.logp[i, :n].tolist(),
+                token_ids=out.tokens[i, :n].tolist(), log_probs=out.log_prob[i, :n].tolist(),
                 stop_reason="completed",
             ))
         return results
