@@ -16,12 +16,15 @@ from exgrpo.backends.native.trainer import Trainer
 from exgrpo.config import load_experiment
 
 
+REPLAY_ON = {"none": {}, "buckets": {"algorithm.replay_start_pass_rate": 0.0}, "notebook": {"algorithm.notebook.warm": 0}}
+"""Each algorithm's own setting that makes it replay from the first step."""
+
+
 def ms_per_step(replay: str, steps: int, out: str) -> float:
     cfg = load_experiment(
         "experiments/toy-exgrpo.yaml",
-        {"algorithm.replay": replay, "algorithm.replay_start_pass_rate": 0.0, "train.max_steps": steps,
-         "train.eval_every_epochs": 1000, "output_dir": out, "name": f"bench-{replay}",
-         "algorithm.notebook.warm": 0},
+        {"algorithm.replay": replay, "train.max_steps": steps, "train.eval_every_epochs": 1000,
+         "output_dir": out, "name": f"bench-{replay}", **REPLAY_ON[replay]},
     )
     trainer = Trainer(cfg)
     for _ in range(5):  # warm-up (and fill the pool)

@@ -12,36 +12,12 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from exgrpo.config import ConfigError, ExperimentConfig, load_compare, load_experiment, parse_set
-
-
-def _field_docs(model: type[BaseModel] = ExperimentConfig, prefix: str = "") -> list[tuple[str, str, str]]:
-    """(dotted name, default, docstring) for every leaf field of the config; a section that is a
-    union (e.g. ``task``: toy or text arithmetic) lists each member's fields under its ``kind``."""
-    rows = []
-    for name, f in model.model_fields.items():
-        members = [a for a in typing.get_args(f.annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
-        if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel):
-            members = [f.annotation]
-        if not members and typing.get_origin(f.annotation) is typing.Annotated:
-            inner = typing.get_args(f.annotation)[0]
-            members = [a for a in typing.get_args(inner) if isinstance(a, type) and issubclass(a, BaseModel)]
-        if members:
-            for m in members:
-                tag = ""
-                if len(members) > 1:
-                    tag = f"  [{name}.kind={m.model_fields['kind'].default}]"
-                sub = _field_docs(m, f"{prefix}{name}.")
-                rows += [(n, d, doc + tag if n.endswith(".kind") else doc) for n, d, doc in sub]
-        else:
-            default = f.default.value if hasattr(f.default, "value") else f.default
-            rows.append((f"{prefix}{name}", json.dumps(default, default=str), f.description or ""))
-    return rows
+from exgrpo.config import ConfigError, field_docs, load_compare, load_experiment, parse_set
 
 
 def _fields_epilog() -> str:
     lines = ["config fields (override any with --set FIELD=VALUE):"]
-    for name, default, doc in _field_docs():
+    for name, default, doc in field_docs():
         lines.append(f"  {name} = {default}")
         lines += textwrap.wrap(doc, 96, initial_indent="      ", subsequent_indent="      ")
     return "\n".join(lines)
@@ -125,7 +101,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     rows = summarize(outcomes, list(cc.arms), cc.baseline)
     horizon = max((o.curve_steps[-1] for o in outcomes if o.curve_steps), default=None)
     print(format_table(rows, cc.metric, cc.baseline, horizon))
-    report = Path(args.report or cc.base.output_dir / cc.base.name / "comparison.png")
+    report = Path(args.report or cc.base_config().output_dir / cc.name / "comparison.png")
     print(f"report: {comparison_figure(outcomes, list(cc.arms), cc.metric, report)}")
     if args.json:
         Path(args.json).write_text(json.dumps([o.__dict__ for o in outcomes], indent=2))
@@ -204,6 +180,18 @@ def _cmd_sync(args: argparse.Namespace) -> int:
             failed += 1
             print(f"error: {d}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _cmd_runs(args: argparse.Namespace) -> int:
+    from exgrpo.tracking import TrackingError
+    from exgrpo.tracking.listing import format_runs, recent_runs
+
+    try:
+        print(format_runs(recent_runs(args.tracking_uri, args.limit, args.experiment)))
+    except (TrackingError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _cmd_ui(args: argparse.Namespace) -> int:
@@ -309,6 +297,14 @@ def build_parser() -> argparse.ArgumentParser:
                        "status, for every run directory holding mlflow_pending.json under PATH.")
     y.add_argument("paths", nargs="*", default=["runs"], help="run directories or roots to search (default: runs/)")
     y.set_defaults(fn=_cmd_sync)
+
+    r = sub.add_parser("runs", help="list recent runs, comparisons and sweeps from MLflow (newest first)",
+                       description="One line per top-level MLflow run: start time, experiment, name, kind "
+                       "(run | compare | sweep), status, run id and the headline result.")
+    r.add_argument("--experiment", help="only this MLflow experiment")
+    r.add_argument("-n", "--limit", type=int, default=20, help="how many (default 20)")
+    r.add_argument("--tracking-uri", help="MLflow store (default: MLFLOW_TRACKING_URI, else <project>/mlruns/mlflow.db)")
+    r.set_defaults(fn=_cmd_runs)
 
     g = sub.add_parser("config", help="print every config field with its doc, or a resolved config")
     g.add_argument("config", nargs="?", help="experiment YAML to resolve")

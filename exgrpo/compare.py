@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import multiprocessing as mp
 
 from exgrpo.config import CompareConfig, ExperimentConfig
-from exgrpo.stats import Estimate, mean_ci, paired_difference, steps_to_target
+from exgrpo.stats import Estimate, iqm_ci, mean_ci, paired_difference, probability_of_improvement, steps_to_target
 
 
 @dataclass
@@ -36,6 +36,10 @@ class ArmSummary:
     diff_vs_baseline: Estimate | None
     steps_to_baseline_final: float | None
     """Median over seeds of the first eval step at which the arm reaches the baseline's mean final."""
+    iqm: Estimate | None = None
+    """Interquartile mean of the final metric over seeds, percentile-bootstrap 95% CI."""
+    p_improve: Estimate | None = None
+    """P(a run of this arm beats a run of the baseline), percentile-bootstrap 95% CI."""
 
 
 def run_one(cfg: ExperimentConfig, arm: str, metric: str = "val/accuracy") -> RunOutcome:
@@ -108,7 +112,11 @@ def summarize(outcomes: Iterable[RunOutcome], arms: list[str], baseline: str) ->
         reach = [steps_to_target(o.curve_steps, o.curve_values, base_final) for o in runs.values()]
         reached = sorted(r for r in reach if r is not None)
         median = reached[len(reached) // 2] if len(reached) * 2 > len(reach) else None
-        rows.append(ArmSummary(arm, final, diff, median))
+        finals = [o.final for o in runs.values()]
+        p_improve = None
+        if arm != baseline and base:
+            p_improve = probability_of_improvement(finals, [o.final for o in base.values()])
+        rows.append(ArmSummary(arm, final, diff, median, iqm_ci(finals), p_improve))
     return rows
 
 
@@ -117,8 +125,9 @@ def format_table(rows: list[ArmSummary], metric: str, baseline: str, horizon: fl
 
     ``horizon`` is the last evaluated step (for "not reached within N steps")."""
     lines = [
-        f"| arm | seeds | final {metric} (mean ± 95% CI) | diff vs {baseline} (paired, 95% CI) | step reaching {baseline}'s final |",
-        "|---|---|---|---|---|",
+        f"| arm | seeds | final {metric} (mean ± 95% CI) | IQM [95% CI] | diff vs {baseline} (paired, 95% CI) "
+        f"| P(> {baseline}) [95% CI] | step reaching {baseline}'s final |",
+        "|---|---|---|---|---|---|---|",
     ]
     within = f" within {int(horizon)} steps" if horizon else ""
     for r in rows:
@@ -129,12 +138,18 @@ def format_table(rows: list[ArmSummary], metric: str, baseline: str, horizon: fl
             reach = "— (baseline)"
         else:
             reach = f"not reached{within}" if r.steps_to_baseline_final is None else f"{int(r.steps_to_baseline_final)}"
-        lines.append(f"| {r.arm} | {r.final.n} | {r.final} | {diff} | {reach} |")
+        iqm = "—" if r.iqm is None else f"{r.iqm.mean:.4f} [{r.iqm.low:.4f}, {r.iqm.high:.4f}]"
+        poi = "—" if r.p_improve is None else f"{r.p_improve.mean:.2f} [{r.p_improve.low:.2f}, {r.p_improve.high:.2f}]"
+        lines.append(f"| {r.arm} | {r.final.n} | {r.final} | {iqm} | {diff} | {poi} | {reach} |")
     n = max((r.final.n for r in rows), default=0)
     lines += [
         "",
         f"- final {metric}: the metric at each run's last step; mean over {n} seeds ± a Student-t 95% CI.",
+        "- IQM: the interquartile mean over seeds (middle 50% of runs), a percentile-bootstrap 95% CI "
+        "(10,000 resamples of the runs; rliable's convention, built on scipy.stats).",
         f"- diff vs {baseline}: the arm minus {baseline} on the same seed, averaged; a Student-t 95% CI of the paired differences.",
+        f"- P(> {baseline}): the probability that a run of the arm ends above a run of {baseline} (ties count "
+        "half; the Mann-Whitney U over all run pairs), a percentile-bootstrap 95% CI; 0.5 means no difference.",
         f"- step reaching {baseline}'s final: median over seeds of the first evaluation at which the arm reaches "
         f"{baseline}'s mean final value.",
         "",

@@ -1,4 +1,5 @@
-"""Comparison report: learning curves with 95% CI bands per arm, and pool dynamics, as one PNG.
+"""Comparison report: learning curves with 95% CI bands per arm, pool dynamics and the performance
+profile of the final scores, as one PNG.
 
 Built from each run's ``metrics.jsonl`` (what the trainer always writes), so it needs no server.
 """
@@ -12,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from exgrpo.compare import RunOutcome
-from exgrpo.stats import mean_ci
+from exgrpo.stats import mean_ci, performance_profile
 
 
 def _read(run_dir: str) -> list[dict[str, float]]:
@@ -30,13 +31,16 @@ def _band(curves: list[tuple[list[float], list[float]]]) -> tuple[np.ndarray, np
 
 def comparison_figure(outcomes: Sequence[RunOutcome], arms: Sequence[str], metric: str, out: str | Path) -> Path:
     """Write ``out`` (PNG): left, ``metric`` vs step (mean ± 95% CI over seeds) per arm; middle,
-    batch pass@1; right, pool size and retired count (paper ExGRPO arms)."""
+    batch pass@1; then pool size and retired count (paper ExGRPO arms); right, the performance
+    profile of the final ``metric``: the fraction of an arm's runs scoring above each threshold."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    fig, axes = plt.subplots(1, 4, figsize=(21, 4.5))
+    finals = [o.final for o in outcomes]
+    taus = np.linspace(min(finals, default=0.0), max(finals, default=1.0), 101)
     for i, arm in enumerate(arms):
         runs = [o for o in outcomes if o.arm == arm]
         if not runs:
@@ -45,6 +49,7 @@ def comparison_figure(outcomes: Sequence[RunOutcome], arms: Sequence[str], metri
         steps, mean, lo, hi = _band([(o.curve_steps, o.curve_values) for o in runs])
         axes[0].plot(steps, mean, color=color, label=f"{arm} (n={len(runs)})")
         axes[0].fill_between(steps, lo, hi, color=color, alpha=0.2)
+        axes[3].step(taus, performance_profile([o.final for o in runs], taus), where="post", color=color, label=arm)
         rows = [_read(o.run_dir) for o in runs if o.run_dir]
         if rows:
             curves = [([r["step"] for r in rr if "batch/solved" in r], [r["batch/solved"] for r in rr if "batch/solved" in r])
@@ -60,6 +65,8 @@ def comparison_figure(outcomes: Sequence[RunOutcome], arms: Sequence[str], metri
     axes[0].set(title=f"{metric} (mean, 95% CI band)", xlabel="step")
     axes[1].set(title="batch pass@1 (mean, 95% CI band)", xlabel="step")
     axes[2].set(title="experience pool: questions (—), retired (--)", xlabel="step")
+    axes[3].set(title=f"performance profile: runs with final {metric} > τ", xlabel="τ", ylabel="fraction of runs",
+                ylim=(-0.02, 1.02))
     for ax in axes:
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:

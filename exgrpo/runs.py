@@ -31,10 +31,24 @@ def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def _resolved(config: dict[str, Any] | str) -> dict[str, Any]:
+    """The config as today's schema resolves it (a config saved by an older version may list fields
+    that no longer apply, e.g. the ExGRPO fields of a GRPO run); as saved if it no longer validates."""
+    from pydantic import ValidationError
+
+    from exgrpo.config import ExperimentConfig
+
+    data = json.loads(config) if isinstance(config, str) else config
+    try:
+        return ExperimentConfig.model_validate(data).model_dump(mode="json")
+    except ValidationError:
+        return data
+
+
 def run_identity_diff(saved: dict[str, Any] | str, current: dict[str, Any] | str) -> list[str]:
     """``field (saved -> current)`` for every field that differs, except :data:`SAFE_TO_CHANGE`."""
-    a = _flat(json.loads(saved) if isinstance(saved, str) else saved)
-    b = _flat(json.loads(current) if isinstance(current, str) else current)
+    a = _flat(_resolved(saved))
+    b = _flat(_resolved(current))
     keys = sorted(set(a) | set(b))
     return [f"{k} ({a.get(k)!r} -> {b.get(k)!r})" for k in keys
             if a.get(k) != b.get(k) and not any(k == s or k.startswith(s + ".") for s in SAFE_TO_CHANGE)]

@@ -1,4 +1,7 @@
-"""Comparison statistics over seeds: mean with a 95% CI, paired differences, steps-to-target."""
+"""Comparison statistics over seeds: mean with a 95% CI, paired differences, steps-to-target, and the
+robust aggregates of Agarwal et al. (2021, "Deep RL at the edge of the statistical precipice"; the
+conventions of their rliable library, built here on scipy.stats): the interquartile mean with a
+bootstrap CI, the probability of improvement, and performance profiles."""
 
 from __future__ import annotations
 
@@ -55,6 +58,48 @@ def paired_difference(treatment: Sequence[float], baseline: Sequence[float], lev
     if a.shape != b.shape:
         raise ValueError(f"paired_difference: {len(a)} treatment vs {len(b)} baseline values; seeds must match")
     return mean_ci(a - b, level)
+
+
+def iqm(values: Sequence[float]) -> float:
+    """Interquartile mean: the mean of the middle 50% of the values (25% trimmed from each end)."""
+    return float(st.trim_mean(np.asarray(values, dtype=float), 0.25))
+
+
+def iqm_ci(values: Sequence[float], level: float = 0.95, n_boot: int = 10_000, seed: int = 0) -> Estimate:
+    """IQM over seeds with a percentile-bootstrap CI (runs resampled with replacement; one task, so
+    the stratified bootstrap is the plain one)."""
+    x = np.asarray(values, dtype=float)
+    m = iqm(x)
+    if len(x) < 2 or np.ptp(x) == 0:
+        return Estimate(m, m, m, len(x))
+    res = st.bootstrap((x,), lambda a, axis: st.trim_mean(a, 0.25, axis=axis), confidence_level=level,
+                       n_resamples=n_boot, method="percentile", rng=np.random.default_rng(seed))
+    return Estimate(m, float(res.confidence_interval.low), float(res.confidence_interval.high), len(x))
+
+
+def probability_of_improvement(x: Sequence[float], y: Sequence[float], level: float = 0.95, n_boot: int = 10_000,
+                               seed: int = 0) -> Estimate:
+    """P(X > Y) + P(X = Y)/2 for a run X of one arm and a run Y of another (the Mann-Whitney U
+    statistic over n·m pairs), with a percentile-bootstrap CI resampling each arm's runs."""
+    a, b = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+
+    def poi(u, v, axis=-1):
+        diff = u[..., :, None] - v[..., None, :]
+        return ((diff > 0) + 0.5 * (diff == 0)).mean(axis=(-2, -1))
+
+    p = float(poi(a, b))
+    if len(a) < 2 or len(b) < 2:
+        return Estimate(p, p, p, min(len(a), len(b)))
+    res = st.bootstrap((a, b), poi, confidence_level=level, n_resamples=n_boot, method="percentile",
+                       vectorized=True, rng=np.random.default_rng(seed))
+    low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
+    return Estimate(p, min(low, p), max(high, p), min(len(a), len(b)))
+
+
+def performance_profile(values: Sequence[float], thresholds: Sequence[float]) -> np.ndarray:
+    """Fraction of runs whose score exceeds each threshold tau (the run-score distribution)."""
+    x = np.asarray(values, dtype=float)
+    return np.array([(x > t).mean() for t in thresholds])
 
 
 def steps_to_target(steps: Sequence[float], values: Sequence[float], target: float) -> float | None:

@@ -10,7 +10,13 @@ import re
 from typing import Any
 
 from prefect import flow, get_run_logger
-from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
+from prefect.artifacts import (
+    create_link_artifact,
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
 
 
 def _key(*parts: str) -> str:
@@ -39,22 +45,33 @@ def compare_flow(
     log.info("comparing %s over seeds %s (%d runs, executor=%s)", list(cc.arms), cc.seeds,
              len(cc.arms) * len(cc.seeds), executor)
 
+    total = len(cc.arms) * len(cc.seeds)
+    progress = create_progress_artifact(0.0, key=_key(cc.name, "progress"),
+                                        description=f"runs finished of {total} ({', '.join(cc.arms)} x {len(cc.seeds)} seeds)")
+    finished = []
+
+    def started(run_id: str, url: str) -> None:  # the MLflow link from the first minute, not only at the end
+        create_link_artifact(url, link_text=f"MLflow: compare {cc.name} (runs appear as they start)",
+                             key=_key(cc.name, "mlflow"))
+
     def done(o):
+        finished.append(o)
+        update_progress_artifact(progress, 100.0 * len(finished) / total,
+                                 description=f"{len(finished)} of {total} runs finished; last: {o.arm} seed {o.seed}")
         log.info("%s seed %d: final %s = %.4f (mlflow run %s)", o.arm, o.seed, cc.metric, o.final, o.run_id)
 
     res = run_tracked_compare(cc, tracking_uri=tracking_uri, executor=executor, workers=workers,
-                              ray_address=ray_address, on_done=done)
+                              ray_address=ray_address, on_done=done, on_parent=started)
     links = "\n".join(f"- [{o.arm} seed {o.seed}]({res.child_url(o)}): {o.final:.4f}"
                       for o in sorted(res.outcomes, key=lambda o: (o.arm, o.seed)))
-    key = _key(cc.base.name, "comparison")
+    key = _key(cc.name, "comparison")
     create_markdown_artifact(
-        f"# {cc.base.name}: {', '.join(cc.arms)} over {len(cc.seeds)} seeds\n\n{res.table}\n\n"
+        f"# {cc.name}: {', '.join(cc.arms)} over {len(cc.seeds)} seeds\n\n{res.table}\n\n"
         f"MLflow parent run: [{res.parent_run_id}]({res.url})\n\n## Runs\n{links}\n",
         key=key, description=f"{cc.metric}: mean ± 95% CI and paired difference vs {cc.baseline}",
     )
-    create_table_artifact(res.table_rows(), key=_key(cc.base.name, "comparison-table"),
+    create_table_artifact(res.table_rows(), key=_key(cc.name, "comparison-table"),
                           description=f"final {cc.metric} per arm")
-    create_link_artifact(res.url, link_text=f"MLflow: compare {cc.base.name}", key=_key(cc.base.name, "mlflow"))
     return {"parent_run_id": res.parent_run_id, "experiment_id": res.experiment_id, "table": res.table,
             "rows": res.table_rows(), "runs": {f"{o.arm}/seed{o.seed}": o.run_id for o in res.outcomes},
             "outcomes": [dataclasses.asdict(o) for o in res.outcomes]}

@@ -1,6 +1,11 @@
 """Prefect flow: evaluate a checkpoint (toy tier: greedy val accuracy) and log it to MLflow.
 
     prefect deployment run 'evaluate/evaluate' --param checkpoint=runs/toy/seed0/checkpoints/step_0000100.pt
+
+The evaluate deployment also runs by itself when a run of the train deployment completes (a
+deployment trigger in prefect.yaml on Prefect's ``prefect.flow-run.Completed`` event): it is given
+the train flow run, finds the MLflow run that flow created (tag ``prefect_flow_run_id``) and its
+final checkpoint, and logs ``eval/*`` on that same run.
 """
 
 from __future__ import annotations
@@ -23,12 +28,48 @@ def evaluate_checkpoint(checkpoint: str) -> tuple[Any, dict[str, float]]:
     return cfg, {**trainer.evaluate(), "step": float(trainer.step)}
 
 
+def find_train_run(train_flow_run: str, tracking_uri: str | None) -> tuple[str, str, str | None]:
+    """(checkpoint, MLflow run id, tracking URI) of the run a train flow run created; ``train_flow_run``
+    is the flow run's id or its event resource id (``prefect.flow-run.<id>``)."""
+    from uuid import UUID
+
+    from prefect.client.orchestration import get_client
+
+    from exgrpo.tracking import Tracker
+
+    flow_run_id = train_flow_run.rsplit(".", 1)[-1]
+    with get_client(sync_client=True) as client:
+        params = client.read_flow_run(UUID(flow_run_id)).parameters
+    uri = tracking_uri or params.get("tracking_uri")
+    mlflow = Tracker(uri).client
+    exps = [e.experiment_id for e in mlflow.search_experiments()]
+    runs = mlflow.search_runs(exps, filter_string=f"tags.prefect_flow_run_id = '{flow_run_id}'")
+    if not runs:
+        raise LookupError(f"no MLflow run is tagged prefect_flow_run_id={flow_run_id} in {Tracker(uri).uri}")
+    run = runs[0]
+    checkpoint = run.data.tags.get("checkpoint")
+    if not checkpoint:
+        raise LookupError(f"MLflow run {run.info.run_id} has no checkpoint tag (did the train run finish?)")
+    return checkpoint, run.info.run_id, uri
+
+
 @flow(name="evaluate", log_prints=True)
-def evaluate_flow(checkpoint: str, run_id: str | None = None, tracking_uri: str | None = None) -> dict[str, Any]:
+def evaluate_flow(checkpoint: str | None = None, run_id: str | None = None, tracking_uri: str | None = None,
+                  train_flow_run: str | None = None) -> dict[str, Any]:
     """Evaluate ``checkpoint``; log ``eval/*`` into MLflow run ``run_id`` (default: a new run
-    tagged kind=evaluate in the config's experiment)."""
+    tagged kind=evaluate in the config's experiment). With ``train_flow_run`` (what the trigger
+    passes), the checkpoint and the run are those of that train flow run."""
+    from pathlib import Path
+
     from exgrpo.tracking import Tracker, run_tags
 
+    if train_flow_run is not None:
+        checkpoint, run_id, tracking_uri = find_train_run(train_flow_run, tracking_uri)
+    if checkpoint is None:
+        raise ValueError("evaluate: give checkpoint=<path to step_N.pt> (or train_flow_run=<flow run id>)")
+    if not Path(checkpoint).is_file():
+        raise ValueError(f"evaluate: {checkpoint} is not a native checkpoint file (a veRL checkpoint is a "
+                         "directory; its evaluation is not built yet)")
     tracker = Tracker(tracking_uri)
     cfg, metrics = evaluate_checkpoint(checkpoint)
     step = int(metrics.pop("step"))

@@ -30,7 +30,11 @@ def train_flow(
     if cfg.backend.name == "verl" and "backend.verl.launch" not in overrides:
         # the flow launches veRL runs as Ray Jobs: the MLflow run exists first, the job's log streams here
         cfg = load_experiment(config, {**overrides, "backend.verl.launch": "ray_job"})
-    run = tracked_train(cfg, tracking_uri=tracking_uri, resume=resume, progress=cfg.backend.name == "verl")
+    from prefect.runtime import flow_run
+
+    # the tag lets the evaluate deployment (triggered by this flow run's completion) find the run
+    tags = {"prefect_flow_run_id": str(flow_run.id)} if flow_run.id else None
+    run = tracked_train(cfg, tracking_uri=tracking_uri, resume=resume, progress=cfg.backend.name == "verl", tags=tags)
     final = {k: v for k, v in run.result.final_metrics.items() if k.startswith(("val/", "batch/solved"))}
     get_run_logger().info("%s seed %d: %s (mlflow run %s)", cfg.name, cfg.seed, final, run.run_id)
     create_link_artifact(run.url, link_text=f"MLflow: {cfg.name} seed {cfg.seed}")

@@ -14,23 +14,23 @@ FIXTURES = Path(__file__).parent / "fixtures" / "golden_metrics.json"
 
 TOY = {
     "task.max_operand": 6, "policy.hidden": 32, "policy.layers": 2, "algorithm.group_size": 4,
-    "train.batch_size": 16, "train.epochs": 4, "train.lr": 1e-2, "algorithm.replay_start_pass_rate": 0.0,
-    "train.mini_batches": 2, "algorithm.notebook.warm": 1, "algorithm.notebook.peak": 2,
-    "algorithm.notebook.per": 8,
+    "train.batch_size": 16, "train.epochs": 4, "train.lr": 1e-2, "train.mini_batches": 2,
 }
+EARLY = {"algorithm.replay_start_pass_rate": 0.0}
+NOTEBOOK = {"algorithm.notebook.warm": 1, "algorithm.notebook.peak": 2, "algorithm.notebook.per": 8,
+            "algorithm.notebook.sampling": "top"}  # recorded before proportional sampling was the default
 TINY_LM = {
     "policy.model.sft_steps": 40, "policy.model.eval_questions": 0, "policy.model.hidden_size": 64,
     "policy.model.intermediate_size": 128, "policy.max_new_tokens": 24, "task.n_train": 48, "task.n_val": 16,
-    "train.batch_size": 8, "algorithm.group_size": 4, "algorithm.replay_start_pass_rate": 0.0,
-    "train.max_steps": 4, "train.eval_every_steps": 2, "train.eval_before_train": True, "train.lr": 1e-4,
+    "train.batch_size": 8, "algorithm.group_size": 4, "train.max_steps": 4, "train.eval_every_steps": 2, "train.eval_before_train": True, "train.lr": 1e-4,
     "task.answer_format": "boxed_or_last_number",
 }
 RUNS = {
     "toy-grpo": ("experiments/toy-exgrpo.yaml", TOY, {"algorithm.replay": "none"}),
-    "toy-exgrpo": ("experiments/toy-exgrpo.yaml", TOY, {"algorithm.replay": "buckets"}),
-    "toy-notebook": ("experiments/toy-exgrpo.yaml", TOY, {"algorithm.replay": "notebook"}),
+    "toy-exgrpo": ("experiments/toy-exgrpo.yaml", TOY, {"algorithm.replay": "buckets", **EARLY}),
+    "toy-notebook": ("experiments/toy-exgrpo.yaml", TOY, {"algorithm.replay": "notebook", **NOTEBOOK}),
     "tiny-lm-grpo": ("experiments/tiny-lm.yaml", TINY_LM, {"algorithm.replay": "none"}),
-    "tiny-lm-exgrpo": ("experiments/tiny-lm.yaml", TINY_LM, {"algorithm.replay": "buckets"}),
+    "tiny-lm-exgrpo": ("experiments/tiny-lm.yaml", TINY_LM, {"algorithm.replay": "buckets", **EARLY}),
 }
 
 

@@ -124,3 +124,30 @@ def test_a_missing_flow_is_a_one_line_error_not_a_silent_fallback(monkeypatch, c
     assert cli.main(["compare", "experiments/toy.yaml", "--seeds", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "flows/compare.py:compare_flow cannot be loaded" in err[0] and "--no-prefect" in err[0]
+
+
+def test_compare_cli_shows_live_progress_from_the_ray_workers(tmp_path):
+    """Two Ray workers, output captured as a non-terminal stream: per-run progress lines (step/total,
+    pass@1) arrive while the runs are still going, and the runs done are counted."""
+    cfg = tmp_path / "cmp.yaml"
+    cfg.write_text(TINY_COMPARE)
+    ray_tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "RAY_TMPDIR": ray_tmp,
+           "EXGRPO_PROGRESS_SECONDS": "0"}
+    env.pop("PREFECT_API_URL", None)
+    out = subprocess.run(
+        [sys.executable, "-m", "exgrpo.cli", "compare", str(cfg), "--seeds", "1", "--workers", "2",
+         "--output-dir", str(tmp_path / "runs"), "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db",
+         "--set", "train.max_steps=150", "--set", "train.epochs=60"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )
+    lines = out.stdout.splitlines()
+    assert out.returncode == 0, "\n".join(lines[-40:])
+    progress = [i for i, ln in enumerate(lines) if "progress: " in ln and ": step " in ln]
+    finished = [i for i, ln in enumerate(lines) if "progress: " in ln and " finished | runs done" in ln]
+    assert len(finished) == 2 and "runs done 2/2" in lines[finished[-1]], "\n".join(lines[-80:])
+    for arm in ("grpo", "exgrpo"):
+        mine = [i for i in progress if f"progress: {arm} seed 0: step " in lines[i]]
+        assert mine, f"no progress line for {arm}:\n" + "\n".join(lines[-60:])
+    assert progress[0] < finished[-1], "progress must show while the runs are still going"
+    assert any("/150" in lines[i] and "pass@1" in lines[i] for i in progress)

@@ -33,6 +33,7 @@ yaml = pytest.importorskip("yaml")
 from flows.compare import compare_flow  # noqa: E402
 from flows.evaluate import evaluate_flow  # noqa: E402
 from flows.sweep import sweep_flow  # noqa: E402
+from netutil import free_port  # noqa: E402
 
 
 def test_prefect_yaml_declares_the_deployments():
@@ -90,7 +91,8 @@ def test_compare_flow_parent_and_children_in_mlflow(tmp_path):
         arts = c.read_artifacts(artifact_filter=ArtifactFilter(
             flow_run_id=ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id])))
     by_key = {a.key: a for a in arts}
-    assert {"flowcmp-comparison", "flowcmp-comparison-table", "flowcmp-mlflow"} <= set(by_key)
+    assert {"flowcmp-comparison", "flowcmp-comparison-table", "flowcmp-mlflow", "flowcmp-progress"} <= set(by_key)
+    assert by_key["flowcmp-progress"].type == "progress" and by_key["flowcmp-progress"].data == 100.0
     md = by_key["flowcmp-comparison"].data
     assert "| exgrpo | 2 |" in md and parent.info.run_id in md
     assert by_key["flowcmp-comparison-table"].type == "table"
@@ -130,13 +132,6 @@ def test_unreachable_tracking_server_fails_the_flow_before_training(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def test_cli_sweep_rejects_a_bad_space_before_any_work(tmp_path):
     import subprocess
@@ -160,7 +155,7 @@ def test_ui_starts_three_servers_and_stops_them(tmp_path):
     import psutil
     import requests
 
-    ports = [_free_port() for _ in range(3)]
+    ports = [free_port() for _ in range(3)]
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "ph"), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/m/mlflow.db"}
     proc = subprocess.Popen([sys.executable, "-m", "exgrpo.cli", "ui", "--prefect-port", str(ports[0]),
                              "--mlflow-port", str(ports[1]), "--optuna-port", str(ports[2]),

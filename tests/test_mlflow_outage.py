@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,23 +21,19 @@ from exgrpo import cli
 from exgrpo.config import load_experiment
 from exgrpo.tracking import tracked_train
 from exgrpo.tracking.sync import PENDING_FILE
+from netutil import free_port
 
 MLFLOW = str(Path(sys.executable).parent / "mlflow")
 TOY = {"task.max_operand": 4, "policy.hidden": 16, "train.batch_size": 8, "algorithm.group_size": 4,
        "train.max_steps": 30, "train.epochs": 50}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 class Server:
     """`mlflow server` on 127.0.0.1 with a sqlite store that survives restarts."""
 
     def __init__(self, root: Path) -> None:
-        self.root, self.port = root, _free_port()
+        self.root, self.port = root, free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
 
@@ -125,3 +120,76 @@ def test_mlflow_down_at_the_end_is_finished_by_exgrpo_sync(server, tmp_path, cap
     assert not (run_dir / PENDING_FILE).exists()
     assert cli.main(["sync", str(tmp_path / "runs")]) == 0  # idempotent: nothing left
     assert _history(server.url, run.run_id, "batch/solved") == list(range(1, 31))
+
+
+def test_sweep_driver_records_every_trial_and_goes_on_when_mlflow_dies(server, tmp_path):
+    """MLflow dies after the first trial: the later trials are recorded FAIL in Optuna, the driver
+    returns its result instead of a traceback, and the same command writes the summary later."""
+    import ray
+
+    from exgrpo.sweep import load_sweep, run_sweep
+
+    sc = load_sweep({
+        "study": {"name": "outage", "n_trials": 3, "parallel": 1, "pruner": "none", "sampler": "random"},
+        "base": "experiments/toy.yaml",
+        "base_overrides": {"name": "outage-sweep", "algorithm.replay": "buckets", "output_dir": str(tmp_path / "runs"),
+                           "task.max_operand": 4, "policy.hidden": 16, "policy.layers": 1,
+                           "train.batch_size": 8, "algorithm.group_size": 4},
+        "budget_steps": 4,
+        "space": {"algorithm.experience_ratio": {"type": "float", "low": 0.1, "high": 0.9}},
+    })
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    seen = []
+
+    def on_trial(out):
+        seen.append(out["state"])
+        if len(seen) == 1:
+            server.kill()
+
+    try:
+        res = run_sweep(sc, storage=storage, tracking_uri=server.url, on_trial=on_trial)
+        assert seen == ["COMPLETE", "FAIL", "FAIL"]
+        assert res.counts == {"COMPLETE": 1, "PRUNED": 0, "FAIL": 2} and res.best_value is not None
+        assert res.summary_error is not None
+
+        server.start()
+        again = run_sweep(sc, storage=storage, tracking_uri=server.url)
+        assert again.outcomes == [] and again.summary_error is None
+    finally:
+        ray.shutdown()
+    from mlflow import MlflowClient
+
+    parent = MlflowClient(server.url).get_run(res.parent_run_id)
+    assert parent.info.status == "FINISHED" and parent.data.metrics["trials_fail"] == 2.0
+
+
+def test_compare_parent_run_is_kept_for_exgrpo_sync_when_mlflow_dies_at_the_end(server, tmp_path, capsys):
+    from mlflow import MlflowClient
+
+    from exgrpo.config import load_compare
+    from exgrpo.tracking.compare import run_tracked_compare
+
+    cc = load_compare("experiments/toy.yaml", {"name": "outage-cmp", "output_dir": str(tmp_path / "runs"),
+                                               "task.max_operand": 4, "policy.hidden": 16, "policy.layers": 1,
+                                               "train.batch_size": 8, "algorithm.group_size": 4, "train.max_steps": 3})
+    cc = cc.model_copy(update={"arms": {"grpo": cc.arms["grpo"], "exgrpo": cc.arms["exgrpo"]}, "seeds": [0]})
+    done = []
+
+    def on_done(outcome):
+        done.append(outcome)
+        if len(done) == 2:  # every child finished and reached MLflow; the parent's statistics will not
+            server.kill()
+
+    res = run_tracked_compare(cc, tracking_uri=server.url, executor="process", workers=1, on_done=on_done)
+    assert res.summary_error is not None and len(res.rows) == 2
+    where = tmp_path / "runs" / "outage-cmp"
+    assert (where / PENDING_FILE).is_file() and (where / "comparison.md").read_text().strip() == res.table.strip()
+    assert f"exgrpo sync {where}" in capsys.readouterr().out
+
+    server.start()
+    assert cli.main(["sync", str(where)]) == 0
+    parent = MlflowClient(server.url).get_run(res.parent_run_id)
+    assert parent.info.status == "FINISHED" and "exgrpo/final_mean" in parent.data.metrics
+    assert parent.data.tags["mlflow.note.content"] == res.table
+    names = {a.path for a in MlflowClient(server.url).list_artifacts(res.parent_run_id)}
+    assert {"comparison.md", "outcomes.json"} <= names

@@ -67,15 +67,16 @@ def test_state_dict_roundtrip_weights_only(tmp_path):
     assert other.retired == {2} and other.bucket_of(1) == 3
 
 
-def test_a_checkpoint_from_before_the_log_prob_rename_still_loads():
+def test_a_checkpoint_from_before_the_renames_still_loads():
     pool = ExperiencePool(group_size=8)
     pool.observe_group(1, 3, [traj([1, 2, 3])], 0)
     old = pool.state_dict()
     for q in old["questions"]:
-        q["behaviour_logp"] = q.pop("behaviour_log_prob")  # the key's name until 2026-11-23
+        q["behaviour_logp"] = q.pop("behaviour_log_prob")  # the keys' names until 2026-11-23
+        q["k"] = q.pop("num_correct")
     other = ExperiencePool(group_size=8)
     other.load_state_dict(old)
-    assert other.trajectories(1) == pool.trajectories(1)
+    assert other.trajectories(1) == pool.trajectories(1) and other.bucket_of(1) == 3
 
 
 def test_parquet_snapshot_reads_with_pandas(tmp_path):

@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from netutil import free_port
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -41,11 +41,6 @@ PREFECT = str(Path(sys.executable).with_name("prefect")) if Path(sys.executable)
 TINY = {"task.max_operand": 5, "train.batch_size": 16, "algorithm.group_size": 4, "train.max_steps": 8,
         "policy.hidden": 32, "policy.layers": 2}
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _kill_tree(proc: subprocess.Popen, grace: float = 10.0) -> None:
@@ -108,7 +103,7 @@ class Server:
 def deployed(tmp_path_factory):
     """A Prefect server with local-pool and every deployment of prefect.yaml."""
     tmp = tmp_path_factory.mktemp("prefect-e2e")
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
     env.update({
@@ -197,6 +192,36 @@ def test_train_deployment_runs_on_a_worker_into_mlflow(deployed, tmp_path):
     # and the flow published the MLflow link as a Prefect artifact
     arts = srv.post("/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [run["id"]]}}})
     assert any(a["type"] == "markdown" and mrun.info.run_id in (a["data"] or "") for a in arts), arts
+
+    # event-driven: the train run's completion made the evaluate deployment run (its prefect.yaml
+    # trigger); a worker runs it, and its scores land on the same MLflow run
+    ev = srv.get("/deployments/name/evaluate/evaluate")
+    triggered, deadline = [], time.monotonic() + 90
+    while not triggered and time.monotonic() < deadline:
+        triggered = srv.post("/flow_runs/filter", {"flow_runs": {"deployment_id": {"any_": [ev["id"]]}}})
+        time.sleep(1)
+    assert len(triggered) == 1, f"no evaluate run was triggered; server log:\n{(srv.tmp / 'server.log').read_text()[-4000:]}"
+    assert triggered[0]["parameters"]["train_flow_run"] == f"prefect.flow-run.{run['id']}"
+    log = open(tmp_path / "worker-eval.log", "w")
+    worker = subprocess.Popen([PREFECT, "worker", "start", "--pool", "local-pool", "--work-queue",
+                               triggered[0]["work_queue_name"], "--run-once"],
+                              env=srv.env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        worker.wait(timeout=150)
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        _kill_tree(worker)
+        log.close()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        state = srv.get(f"/flow_runs/{triggered[0]['id']}")["state"]
+        if state["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+            break
+        time.sleep(0.5)
+    eval_log = (tmp_path / "worker-eval.log").read_text()
+    assert state["type"] == "COMPLETED", f"{state}\nworker log:\n{eval_log[-6000:]}"
+    assert "eval/accuracy" in client.get_run(mrun.info.run_id).data.metrics
 
 
 def test_sweep_deployment_has_two_schedules_with_their_own_parameters(deployed):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from exgrpo.config import AlgorithmConfig, ReplayKind
+from exgrpo.config import ExGRPOConfig, ReplayKind, UniformReplayConfig
 from exgrpo.core.batch import Replays, assemble_batch, batch_metrics, generation_qids, rewarded_groups
 from exgrpo.core.pool import Trajectory
 from exgrpo.core.replay import REPLAY_STRATEGIES, BucketReplay, ReplayStrategy, make_replay_strategy
@@ -50,7 +50,7 @@ def test_assemble_batch_layout_is_group_major_with_stored_row_first():
 
 
 def test_bucket_strategy_life_plan_select_observe_resume():
-    algo = AlgorithmConfig(replay="buckets", group_size=4, experience_ratio=0.5, replay_start_pass_rate=0.3)
+    algo = ExGRPOConfig(group_size=4, experience_ratio=0.5, replay_start_pass_rate=0.3)
     s = make_replay_strategy(algo, np.random.default_rng(0))
     assert isinstance(s, BucketReplay)
     assert s.plan(8) == 0 and not s.mixed_phase  # replay off until the switch
@@ -110,7 +110,7 @@ def test_a_new_strategy_is_one_class_and_a_registry_entry(tmp_path, monkeypatch)
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_uniform_strategy_ignores_buckets(seed):
-    algo = AlgorithmConfig(replay="uniform", group_size=4, replay_start_pass_rate=0.0)
+    algo = UniformReplayConfig(group_size=4, replay_start_pass_rate=0.0)
     s = make_replay_strategy(algo, np.random.default_rng(seed))
     for q in range(20):
         s.pool.observe_group(q, 1 if q < 19 else 2, [traj([q + 1])], step=0)

@@ -60,3 +60,15 @@ def test_notebook_buffer_caps_priority_and_distinct_questions():
     other = NotebookBuffer(4, 2, 10.0)
     other.load_state_dict(buf.state_dict())
     assert other.sample(10, 3) == picked
+
+
+def test_notebook_buffer_samples_in_proportion_to_priority():
+    buf = NotebookBuffer(max_len=10, uid_cap=1, tau=1e9)
+    buf.add(1, Trajectory((1,), (-0.1,), 0.0, 0))  # priority 1 / (1 + 0) = 1
+    buf.add(2, Trajectory((2,), (-0.1,), 3.0, 0))  # priority 1 / (1 + 3) = 0.25
+    assert [q for q, _ in buf.sample(per=1, step=0)] == [1]  # top: always the highest
+    rng = np.random.default_rng(0)
+    firsts = [buf.sample(per=1, step=0, rng=rng)[0][0] for _ in range(4000)]
+    assert firsts.count(2) / len(firsts) == pytest.approx(0.25 / 1.25, abs=0.02)
+    both = buf.sample(per=2, step=0, rng=rng)
+    assert sorted(q for q, _ in both) == [1, 2]  # without replacement, distinct questions

@@ -71,14 +71,15 @@ def test_unreachable_server_fails_fast_before_training(tmp_path):
 
 
 def test_curated_params_truncated_and_complete(tmp_path):
-    cfg = tiny_cfg(tmp_path, name="x" * 7000)
-    params = curated_params(cfg, extra_keys=["algorithm.notebook.kl_beta", "no.such.key"])
+    cfg = tiny_cfg(tmp_path, name="x" * 7000, **{"algorithm.replay": "buckets"})
+    params = curated_params(cfg, extra_keys=["train.threads", "algorithm.notebook.kl_beta", "no.such.key"])
     from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
 
     assert 35 <= len(params) <= 50
     assert len(params["name"]) == MAX_PARAM_VAL_LENGTH
     assert params["algorithm.experience_ratio"] == "0.5"
-    assert "algorithm.notebook.kl_beta" in params and "no.such.key" not in params
+    assert "train.threads" in params  # an extra key (a sweep's space) is logged even when unmarked
+    assert "algorithm.notebook.kl_beta" not in params and "no.such.key" not in params  # not in this config
 
 
 def test_tracked_toy_run_reads_back(tmp_path):

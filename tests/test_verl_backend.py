@@ -115,6 +115,32 @@ def test_hf_tokenizer_encodes_like_the_char_tokenizer():
     assert list(ids) == char.encode("1+2=?", add_bos=True)
 
 
+def test_hf_rollout_server_samples_concurrent_requests_as_one_batch(cache, monkeypatch):
+    """veRL's agent loop sends one request per sample; the hf server must batch them (a step's 64
+    requests as one engine call, not 64), keep sampling settings apart, and return the log-probs of
+    the sampled tokens."""
+    import asyncio
+
+    from exgrpo.backends.verl.assets import export_model
+    from exgrpo.backends.verl.platform.hf_rollout import HFRolloutServer
+
+    monkeypatch.setenv("EXGRPO_CACHE", str(cache))
+    cfg = load_experiment(EXGRPO)
+    server = HFRolloutServer(str(export_model(cfg)), response_length=8, prompt_length=32, seed=0)
+    prompts = [[1] + [4 + (i % 7), 10, 5 + (i % 3)] for i in range(24)]
+
+    async def many():
+        sampled = [server.generate(f"r{i}", p, {"temperature": 1.0, "top_p": 1.0}) for i, p in enumerate(prompts)]
+        greedy = [server.generate(f"g{i}", p, {"temperature": 0.0}) for i, p in enumerate(prompts[:4])]
+        return await asyncio.gather(*sampled, *greedy)
+
+    outs = asyncio.run(many())
+    assert sorted(server.batches) == [4, 24]  # one engine call per sampling setting
+    for out in outs:
+        assert 1 <= len(out.token_ids) <= 8 and len(out.log_probs) == len(out.token_ids)
+        assert all(lp <= 0.0 for lp in out.log_probs)
+
+
 # ------------------------------------------------------------------------------------ config
 def test_overrides_are_derived_from_the_typed_config_and_compose():
     from exgrpo.backends.verl.overrides import RunPaths, compose, hydra_overrides
@@ -150,7 +176,7 @@ def test_bad_verl_config_fails_before_any_work():
     with pytest.raises(ConfigError, match="rollout=vllm needs backend.verl.device=cuda"):
         load_experiment(EXGRPO, {"backend.verl.rollout": "vllm"})
     with pytest.raises(ConfigError, match="algorithm.replay='notebook' has no veRL backend"):
-        load_experiment(EXGRPO, {"algorithm.replay": "notebook"})
+        load_experiment(GRPO, {"algorithm.replay": "notebook"})
     with pytest.raises(ConfigError, match="policy.model.arch=llama"):
         load_experiment(EXGRPO, {"policy.model.arch": "qwen2"})
 
@@ -211,21 +237,27 @@ def test_verl_actor_update_sees_a_known_shift_of_behaviour_log_probs(tmp_path, c
 
 @pytest.mark.slow
 def test_verl_exgrpo_killed_then_resumed_keeps_its_pool(tmp_path, cache):
-    """A real SIGKILL of `exgrpo train` (and the veRL driver under it), then `--resume`."""
+    """A real SIGKILL of `exgrpo train` (and the veRL driver under it), then `--resume`, past a torn
+    newer checkpoint (skipped, with a note), keeping the newest `train.keep_last` steps."""
     out = tmp_path / "run"
-    extra = ["--set=train.max_steps=6", "--set=train.checkpoint_every=2"]
+    extra = ["--set=train.max_steps=6", "--set=train.checkpoint_every=2", "--set=train.keep_last=2"]
     cmd = [sys.executable, "-m", "exgrpo.cli", "train", EXGRPO, "--no-progress", "--output-dir", str(out), *extra]
     proc = subprocess.Popen(cmd, env=_env(cache), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     run_dir = out / "verl-tiny-exgrpo" / "seed0"
-    marker = run_dir / "checkpoints" / "global_step_2" / "exgrpo_pool.pt"
+    ckpts = run_dir / "checkpoints"
+    tracker = ckpts / "latest_checkpointed_iteration.txt"  # veRL writes it once a step is whole
     deadline = time.time() + 600
-    while time.time() < deadline and not marker.exists() and proc.poll() is None:
+    while time.time() < deadline and not tracker.exists() and proc.poll() is None:
         time.sleep(0.2)
-    assert marker.exists(), "no checkpoint before the kill"
+    assert tracker.exists(), "no checkpoint before the kill"
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    killed_at = torch.load(marker, weights_only=True)
+    saved = int(tracker.read_text())
+    killed_at = torch.load(ckpts / f"global_step_{saved}" / "exgrpo_pool.pt", weights_only=True)
+    torn = ckpts / f"global_step_{saved + 1}" / "actor"  # as if killed in the middle of the next save
+    torn.mkdir(parents=True)
+    tracker.write_text(str(saved + 1))
 
     # it resumes only with its own config (checked before anything starts)
     other = _train(EXGRPO, out, cache, *extra, "--resume", "--set=train.lr=0.1", check=False)
@@ -233,7 +265,9 @@ def test_verl_exgrpo_killed_then_resumed_keeps_its_pool(tmp_path, cache):
 
     _train(EXGRPO, out, cache, *extra, "--resume")
     log = (run_dir / "verl.log").read_text()
-    assert "exgrpo: restored the replay state of step" in log
+    assert f"global_step_{saved + 1} is torn (no actor weights)" in log
+    assert f"exgrpo: restored the replay state of step {saved}" in log
+    assert sorted(p.name for p in ckpts.glob("global_step_*")) == ["global_step_4", "global_step_6"]
     rows = {int(r["step"]): r for r in _rows(run_dir) if "batch/solved" in r}
     assert max(rows) == 6
     resumed_step = min(s for s in rows if s > killed_at["step"])
@@ -244,8 +278,8 @@ def test_verl_exgrpo_killed_then_resumed_keeps_its_pool(tmp_path, cache):
 # ------------------------------------------------------------------------------------ Prefect -> Ray Job -> MLflow
 @pytest.mark.slow
 def test_prefect_train_flow_launches_verl_as_a_ray_job_into_mlflow(tmp_path, cache, monkeypatch):
-    """The train flow creates the MLflow run, submits the veRL run as a Ray Job, streams its log and
-    records its metrics; a job that fails ends the MLflow run FAILED with the job id in the error."""
+    """The train flow creates the MLflow run, submits the veRL run as a Ray Job with the run's id,
+    streams its log, and the job logs its metrics to the run live; a job that fails ends the MLflow run FAILED with the job id in the error."""
     for k, v in {"PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
                  "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90", "EXGRPO_CACHE": str(cache)}.items():
         monkeypatch.setenv(k, v)
@@ -271,9 +305,17 @@ def _flow_then_failure(train_flow, uri, tmp_path):
     client = mlflow.MlflowClient(uri)
     run = client.get_run(out["run_id"])
     assert run.info.status == "FINISHED"
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "batch/solved")] == [1, 2, 3]
+    solved = client.get_metric_history(run.info.run_id, "batch/solved")
+    assert [m.step for m in solved] == [1, 2, 3]
     assert client.get_metric_history(run.info.run_id, "pool/questions")
     assert "Ray Job" not in run.data.tags.get("error", "")
+    # live: the job itself logged each step while it ran (nothing had to be backfilled afterwards)
+    from ray.job_submission import JobSubmissionClient
+
+    from exgrpo.backends.verl import jobs
+
+    job = JobSubmissionClient(jobs.local_job_server()).get_job_info(run.data.tags["ray_job_id"])
+    assert solved[0].timestamp < job.end_time and "live_metrics" not in run.data.tags
     log = (tmp_path / "runs" / "verl-tiny-exgrpo" / "seed0" / "verl.log").read_text()
     assert "Training Progress" in log
 

@@ -9,17 +9,28 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     from exgrpo.backends.native.trainer import StepCallback, TrainResult
     from exgrpo.config import ExperimentConfig
 
 
+class MLflowRun(NamedTuple):
+    """An MLflow run created by the caller, for a backend whose job reports to it by itself."""
+
+    tracking_uri: str
+    run_id: str
+
+
 class Backend(Protocol):
     """Runs one experiment to completion (or resumes it) and returns its result."""
 
     name: str
+    reports_to_mlflow: bool
+    """True: given ``mlflow_run``, the training job logs each step to it live by itself (veRL, a
+    job that may run on another machine), and ``callbacks`` see the steps only after the run. False:
+    ``callbacks`` see each step as it ends, in the caller's process (native)."""
 
     def train(
         self,
@@ -28,6 +39,7 @@ class Backend(Protocol):
         resume: bool = False,
         progress: bool = True,
         force_resume: bool = False,
+        mlflow_run: MLflowRun | None = None,
     ) -> TrainResult: ...
 
 
@@ -49,12 +61,12 @@ def get_backend(name: str) -> Backend:
 
 
 def train(cfg: ExperimentConfig, callbacks: list[StepCallback] | None = None, resume: bool = False,
-          progress: bool = True, force_resume: bool = False) -> TrainResult:
+          progress: bool = True, force_resume: bool = False, mlflow_run: MLflowRun | None = None) -> TrainResult:
     """Train ``cfg`` on the backend its ``backend.name`` selects: the one entry point of the CLI and flows.
     ``resume`` continues the run from its own latest checkpoint (refused if the config differs in a
     field that changes its meaning, unless ``force_resume``); a fresh run moves an earlier one aside."""
     return get_backend(cfg.backend.name).train(cfg, callbacks=callbacks, resume=resume, progress=progress,
-                                               force_resume=force_resume)
+                                               force_resume=force_resume, mlflow_run=mlflow_run)
 
 
 def register_backend(name: str, target: str) -> Callable[[], None]:

@@ -4,7 +4,17 @@ Sections live in submodules (``options``, ``tasks``, ``policies``, ``algorithm``
 everything public is re-exported here, so ``from exgrpo.config import X`` is the one import path.
 """
 
-from exgrpo.config.algorithm import AlgorithmConfig, NotebookReplayConfig
+from exgrpo.config.algorithm import (
+    ALGORITHM_CONFIGS,
+    AlgorithmConfig,
+    ExGRPOConfig,
+    GRPOConfig,
+    NotebookConfig,
+    NotebookReplayConfig,
+    OnPolicyConfig,
+    PoolReplayConfig,
+    UniformReplayConfig,
+)
 from exgrpo.config.backend import BackendConfig, VerlSettings
 from exgrpo.config.experiment import (
     CompareConfig,
@@ -14,9 +24,12 @@ from exgrpo.config.experiment import (
     TrainConfig,
     _validate,  # noqa: F401  (used by exgrpo.sweep)
     apply_overrides,
+    config_fields,
+    field_docs,
     flatten,
     load_compare,
     load_experiment,
+    mlflow_param_keys,
     parse_set,
     read_yaml,
 )
@@ -25,6 +38,8 @@ from exgrpo.config.options import (
     BucketWeighting,
     ConfigError,
     LossAggregation,
+    MLFLOW_PARAM,
+    NotebookSampling,
     OptimizerKind,
     ReplayKind,
     SelectionMetric,
@@ -45,7 +60,14 @@ from exgrpo.config.tasks import (
 )
 
 __all__ = [
+    "ALGORITHM_CONFIGS",
     "AlgorithmConfig",
+    "ExGRPOConfig",
+    "GRPOConfig",
+    "NotebookConfig",
+    "OnPolicyConfig",
+    "PoolReplayConfig",
+    "UniformReplayConfig",
     "AnswerFormat",
     "BackendConfig",
     "ArithmeticProblemsConfig",
@@ -57,6 +79,8 @@ __all__ = [
     "ExperimentConfig",
     "LMPolicyConfig",
     "LossAggregation",
+    "MLFLOW_PARAM",
+    "NotebookSampling",
     "MLPPolicyConfig",
     "NotebookReplayConfig",
     "OptimizerKind",
@@ -77,9 +101,12 @@ __all__ = [
     "TrainConfig",
     "VerlSettings",
     "apply_overrides",
+    "config_fields",
+    "field_docs",
     "flatten",
     "load_compare",
     "load_experiment",
+    "mlflow_param_keys",
     "parse_set",
     "read_yaml",
 ]

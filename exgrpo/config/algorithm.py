@@ -1,18 +1,40 @@
-"""The algorithm section: GRPO, the paper's ExGRPO and the notebook variant."""
+"""The algorithm section: one config class per algorithm, chosen by ``replay``.
+
+``AlgorithmConfig`` is a discriminated union: ``replay: none`` is :class:`GRPOConfig`, ``buckets``
+:class:`ExGRPOConfig`, ``uniform`` :class:`UniformReplayConfig` and ``notebook``
+:class:`NotebookConfig`. Each holds only the fields its algorithm reads. A field of another
+algorithm is an error that names it (a resolved config written before the split, which lists every
+field, still loads: fields of another algorithm at their default value are dropped).
+"""
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from typing import Annotated, Any, Literal, Union
 
-from exgrpo.config.options import BucketWeighting, LossAggregation, ReplayKind, SelectionMetric, SelectionMode, Shaping, _Strict
+from pydantic import BeforeValidator, Discriminator, Field, Tag, TypeAdapter, ValidationError, model_validator
+
+from exgrpo.config.options import (
+    MLFLOW_PARAM,
+    BucketWeighting,
+    NotebookSampling,
+    LossAggregation,
+    ReplayKind,
+    SelectionMetric,
+    SelectionMode,
+    Shaping,
+    _Strict,
+)
 
 
 class NotebookReplayConfig(_Strict):
     """The notebook variant's buffer and lambda schedule (notebook-toy.md)."""
 
-    per: int = Field(256, ge=1)
+    per: int = Field(256, ge=1, json_schema_extra=MLFLOW_PARAM)
     """Replayed trajectories per step (distinct question ids)."""
-    tau: float = Field(300.0, gt=0.0)
+    sampling: NotebookSampling = Field(NotebookSampling.PROPORTIONAL, json_schema_extra=MLFLOW_PARAM)
+    """proportional: draw in proportion to priority without replacement (the notebook); top: the
+    highest priorities (labelled notebook-top)."""
+    tau: float = Field(300.0, gt=0.0, json_schema_extra=MLFLOW_PARAM)
     """Recency temperature of the priority exp(-age/tau) * reward / (1 + entropy), age in steps."""
     max_len: int = Field(3000, ge=1)
     """Buffer capacity; the oldest entries are evicted first."""
@@ -26,7 +48,7 @@ class NotebookReplayConfig(_Strict):
     """Epochs with lambda = 0."""
     peak: int = Field(25, ge=0)
     """Epoch where lambda stops rising and starts to decay."""
-    lambda_max: float = Field(0.5, ge=0.0, le=1.0)
+    lambda_max: float = Field(0.5, ge=0.0, le=1.0, json_schema_extra=MLFLOW_PARAM)
     """Upper bound of lambda."""
     lambda_min: float = Field(0.2, ge=0.0, le=1.0)
     """Lower bound of lambda after the peak."""
@@ -44,58 +66,62 @@ class NotebookReplayConfig(_Strict):
         return self
 
 
-class AlgorithmConfig(_Strict):
-    """GRPO, ExGRPO and the notebook variant: every algorithmic knob (defaults: the reference run)."""
+class OnPolicyConfig(_Strict):
+    """What every algorithm has: GRPO's group, advantages and on-policy loss."""
 
-    replay: ReplayKind = ReplayKind.BUCKETS
-    """Experience replay: none (GRPO), buckets (paper ExGRPO) or notebook."""
-    group_size: int = Field(8, ge=2)
+    replay: ReplayKind = Field(ReplayKind.BUCKETS, json_schema_extra=MLFLOW_PARAM)
+    """Experience replay: none (GRPO), buckets (paper ExGRPO), uniform (pool sampled uniformly) or notebook."""
+    group_size: int = Field(8, ge=2, json_schema_extra=MLFLOW_PARAM)
     """K: rollouts per question (a replayed question gets K-1 fresh ones plus the replayed one, which
     counts toward its k, as in the reference: spec §11.7)."""
-    advantage_std_norm: bool = False
+    advantage_std_norm: bool = Field(False, json_schema_extra=MLFLOW_PARAM)
     """Divide group-centred rewards by the group std (reference: off, Dr.GRPO style)."""
-    clip_eps: float = Field(0.2, gt=0.0, lt=1.0)
+    clip_eps: float = Field(0.2, gt=0.0, lt=1.0, json_schema_extra=MLFLOW_PARAM)
     """PPO clip range epsilon of the on-policy surrogate."""
-    drop_clip_after_replay_start: bool = True
-    """Drop on-policy clipping once replay has started (reference: loss_remove_clip=True)."""
-    entropy_coeff: float = Field(0.001, ge=0.0)
+    entropy_coeff: float = Field(0.001, ge=0.0, json_schema_extra=MLFLOW_PARAM)
     """Weight of the entropy bonus (token mean over all response tokens)."""
-    kl_coeff: float = Field(0.0, ge=0.0)
+    kl_coeff: float = Field(0.0, ge=0.0, json_schema_extra=MLFLOW_PARAM)
     """Weight of a low-variance KL penalty toward the behaviour policy (reference: 0)."""
-    loss_agg: LossAggregation = LossAggregation.TOKEN_SUM_NORM
+    loss_agg: LossAggregation = Field(LossAggregation.TOKEN_SUM_NORM, json_schema_extra=MLFLOW_PARAM)
     """Aggregation of per-token losses."""
 
-    experience_ratio: float = Field(0.5, ge=0.0, le=1.0)
-    """Fraction of the batch's questions drawn from the experience pool once replay has started."""
-    replay_start_pass_rate: float = Field(0.35, ge=0.0, le=1.0)
-    """Replay switches on (one way) once a batch's pass@1 exceeds this."""
-    bucket_lbound: int = Field(0, ge=0)
-    """Collect/bucket a question iff lbound < k <= rbound (k = correct rollouts of K)."""
-    bucket_rbound: int | None = None
-    """Upper collection bound on k; None means K-1 (the reference's 7 for K=8)."""
-    bucket_weighting: BucketWeighting = BucketWeighting.NORMAL
-    """Bucket weighting over the latest success count k."""
-    bucket_sigma: float = Field(1.0, gt=0.0)
-    """Std (in count units) of the normal weighting, centred on K/2."""
-    selection_metric: SelectionMetric = SelectionMetric.ENTROPY
-    """Metric that chooses which stored trajectory of a question is replayed."""
-    selection_mode: SelectionMode = SelectionMode.ARGMIN
-    """Replay the trajectory with the lowest or highest metric."""
-    shaping: Shaping = Shaping.POLICY_SHAPING
-    """f(w) on replayed tokens."""
-    shaping_gamma: float = Field(0.1, gt=0.0)
-    """gamma of policy shaping f(w) = w / (w + gamma)."""
-    is_clip: float = Field(2.0, gt=0.0)
-    """c of truncation f(w) = min(w, c)."""
-    is_correction: bool = True
-    """Use the stored behaviour log-probs for replayed tokens (else w = 1 at the current policy)."""
-    pool_max_per_question: int | None = Field(None, ge=1)
-    """Keep at most this many trajectories per question (oldest dropped); None: unbounded."""
-    pool_max_questions: int | None = Field(None, ge=1)
-    """Keep at most this many questions in the pool (least recently updated evicted); None: unbounded."""
 
-    notebook: NotebookReplayConfig = NotebookReplayConfig()
-    """Settings of the notebook replay variant (used when replay = notebook)."""
+class GRPOConfig(OnPolicyConfig):
+    """On-policy GRPO: no experience, no replay."""
+
+    replay: Literal[ReplayKind.NONE] = Field(ReplayKind.NONE, json_schema_extra=MLFLOW_PARAM)
+    """none: on-policy GRPO."""
+
+
+class PoolReplayConfig(OnPolicyConfig):
+    """The algorithms that keep ExGRPO's experience pool (buckets, uniform): the pool, replay start switch, trajectory selection and off-policy correction."""
+
+    drop_clip_after_replay_start: bool = Field(True, json_schema_extra=MLFLOW_PARAM)
+    """Drop on-policy clipping once replay has started (reference: loss_remove_clip=True)."""
+    experience_ratio: float = Field(0.5, ge=0.0, le=1.0, json_schema_extra=MLFLOW_PARAM)
+    """Fraction of the batch's questions drawn from the experience pool once replay has started."""
+    replay_start_pass_rate: float = Field(0.35, ge=0.0, le=1.0, json_schema_extra=MLFLOW_PARAM)
+    """Replay switches on (one way) once a batch's pass@1 exceeds this."""
+    bucket_lbound: int = Field(0, ge=0, json_schema_extra=MLFLOW_PARAM)
+    """Collect/bucket a question iff lbound < k <= rbound (k = correct rollouts of K)."""
+    bucket_rbound: int | None = Field(None, json_schema_extra=MLFLOW_PARAM)
+    """Upper collection bound on k; None means K-1 (the reference's 7 for K=8)."""
+    selection_metric: SelectionMetric = Field(SelectionMetric.ENTROPY, json_schema_extra=MLFLOW_PARAM)
+    """Metric that chooses which stored trajectory of a question is replayed."""
+    selection_mode: SelectionMode = Field(SelectionMode.ARGMIN, json_schema_extra=MLFLOW_PARAM)
+    """Replay the trajectory with the lowest or highest metric."""
+    shaping: Shaping = Field(Shaping.POLICY_SHAPING, json_schema_extra=MLFLOW_PARAM)
+    """f(w) on replayed tokens."""
+    shaping_gamma: float = Field(0.1, gt=0.0, json_schema_extra=MLFLOW_PARAM)
+    """gamma of policy shaping f(w) = w / (w + gamma)."""
+    is_clip: float = Field(2.0, gt=0.0, json_schema_extra=MLFLOW_PARAM)
+    """c of truncation f(w) = min(w, c)."""
+    is_correction: bool = Field(True, json_schema_extra=MLFLOW_PARAM)
+    """Use the stored behaviour log-probs for replayed tokens (else w = 1 at the current policy)."""
+    pool_max_per_question: int | None = Field(None, ge=1, json_schema_extra=MLFLOW_PARAM)
+    """Keep at most this many trajectories per question (oldest dropped); None: unbounded."""
+    pool_max_questions: int | None = Field(None, ge=1, json_schema_extra=MLFLOW_PARAM)
+    """Keep at most this many questions in the pool (least recently updated evicted); None: unbounded."""
 
     @property
     def rbound(self) -> int:
@@ -103,7 +129,7 @@ class AlgorithmConfig(_Strict):
         return self.group_size - 1 if self.bucket_rbound is None else self.bucket_rbound
 
     @model_validator(mode="after")
-    def _bounds(self) -> AlgorithmConfig:
+    def _bounds(self) -> PoolReplayConfig:
         k = self.group_size
         if self.bucket_rbound is not None and self.bucket_rbound > k:
             raise ValueError(
@@ -116,3 +142,92 @@ class AlgorithmConfig(_Strict):
                 "(questions are collected iff lbound < k <= rbound)"
             )
         return self
+
+
+class ExGRPOConfig(PoolReplayConfig):
+    """The paper's ExGRPO: questions replayed by correctness bucket, with Gaussian bucket weights."""
+
+    replay: Literal[ReplayKind.BUCKETS] = Field(ReplayKind.BUCKETS, json_schema_extra=MLFLOW_PARAM)
+    """buckets: the paper's ExGRPO."""
+    bucket_weighting: BucketWeighting = Field(BucketWeighting.NORMAL, json_schema_extra=MLFLOW_PARAM)
+    """Bucket weighting over the latest success count k."""
+    bucket_sigma: float = Field(1.0, gt=0.0, json_schema_extra=MLFLOW_PARAM)
+    """Std (in count units) of the normal weighting, centred on K/2."""
+
+
+class UniformReplayConfig(PoolReplayConfig):
+    """An ablation of ExGRPO: the same pool and switch, replayed questions drawn uniformly."""
+
+    replay: Literal[ReplayKind.UNIFORM] = Field(ReplayKind.UNIFORM, json_schema_extra=MLFLOW_PARAM)
+    """uniform: ExGRPO's pool, questions drawn uniformly (no buckets)."""
+
+
+class NotebookConfig(OnPolicyConfig):
+    """The notebook variant: a recency/entropy priority buffer and a lambda-weighted replay term."""
+
+    replay: Literal[ReplayKind.NOTEBOOK] = Field(ReplayKind.NOTEBOOK, json_schema_extra=MLFLOW_PARAM)
+    """notebook: the notebook variant (notebook-toy.md)."""
+    notebook: NotebookReplayConfig = NotebookReplayConfig()
+    """Its buffer and lambda schedule."""
+
+
+ALGORITHM_CONFIGS: dict[ReplayKind, type[OnPolicyConfig]] = {
+    ReplayKind.NONE: GRPOConfig,
+    ReplayKind.BUCKETS: ExGRPOConfig,
+    ReplayKind.UNIFORM: UniformReplayConfig,
+    ReplayKind.NOTEBOOK: NotebookConfig,
+}
+"""replay -> its config class (a new replay strategy adds one entry)."""
+
+DEFAULT_REPLAY = ReplayKind.BUCKETS
+"""An algorithm section without ``replay`` is the paper's ExGRPO."""
+
+
+def _replay_of(data: Any) -> str:
+    if isinstance(data, dict):
+        return str(data.get("replay", DEFAULT_REPLAY.value))
+    return str(getattr(data, "replay", DEFAULT_REPLAY.value))
+
+
+def _is_default(cls: type[OnPolicyConfig], name: str, value: Any) -> bool:
+    field = cls.model_fields[name]
+    try:
+        return TypeAdapter(field.annotation).validate_python(value) == field.default
+    except ValidationError:
+        return False
+
+
+def replay_homes(name: str) -> list[str]:
+    """The replay kinds whose algorithm config has field ``name`` (empty: no algorithm has it)."""
+    return [k.value for k, c in ALGORITHM_CONFIGS.items() if name in c.model_fields]
+
+
+def _own_fields_only(data: Any) -> Any:
+    """Check ``replay`` and drop or refuse the fields of other algorithms (before the union picks a class)."""
+    if not isinstance(data, dict):
+        return data
+    replay = _replay_of(data)
+    if replay not in {k.value for k in ReplayKind}:
+        raise ValueError(f"replay={replay!r} is not a replay kind; use one of {[k.value for k in ReplayKind]}")
+    own = ALGORITHM_CONFIGS[ReplayKind(replay)]
+    out = {}
+    for name, value in data.items():
+        homes = replay_homes(name)
+        if name in own.model_fields or not homes:  # unknown names are left to the extra-field check
+            out[name] = value
+        elif not _is_default(ALGORITHM_CONFIGS[ReplayKind(homes[0])], name, value):
+            raise ValueError(
+                f"{name}={value!r} is a setting of replay={'/'.join(homes)}, not of replay={replay}; "
+                f"remove it here (set it only where replay is {' or '.join(homes)}, e.g. in that arm)"
+            )
+    return out
+
+
+AlgorithmConfig = Annotated[
+    Annotated[
+        Union[tuple(Annotated[cls, Tag(kind.value)] for kind, cls in ALGORITHM_CONFIGS.items())],  # noqa: UP007
+        Discriminator(_replay_of),
+    ],
+    BeforeValidator(_own_fields_only),
+]
+"""The algorithm section: one class per algorithm, chosen by ``replay`` (default: buckets)."""

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from exgrpo.config.options import _Strict
+from exgrpo.config.options import MLFLOW_PARAM, _Strict
 
 
 class VerlSettings(_Strict):
@@ -49,7 +49,7 @@ class VerlSettings(_Strict):
 class BackendConfig(_Strict):
     """Which backend trains: the in-process native trainer, or veRL's RayPPOTrainer."""
 
-    name: Literal["native", "verl"] = "native"
+    name: Literal["native", "verl"] = Field("native", json_schema_extra=MLFLOW_PARAM)
     """native: exgrpo's CPU trainer (toy, tiny-lm, smollm2); verl: veRL's RayPPOTrainer (CPU or GPU)."""
     verl: VerlSettings = VerlSettings()
     """veRL settings (used when name = verl)."""

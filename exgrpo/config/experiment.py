@@ -9,15 +9,17 @@ allowed. Prefect parameters, the Optuna search space and MLflow params are deriv
 from __future__ import annotations
 
 import copy
+import json
+import typing
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from exgrpo.config.algorithm import AlgorithmConfig
+from exgrpo.config.algorithm import ALGORITHM_CONFIGS, DEFAULT_REPLAY, AlgorithmConfig, ExGRPOConfig, replay_homes
 from exgrpo.config.backend import BackendConfig
-from exgrpo.config.options import ConfigError, OptimizerKind, Tier, _Strict
+from exgrpo.config.options import MLFLOW_PARAM, ConfigError, OptimizerKind, ReplayKind, Tier, _Strict
 from exgrpo.config.policies import LMPolicyConfig, MLPPolicyConfig, SmolLM2PolicyConfig
 from exgrpo.config.tasks import ReasoningGymTaskConfig, TextArithmeticTaskConfig, ToyTaskConfig
 
@@ -38,25 +40,25 @@ _TIER_KINDS = {
 class TrainConfig(_Strict):
     """Optimisation, schedule and checkpointing of the native trainer."""
 
-    batch_size: int = Field(128, ge=1)
+    batch_size: int = Field(128, ge=1, json_schema_extra=MLFLOW_PARAM)
     """Questions per training step (B)."""
-    epochs: int = Field(50, ge=1)
+    epochs: int = Field(50, ge=1, json_schema_extra=MLFLOW_PARAM)
     """Passes over the training questions (fresh draws; steps = epochs * ceil(N_train / B))."""
-    max_steps: int | None = Field(None, ge=1)
+    max_steps: int | None = Field(None, ge=1, json_schema_extra=MLFLOW_PARAM)
     """Stop after this many steps (a fixed compute budget); None: epochs decide."""
-    optimizer: OptimizerKind = OptimizerKind.ADAM
+    optimizer: OptimizerKind = Field(OptimizerKind.ADAM, json_schema_extra=MLFLOW_PARAM)
     """Optimiser."""
-    lr: float = Field(3e-4, gt=0.0)
+    lr: float = Field(3e-4, gt=0.0, json_schema_extra=MLFLOW_PARAM)
     """Learning rate (constant)."""
-    weight_decay: float = Field(0.0, ge=0.0)
+    weight_decay: float = Field(0.0, ge=0.0, json_schema_extra=MLFLOW_PARAM)
     """Weight decay (AdamW only)."""
-    mini_batches: int = Field(1, ge=1)
+    mini_batches: int = Field(1, ge=1, json_schema_extra=MLFLOW_PARAM)
     """Optimiser steps per training step (the batch is split into this many mini-batches)."""
-    grad_clip: float = Field(1.0, gt=0.0)
-    """Max global grad norm."""
+    grad_clip: float | None = Field(1.0, gt=0.0, json_schema_extra=MLFLOW_PARAM)
+    """Max global grad norm; None: no clipping (the norm is still logged)."""
     skip_grad_above: float | None = Field(500.0, gt=0.0)
     """Skip the optimiser step if the grad norm is non-finite or above this (reference: 500)."""
-    eval_every_epochs: int = Field(1, ge=1)
+    eval_every_epochs: int = Field(1, ge=1, json_schema_extra=MLFLOW_PARAM)
     """Validate every this many epochs (and at the end)."""
     eval_before_train: bool = False
     """Also validate the initial (warm-start) policy, logged at step 0."""
@@ -74,11 +76,11 @@ class TrainConfig(_Strict):
 class ExperimentConfig(_Strict):
     """A run: tier, task, policy, algorithm and training settings."""
 
-    name: str = "toy-exgrpo"
+    name: str = Field("toy-exgrpo", json_schema_extra=MLFLOW_PARAM)
     """Experiment name (the MLflow experiment and the run directory)."""
-    tier: Tier = Tier.TOY
+    tier: Tier = Field(Tier.TOY, json_schema_extra=MLFLOW_PARAM)
     """Model/task tier."""
-    seed: int = 0
+    seed: int = Field(0, json_schema_extra=MLFLOW_PARAM)
     """Seed of model init, sampling and replay."""
     output_dir: Path = Path("runs")
     """Where run directories (checkpoints, metrics) are written."""
@@ -86,8 +88,8 @@ class ExperimentConfig(_Strict):
     """The task (training questions, validation split, reward)."""
     policy: PolicyConfig = MLPPolicyConfig()
     """The policy model."""
-    algorithm: AlgorithmConfig = AlgorithmConfig()
-    """The RL algorithm."""
+    algorithm: AlgorithmConfig = ExGRPOConfig()
+    """The RL algorithm (its class follows algorithm.replay)."""
     train: TrainConfig = TrainConfig()
     """Optimisation and schedule."""
     backend: BackendConfig = BackendConfig()
@@ -163,8 +165,9 @@ def _check_verl(cfg: ExperimentConfig) -> None:
 class CompareConfig(_Strict):
     """A side-by-side comparison: one base config, named arms of overrides, several seeds."""
 
-    base: ExperimentConfig
-    """Settings shared by every arm."""
+    base: dict[str, Any] = {}
+    """Settings shared by every arm; an algorithm field applies to the arms whose algorithm has it
+    (e.g. experience_ratio to the ExGRPO arms, not to GRPO)."""
     arms: dict[str, dict[str, Any]]
     """Arm name -> dotted overrides of the base (e.g. {"algorithm.replay": "none"})."""
     baseline: str = "grpo"
@@ -182,17 +185,46 @@ class CompareConfig(_Strict):
             raise ValueError(f"baseline={self.baseline!r} is not an arm; arms are {sorted(self.arms)}")
         if not self.seeds:
             raise ValueError("seeds is empty; give at least one seed, e.g. [0, 1, 2]")
+        replays = set()
         for arm in self.arms:
             try:
-                self.arm_config(arm, seed=self.seeds[0])
+                replays.add(self.arm_config(arm, seed=self.seeds[0]).algorithm.replay.value)
             except ConfigError as e:
-                raise ValueError(f"arm {arm!r}: {e}") from None
+                details = [ln.strip() for ln in str(e).splitlines()[1:]] or [str(e)]
+                raise ValueError(f"arm {arm!r}: {'; '.join(details)}") from None
+        algo = self.base.get("algorithm")
+        for name in algo if isinstance(algo, dict) else {}:
+            homes = replay_homes(name)
+            if homes and not replays & set(homes):
+                raise ValueError(f"base sets algorithm.{name}, a setting of replay={'/'.join(homes)}, which no arm "
+                                 f"runs (arms run {'/'.join(sorted(replays))}); remove it or add such an arm")
         return self
 
+    @property
+    def name(self) -> str:
+        """The comparison's name (the base's ``name``): its MLflow experiment and report directory."""
+        return str(self.base.get("name", ExperimentConfig.model_fields["name"].default))
+
+    def base_config(self) -> ExperimentConfig:
+        """What every arm shares (tier, task, policy, train, output_dir), as the baseline arm's config
+        under the comparison's name."""
+        return self.arm_config(self.baseline, self.seeds[0]).model_copy(update={"name": self.name})
+
     def arm_config(self, arm: str, seed: int) -> ExperimentConfig:
-        """The validated config of one (arm, seed)."""
-        data = self.base.model_dump(mode="json")
-        data = apply_overrides(data, {**self.arms[arm], "seed": seed, "name": f"{self.base.name}-{arm}"})
+        """The validated config of one (arm, seed): the base, without the algorithm fields that the
+        arm's algorithm does not have, plus the arm's overrides."""
+        overrides = {**self.arms[arm], "seed": seed, "name": f"{self.name}-{arm}"}
+        data = apply_overrides(self.base, overrides)
+        algo = data.get("algorithm")
+        if isinstance(algo, dict):
+            replay = str(algo.get("replay", DEFAULT_REPLAY.value))
+            known = replay in {k.value for k in ReplayKind}  # else validation names the bad value
+            own = ALGORITHM_CONFIGS[ReplayKind(replay)].model_fields if known else algo
+            set_by_arm = {k.split(".")[1] for k in self.arms[arm] if k.startswith("algorithm.")}
+            if isinstance(self.arms[arm].get("algorithm"), dict):
+                set_by_arm |= set(self.arms[arm]["algorithm"])
+            data["algorithm"] = {k: v for k, v in algo.items()
+                                 if k in own or k in set_by_arm or not replay_homes(k)}
         return _validate(ExperimentConfig, data, source=f"arm {arm}")
 
 
@@ -227,16 +259,30 @@ def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str
     return data
 
 
-def _format_validation_error(err: ValidationError, source: str) -> str:
+def _field_path(loc: tuple[Any, ...], data: Any, missing: bool) -> str:
+    """The dotted field name of an error location, without the union tags pydantic inserts
+    (``algorithm.buckets.experience_ratio`` -> ``algorithm.experience_ratio``)."""
+    parts, node = [], data
+    for i, x in enumerate(loc):
+        last = i == len(loc) - 1
+        if isinstance(node, dict) and x not in node and not (last and missing):
+            continue  # a tag: the union member, not a key of the input
+        parts.append(str(x))
+        node = node.get(x) if isinstance(node, dict) else None
+    return ".".join(parts) or "<root>"
+
+
+def _format_validation_error(err: ValidationError, source: str, data: Any = None) -> str:
     lines = [f"invalid config ({source}):"]
     for e in err.errors():
-        loc = ".".join(str(x) for x in e["loc"]) or "<root>"
+        loc = _field_path(e["loc"], data, e["type"] == "missing") if isinstance(data, dict) else (
+            ".".join(str(x) for x in e["loc"]) or "<root>")
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            msg = "unknown field; check the spelling (see `exgrpo train --help` or exgrpo/config.py)"
+            msg = "unknown field; check the spelling (see `exgrpo train --help` or exgrpo/config/)"
         bad = e.get("input")
         shown = "" if isinstance(bad, dict) or e["type"] == "missing" else f" (got {bad!r})"
-        lines.append(f"  {loc}: {msg}{shown}")
+        lines.append(f"  {msg}{shown}" if loc == "<root>" else f"  {loc}: {msg}{shown}")
     return "\n".join(lines)
 
 
@@ -244,7 +290,7 @@ def _validate(model: type[BaseModel], data: dict[str, Any], source: str):
     try:
         return model.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(_format_validation_error(err, source)) from None
+        raise ConfigError(_format_validation_error(err, source, data)) from None
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
@@ -278,6 +324,70 @@ def load_compare(path: str | Path, overrides: dict[str, Any] | None = None) -> C
     data = dict(data)
     data["base"] = apply_overrides(data.get("base", {}), overrides or {})
     return _validate(CompareConfig, data, source=str(path))
+
+
+def _union_members(annotation: Any) -> list[type[BaseModel]]:
+    """The config classes a field may hold: one for a section, several for a union (task, policy, algorithm)."""
+    if isinstance(annotation, type):
+        return [annotation] if issubclass(annotation, BaseModel) else []
+    return [m for a in typing.get_args(annotation) for m in _union_members(a)]
+
+
+def _tag_field(members: list[type[BaseModel]]) -> str:
+    """The discriminator of a union of sections: the field whose type is a Literal in every member."""
+    return next(n for n, f in members[0].model_fields.items() if typing.get_origin(f.annotation) is Literal)
+
+
+def field_docs(model: type[BaseModel] = ExperimentConfig, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(dotted name, default, docstring) for every leaf field of the config. In a union section
+    (task, policy, algorithm) a field that only some members have says which, e.g.
+    ``[algorithm.replay=buckets|uniform]``."""
+    rows: list[tuple[str, str, str]] = []
+    for name, f in model.model_fields.items():
+        members = _union_members(f.annotation)
+        if not members:
+            default = f.get_default(call_default_factory=True)
+            default = default.value if hasattr(default, "value") else default
+            rows.append((f"{prefix}{name}", json.dumps(default, default=str), f.description or ""))
+            continue
+        if len(members) == 1:
+            rows += field_docs(members[0], f"{prefix}{name}.")
+            continue
+        tag = _tag_field(members)
+        first = type(f.get_default(call_default_factory=True))  # the default member's defaults are shown
+        members.sort(key=lambda m: m is not first)
+        def tag_of(m: type[BaseModel]) -> str:
+            value = m.model_fields[tag].default
+            return str(value.value if hasattr(value, "value") else value)
+
+        seen: dict[str, tuple[tuple[str, str, str], list[str]]] = {}
+        for m in members:
+            for row in field_docs(m, f"{prefix}{name}."):
+                seen.setdefault(row[0], (row, []))[1].append(tag_of(m))
+        for dotted, (row, tags) in seen.items():
+            if dotted == f"{prefix}{name}.{tag}":
+                row = (row[0], row[1], f"{f.description} One of: {', '.join(tags)}.")
+            elif len(tags) < len(members):
+                row = (row[0], row[1], f"{row[2]}  [{prefix}{name}.{tag}={'|'.join(tags)}]")
+            rows.append(row)
+    return rows
+
+
+def config_fields() -> list[str]:
+    """Every dotted config field (of every union member), e.g. for validating a search space."""
+    return sorted(n for n, _, _ in field_docs())
+
+
+def mlflow_param_keys(cfg: BaseModel, prefix: str = "") -> list[str]:
+    """Dotted names of the fields of ``cfg`` (this instance's union members) marked ``MLFLOW_PARAM``."""
+    keys: list[str] = []
+    for name, field in type(cfg).model_fields.items():
+        value = getattr(cfg, name)
+        if isinstance(value, BaseModel):
+            keys += mlflow_param_keys(value, f"{prefix}{name}.")
+        elif (field.json_schema_extra or {}).get("mlflow_param"):
+            keys.append(f"{prefix}{name}")
+    return keys
 
 
 def flatten(cfg: BaseModel, prefix: str = "") -> dict[str, Any]:

@@ -20,6 +20,13 @@ class ReplayKind(StrEnum):
     UNIFORM = "uniform"  # ablation: ExGRPO's pool and switch, questions drawn uniformly (no buckets)
 
 
+class NotebookSampling(StrEnum):
+    """How the notebook variant draws its ``per`` replayed trajectories from the buffer."""
+
+    PROPORTIONAL = "proportional"  # in proportion to priority, without replacement (the notebook)
+    TOP = "top"  # the ``per`` highest priorities, deterministic
+
+
 class BucketWeighting(StrEnum):
     """Weight of a bucket keyed by the latest success count k (exgrpo-spec.md §3)."""
 
@@ -87,6 +94,11 @@ class OptimizerKind(StrEnum):
 
     ADAM = "adam"
     ADAMW = "adamw"
+
+
+MLFLOW_PARAM: dict[str, bool] = {"mlflow_param": True}
+"""Field marker (``Field(..., json_schema_extra=MLFLOW_PARAM)``): log the field as an MLflow param
+(exgrpo.tracking.curated_params); the full config is always an artifact."""
 
 
 class _Strict(BaseModel):

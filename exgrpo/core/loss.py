@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from exgrpo.config import AlgorithmConfig, LossAggregation, Shaping
+from exgrpo.config import LossAggregation, Shaping
 
 # ----------------------------------------------------------------------------- shaping registry
 ShapeFn = Callable[[torch.Tensor, "MixedLossConfig"], torch.Tensor]
@@ -36,7 +36,8 @@ SHAPINGS: dict[Shaping, ShapeFn] = {
 
 @dataclass(frozen=True)
 class MixedLossConfig:
-    """The loss's own options (derived from :class:`AlgorithmConfig`; see its field docs)."""
+    """The loss's own options (built by the replay strategy, ``ReplayStrategy.loss_config``, from the
+    algorithm config; see its field docs)."""
 
     clip_eps: float = 0.2
     clip_on_policy: bool = True
@@ -45,17 +46,6 @@ class MixedLossConfig:
     is_clip: float = 2.0
     norm_length: int = 1
     """Constant L of the ``token-sum-norm`` aggregation (the max response length)."""
-
-    @classmethod
-    def from_algorithm(cls, algo: AlgorithmConfig, replay_started: bool, norm_length: int) -> MixedLossConfig:
-        return cls(
-            clip_eps=algo.clip_eps,
-            clip_on_policy=not (replay_started and algo.drop_clip_after_replay_start),
-            shaping=algo.shaping,
-            shaping_gamma=algo.shaping_gamma,
-            is_clip=algo.is_clip,
-            norm_length=norm_length,
-        )
 
 
 # ----------------------------------------------------------------------------- aggregation

@@ -3,9 +3,9 @@
 Stores verified-correct rollouts with their old log-probs, entropy, question id and collection
 step; at most ``uid_cap`` per question (oldest dropped) and ``max_len`` in all (oldest evicted).
 Sampling ranks entries by priority exp(-age/tau) * reward / (1 + entropy) (recent and confident
-first; every stored reward is 1) and returns the best entry of each of the top ``per`` questions:
-distinct question ids, deterministic given the buffer (the notebook text does not say whether it
-sampled proportionally or took the top; we take the top and say so here).
+first; every stored reward is 1) and returns ``per`` entries with distinct question ids, drawn in
+proportion to priority without replacement (the notebook's sampling; default) or the ``per``
+highest (``NotebookSampling.TOP``, deterministic given the buffer).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
+import numpy as np
 import torch
 
 from exgrpo.core.pool import Trajectory, read_behaviour_log_prob
@@ -55,12 +56,17 @@ class NotebookBuffer:
         ent = torch.tensor([t.entropy for t in self._items.values()], dtype=torch.float64)
         return torch.exp(-age / self.tau) / (1.0 + ent)
 
-    def sample(self, per: int, step: int) -> list[tuple[int, Trajectory]]:
-        """Up to ``per`` (qid, trajectory) pairs with distinct qids, highest priority first."""
+    def sample(self, per: int, step: int, rng: np.random.Generator | None = None) -> list[tuple[int, Trajectory]]:
+        """Up to ``per`` (qid, trajectory) pairs with distinct qids: the highest priorities first
+        (``rng`` None), or drawn in proportion to priority without replacement (Gumbel top-k:
+        log priority + Gumbel noise, highest first, which is successive proportional sampling)."""
         if not self._items:
             return []
         items = list(self._items.items())
-        order = torch.argsort(self.priorities(step), descending=True, stable=True).tolist()
+        keys = self.priorities(step)
+        if rng is not None:
+            keys = torch.log(keys) + torch.from_numpy(rng.gumbel(size=len(items)))
+        order = torch.argsort(keys, descending=True, stable=True).tolist()
         out, seen = [], set()
         for i in order:
             (q, _), t = items[i]

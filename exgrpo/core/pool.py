@@ -40,7 +40,8 @@ class Trajectory:
 
 @dataclass
 class _Entry:
-    k: int
+    num_correct: int
+    """Its latest success count k (correct rollouts of K): the bucket it is in."""
     trajectories: list[Trajectory] = field(default_factory=list)
     updated: int = 0
 
@@ -65,25 +66,26 @@ class ExperiencePool:
         self._retired: set[int] = set()
 
     # ---------------------------------------------------------------- updates
-    def eligible(self, k: int) -> bool:
-        """Whether a group with k correct rollouts is collected: lbound < k <= rbound."""
-        return self.lbound < k <= self.rbound
+    def eligible(self, num_correct: int) -> bool:
+        """Whether a group with k = num_correct correct rollouts is collected: lbound < k <= rbound."""
+        return self.lbound < num_correct <= self.rbound
 
-    def observe_group(self, qid: int, k: int, correct: list[Trajectory], step: int, collect: bool = True) -> None:
+    def observe_group(self, qid: int, num_correct: int, correct: list[Trajectory], step: int,
+                      collect: bool = True) -> None:
         """Apply one group's outcome: retire at k == K, else collect and re-bucket if eligible.
 
         ``collect=False`` applies retirement only (the reference retires during warm-up too but
         collects only once replay has started).
         """
-        if k >= self.group_size:
+        if num_correct >= self.group_size:
             self.retire(qid)
             return
-        if not collect or not self.eligible(k) or qid in self._retired:
+        if not collect or not self.eligible(num_correct) or qid in self._retired:
             return
         entry = self._entries.get(qid)
         if entry is None:
-            entry = self._entries[qid] = _Entry(k=k)
-        entry.k = k
+            entry = self._entries[qid] = _Entry(num_correct=num_correct)
+        entry.num_correct = num_correct
         entry.updated = step
         seen = {t.tokens for t in entry.trajectories}
         for traj in correct:
@@ -124,7 +126,7 @@ class ExperiencePool:
         return frozenset(self._retired)
 
     def bucket_of(self, qid: int) -> int:
-        return self._entries[qid].k
+        return self._entries[qid].num_correct
 
     def trajectories(self, qid: int) -> list[Trajectory]:
         return list(self._entries[qid].trajectories)
@@ -133,7 +135,7 @@ class ExperiencePool:
         """Bucket k -> question ids (insertion order), over non-retired questions with trajectories."""
         out: dict[int, list[int]] = {}
         for qid, entry in self._entries.items():
-            out.setdefault(entry.k, []).append(qid)
+            out.setdefault(entry.num_correct, []).append(qid)
         return dict(sorted(out.items()))
 
     def stats(self) -> dict[str, float]:
@@ -146,7 +148,7 @@ class ExperiencePool:
         }
         counts = {k: 0 for k in range(1, self.group_size)}
         for entry in self._entries.values():
-            counts[entry.k] = counts.get(entry.k, 0) + 1
+            counts[entry.num_correct] = counts.get(entry.num_correct, 0) + 1
         for k, n in sorted(counts.items()):
             out[f"pool/bucket_{k}"] = float(n)
         return out
@@ -159,7 +161,7 @@ class ExperiencePool:
             questions.append(
                 {
                     "qid": int(qid),
-                    "k": int(entry.k),
+                    "num_correct": int(entry.num_correct),
                     "updated": int(entry.updated),
                     "tokens": [torch.tensor(t.tokens, dtype=torch.long) for t in entry.trajectories],
                     "behaviour_log_prob": [
@@ -178,7 +180,8 @@ class ExperiencePool:
                 Trajectory(tuple(int(x) for x in tok.tolist()), tuple(float(x) for x in lp.tolist()), ent, st)
                 for tok, lp, ent, st in zip(q["tokens"], read_behaviour_log_prob(q), q["entropy"], q["step"], strict=True)
             ]
-            self._entries[int(q["qid"])] = _Entry(k=int(q["k"]), trajectories=trajs, updated=int(q["updated"]))
+            num_correct = int(q["num_correct"] if "num_correct" in q else q["k"])  # "k" before 2026-11-23
+            self._entries[int(q["qid"])] = _Entry(num_correct=num_correct, trajectories=trajs, updated=int(q["updated"]))
         self._retired = set(int(q) for q in state["retired"])
 
     def to_frame(self):
@@ -191,7 +194,7 @@ class ExperiencePool:
                 rows.append(
                     {
                         "qid": qid,
-                        "bucket": entry.k,
+                        "bucket": entry.num_correct,
                         "retired": False,
                         "tokens": list(t.tokens),
                         "behaviour_log_prob": list(t.behaviour_log_prob),

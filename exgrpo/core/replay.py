@@ -27,9 +27,17 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from exgrpo.config import AlgorithmConfig, ReplayKind, SelectionMetric
+from exgrpo.config import (
+    AlgorithmConfig,
+    NotebookConfig,
+    NotebookSampling,
+    OnPolicyConfig,
+    PoolReplayConfig,
+    ReplayKind,
+    SelectionMetric,
+)
 from exgrpo.core.batch import Replays, StepBatch, rewarded_groups
-from exgrpo.core.loss import notebook_off_policy_loss
+from exgrpo.core.loss import MixedLossConfig, notebook_off_policy_loss
 from exgrpo.core.notebook_buffer import NotebookBuffer
 from exgrpo.core.pool import ExperiencePool, Trajectory
 from exgrpo.core.sampler import sample_questions
@@ -67,9 +75,14 @@ class ReplayStrategy:
     """On-policy GRPO: the base strategy replays nothing, stores nothing and never mixes."""
 
     label: ClassVar[str] = "grpo"
-    """Short algorithm name (MLflow ``algorithm`` tag, run names)."""
+    """Short algorithm name (MLflow ``algo`` tag, run names); see :meth:`label_for`."""
 
-    def __init__(self, algo: AlgorithmConfig, rng: np.random.Generator) -> None:
+    @classmethod
+    def label_for(cls, algo: OnPolicyConfig) -> str:
+        """The label of this strategy run with ``algo`` (a variant's settings may show in it)."""
+        return cls.label
+
+    def __init__(self, algo: OnPolicyConfig, rng: np.random.Generator) -> None:
         self.algo = algo
         self.rng = rng
         """Shared with the backend's other numpy draws (one saved generator state per run)."""
@@ -101,6 +114,10 @@ class ReplayStrategy:
     def mixed_phase(self) -> bool:
         """Whether the mixed on/off-policy phase has begun (the loss may drop on-policy clipping)."""
         return False
+
+    def loss_config(self, norm_length: int) -> MixedLossConfig:
+        """This step's loss options: the clipped on-policy surrogate (no replayed tokens to shape)."""
+        return MixedLossConfig(clip_eps=self.algo.clip_eps, norm_length=norm_length)
 
     def stats(self) -> dict[str, float]:
         """This step's replay metrics (METRICS.md)."""
@@ -144,7 +161,7 @@ class BucketReplay(ReplayStrategy):
 
     label = "exgrpo"
 
-    def __init__(self, algo: AlgorithmConfig, rng: np.random.Generator) -> None:
+    def __init__(self, algo: PoolReplayConfig, rng: np.random.Generator) -> None:
         super().__init__(algo, rng)
         self.pool = ExperiencePool(
             algo.group_size, algo.bucket_lbound, algo.rbound, algo.pool_max_per_question, algo.pool_max_questions
@@ -203,6 +220,14 @@ class BucketReplay(ReplayStrategy):
     def mixed_phase(self) -> bool:
         return self.switch.started
 
+    def loss_config(self, norm_length: int) -> MixedLossConfig:
+        """On-policy clipping dropped once mixing (if configured); replayed tokens shaped by f(w)."""
+        a = self.algo
+        return MixedLossConfig(
+            clip_eps=a.clip_eps, clip_on_policy=not (self.mixed_phase and a.drop_clip_after_replay_start),
+            shaping=a.shaping, shaping_gamma=a.shaping_gamma, is_clip=a.is_clip, norm_length=norm_length,
+        )
+
     def stats(self) -> dict[str, float]:
         return {**super().stats(), **self.pool.stats()}
 
@@ -240,7 +265,11 @@ class NotebookReplay(ReplayStrategy):
 
     label = "notebook"
 
-    def __init__(self, algo: AlgorithmConfig, rng: np.random.Generator) -> None:
+    @classmethod
+    def label_for(cls, algo: NotebookConfig) -> str:
+        return cls.label if algo.notebook.sampling == NotebookSampling.PROPORTIONAL else f"{cls.label}-top"
+
+    def __init__(self, algo: NotebookConfig, rng: np.random.Generator) -> None:
         super().__init__(algo, rng)
         nb = algo.notebook
         self.buffer = NotebookBuffer(nb.max_len, nb.uid_cap, nb.tau)
@@ -254,7 +283,8 @@ class NotebookReplay(ReplayStrategy):
     def auxiliary(self, epoch: int, step: int) -> AuxiliaryReplay | None:
         nb = self.algo.notebook
         self._lambda = notebook_lambda(epoch, nb)
-        samples = self.buffer.sample(nb.per, step) if self._lambda > 0 else []
+        rng = self.rng if nb.sampling == NotebookSampling.PROPORTIONAL else None
+        samples = self.buffer.sample(nb.per, step, rng) if self._lambda > 0 else []
         if not samples:
             return None
         tokens, mask = pad_right([t.tokens for _, t in samples])

@@ -233,6 +233,7 @@ def summary_table(data: ComparisonData) -> str:
         diff_html = "—" if d is None else (f"{d.mean:+.4f} [{d.low:+.4f}, {d.high:+.4f}]"
                                            + (" ✱" if d.low > 0 or d.high < 0 else ""))
         reach = r.steps_to_baseline_final
+        q, p = r.iqm, r.p_improve
         rows.append([
             H.td(H.esc(r.arm), "l", arm=r.arm, col="arm"),
             H.td(H.esc(algo), "l", arm=r.arm, col="algo"),
@@ -241,15 +242,19 @@ def summary_table(data: ComparisonData) -> str:
                  value=repr(r.final.mean), half_width=repr(r.final.half_width)),
             H.td(f"[{r.final.low:.4f}, {r.final.high:.4f}]", arm=r.arm, col="final_ci",
                  low=repr(r.final.low), high=repr(r.final.high)),
+            H.td("—" if q is None else f"{q.mean:.4f} [{q.low:.4f}, {q.high:.4f}]", arm=r.arm, col="iqm",
+                 value=None if q is None else repr(q.mean)),
             H.td(diff_html, arm=r.arm, col="diff",
                  value=None if d is None else repr(d.mean), low=None if d is None else repr(d.low),
                  high=None if d is None else repr(d.high), n=None if d is None else d.n),
+            H.td("—" if p is None else f"{p.mean:.2f} [{p.low:.2f}, {p.high:.2f}]", arm=r.arm, col="p_improve",
+                 value=None if p is None else repr(p.mean)),
             H.td("never" if reach is None else str(int(reach)), arm=r.arm, col="steps_to_target",
                  value="never" if reach is None else int(reach)),
             check,
         ])
-    headers = ["arm", "algo", "seeds", f"final {data.metric} (mean ± 95% CI)", "95% CI",
-               f"diff vs {base} (paired, 95% CI)", f"step reaching {base}'s final (median)",
+    headers = ["arm", "algo", "seeds", f"final {data.metric} (mean ± 95% CI)", "95% CI", "IQM [95% bootstrap CI]",
+               f"diff vs {base} (paired, 95% CI)", f"P(> {base}) [95% CI]", f"step reaching {base}'s final (median)",
                "parent run's logged value"]
     return H.table(headers, rows, tid="summary-table", left=2)
 
@@ -316,7 +321,10 @@ def render(data: ComparisonData) -> str:
     method = ("<p class=\"note\">Final value: <code>final/" + H.esc(data.metric) + "</code> of each finished child "
               "run. Mean ± 95% Student-t interval over seeds (<code>exgrpo.stats.mean_ci</code>); paired difference "
               f"vs {H.esc(data.baseline)} over the seeds both arms have (<code>exgrpo.stats.paired_difference</code>; "
-              "✱: the interval excludes 0); step reaching the baseline's mean final value: median over seeds of the "
+              "✱: the interval excludes 0); IQM: interquartile mean over seeds with a percentile-bootstrap CI "
+              "(<code>exgrpo.stats.iqm_ci</code>); P(&gt; baseline): probability that a run of the arm ends above a "
+              "run of the baseline, ties half, bootstrap CI (<code>exgrpo.stats.probability_of_improvement</code>); "
+              "step reaching the baseline's mean final value: median over seeds of the "
               "first evaluation step at or above it (<code>exgrpo.stats.steps_to_target</code>), \"never\" when fewer "
               "than half of the seeds reach it (<code>exgrpo.compare.summarize</code>). The last column checks the "
               "recomputed mean against the <code>&lt;arm&gt;/final_mean</code> the compare logged on the parent "

@@ -71,10 +71,15 @@ def run_trial(payload: dict[str, Any]) -> dict[str, Any]:
     tags = {"trial_number": number, "kind": "trial"}
     try:
         cfg = trial_config(sc, params, number)
+        callbacks = [prune_cb]
+        if payload.get("progress_board") is not None:
+            from exgrpo.live_progress import ProgressReporter
+
+            callbacks.append(ProgressReporter(payload["progress_board"], f"trial {number}", cfg.train.max_steps))
         run = tracked_train(cfg, tracking_uri=payload["tracking_uri"], experiment=payload["experiment"],
                             run_name=f"trial-{number:04d}", parent_run_id=payload["parent_run_id"],
                             arm=f"trial-{number:04d}", study=sc.study.name, tags=tags, extra_params=list(sc.space),
-                            callbacks=[prune_cb], check=False, on_start=on_start)
+                            callbacks=callbacks, check=False, on_start=on_start)
         value = float(run.result.final_metrics[metric])
         if not math.isfinite(value):
             raise ValueError(f"{metric} is {value}")
@@ -116,6 +121,8 @@ class SweepResult:
     best_params: dict[str, Any] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
     """Trial states over the whole study."""
+    summary_error: str | None = None
+    """Why the summary could not be written to the parent run (MLflow unreachable), else None."""
 
     def table(self) -> str:
         """Markdown table of this call's trials."""
@@ -200,7 +207,11 @@ def run_sweep(
     result = SweepResult(sc.study.name, url, parent, exp_id, tracker.uri)
     dists = {k: v.distribution() for k, v in sc.space.items()}
     if todo:
+        from exgrpo.live_progress import ProgressBoard, ProgressPrinter
+
         ensure_ray(ray_address)
+        board = ray.remote(num_cpus=0)(ProgressBoard).remote()
+        printer = ProgressPrinter(board, todo)
         remote = ray.remote(num_cpus=1, max_retries=0)(run_trial)
         sweep_json = sc.model_dump(mode="json")
         if isinstance(sc.base, str):
@@ -212,10 +223,11 @@ def run_sweep(
                 trial = study.ask(dists)
                 payload = {"sweep": sweep_json, "number": trial.number, "trial_id": trial._trial_id,
                            "params": dict(trial.params), "storage": url, "tracking_uri": tracker.uri,
-                           "experiment": experiment, "parent_run_id": parent}
+                           "experiment": experiment, "parent_run_id": parent, "progress_board": board}
                 inflight[remote.remote(payload)] = trial
                 launched += 1
-            done, _ = ray.wait(list(inflight), num_returns=1)
+            done, _ = ray.wait(list(inflight), num_returns=1, timeout=1.0)
+            printer.poll()
             for ref in done:
                 trial = inflight.pop(ref)
                 try:
@@ -224,32 +236,46 @@ def run_sweep(
                     out = {"number": trial.number, "state": "FAIL", "value": None, "run_id": None,
                            "error": f"{type(e).__name__}: {e}"}
                 out["params"] = dict(trial.params)
+                printer.finished(f"trial {trial.number} ({out['state']})")
                 _tell(study, trial, out)
                 result.outcomes.append(out)
                 if on_trial is not None:
                     on_trial(out)
 
-    # summary on the parent run
+    # the study's outcome (from Optuna's storage), then its summary on the parent run
     trials = study.get_trials(deepcopy=False)
     result.counts = {s.name: sum(t.state == s for t in trials) for s in (TrialState.COMPLETE, TrialState.PRUNED,
                                                                        TrialState.FAIL)}
-    complete = [t for t in trials if t.state == TrialState.COMPLETE]
-    metrics: dict[str, float] = {f"trials_{k.lower()}": float(v) for k, v in result.counts.items()}
-    if complete:
+    if any(t.state == TrialState.COMPLETE for t in trials):
         best = study.best_trial
         result.best_value, result.best_params = best.value, dict(best.params)
+    try:
+        _summarise_on_parent(tracker, parent, study, result, len(trials))
+    except Exception as e:  # noqa: BLE001 - MLflow went away during the sweep: the study itself is safe
+        result.summary_error = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+        print(f"note: MLflow is unreachable ({result.summary_error}); the study is complete in {url}, but its "
+              f"summary is not on parent run {parent}. Run the same sweep command again once MLflow is back: "
+              "it runs no new trial and writes the summary", flush=True)
+    return result
+
+
+def _summarise_on_parent(tracker: Any, parent: str, study: Any, result: SweepResult, n_trials: int) -> None:
+    """Counts, the best trial and the trials table on the study's parent run, which ends FINISHED."""
+    metrics: dict[str, float] = {f"trials_{k.lower()}": float(v) for k, v in result.counts.items()}
+    if result.best_value is not None:
+        best = study.best_trial
         metrics["best_value"] = float(best.value)
         metrics["best_trial"] = float(best.number)
         for k, v in best.params.items():
             tracker.client.set_tag(parent, f"best/{k}", str(v))
-    tracker.log_metrics(parent, metrics, step=len(trials))
+    tracker.log_metrics(parent, metrics, step=n_trials)
     try:
         df = study.trials_dataframe(attrs=("number", "value", "state", "params", "user_attrs", "duration"))
+    except Exception:  # noqa: BLE001 - the table is a convenience; the trials are in Optuna's storage
+        df = None
+    if df is not None:
         tracker.client.log_text(parent, df.to_csv(index=False), "sweep/trials.csv")
-    except Exception:
-        pass
     tracker.end_run(parent, "FINISHED")
-    return result
 
 
 def safe_tell(study, trial, *args, **kwargs) -> None:

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from exgrpo.config import ConfigError, ExperimentConfig, apply_overrides, flatten, load_experiment, read_yaml
+from exgrpo.config import ConfigError, ExperimentConfig, apply_overrides, config_fields, load_experiment, read_yaml
 
 
 class SweepError(ConfigError):
@@ -145,10 +145,6 @@ class SweepConfig(_Strict):
 # --------------------------------------------------------------------------------------------
 # Loading and validation
 # --------------------------------------------------------------------------------------------
-def config_fields() -> list[str]:
-    return sorted(flatten(ExperimentConfig()))
-
-
 def validate_space(space: dict[str, Any]) -> None:
     """Unknown fields (with close matches) and an empty space are errors, before any work."""
     if not space:

@@ -1,7 +1,6 @@
 """MLflow tracking of exgrpo runs (see :mod:`exgrpo.tracking.mlflow_tracking` and METRICS.md)."""
 
 from exgrpo.tracking.mlflow_tracking import (
-    CURATED_PARAMS,
     MLflowStepLogger,
     TrackedRun,
     Tracker,
@@ -21,7 +20,7 @@ from exgrpo.tracking.mlflow_tracking import (
 from exgrpo.tracking.sync import pending_runs, sync_run
 
 __all__ = [
-    "CURATED_PARAMS", "MLflowStepLogger", "TrackedRun", "Tracker", "TrackingError", "algo_tag", "artifact_root",
+    "MLflowStepLogger", "TrackedRun", "Tracker", "TrackingError", "algo_tag", "artifact_root",
     "check_reachable", "curated_params", "default_tracking_uri", "project_root", "resolve_tracking_uri",
     "pending_runs", "run_tags", "run_url", "sanitize_metric_name", "sync_run", "tracked_train",
 ]

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from exgrpo.compare import ArmSummary, RunOutcome, format_table, jobs, run_local, summarize
 from exgrpo.config import CompareConfig, ExperimentConfig
@@ -20,10 +20,17 @@ from exgrpo.tracking.mlflow_tracking import Tracker, curated_params, model_tag, 
 
 
 def tracked_run_one(cfg: ExperimentConfig, arm: str, metric: str = "val/accuracy", *, tracking_uri: str,
-                    experiment: str, parent_run_id: str | None, study: str | None = None) -> RunOutcome:
-    """:func:`exgrpo.compare.run_one` with an MLflow child run (a ``compare.Runner``)."""
+                    experiment: str, parent_run_id: str | None, study: str | None = None,
+                    progress_board: Any = None) -> RunOutcome:
+    """:func:`exgrpo.compare.run_one` with an MLflow child run (a ``compare.Runner``); with a
+    ``progress_board`` (a Ray actor, :mod:`exgrpo.live_progress`) the run reports its steps to it."""
+    callbacks = []
+    if progress_board is not None:
+        from exgrpo.live_progress import ProgressReporter
+
+        callbacks.append(ProgressReporter(progress_board, f"{arm} seed {cfg.seed}", cfg.train.max_steps))
     run = tracked_train(cfg, tracking_uri=tracking_uri, experiment=experiment, parent_run_id=parent_run_id,
-                        arm=arm, study=study, run_name=f"{arm}-seed{cfg.seed}", check=False)
+                        arm=arm, study=study, run_name=f"{arm}-seed{cfg.seed}", check=False, callbacks=callbacks)
     evals = [h for h in run.result.history if metric in h]
     return RunOutcome(arm, cfg.seed, float(run.result.final_metrics[metric]),
                       [h["step"] for h in evals], [h[metric] for h in evals], run_id=run.run_id,
@@ -41,6 +48,8 @@ class TrackedComparison:
     rows: list[ArmSummary]
     table: str
     failures: list[str] = field(default_factory=list)
+    summary_error: str | None = None
+    """Why the statistics are not on the parent run (MLflow unreachable at the end), else None."""
 
     @property
     def url(self) -> str:
@@ -64,6 +73,19 @@ class TrackedComparison:
         return out
 
 
+def _save_locally(base: ExperimentConfig, table: str, outcomes: list[RunOutcome]) -> Path:
+    """The comparison's table and outcomes under ``<output_dir>/<name>/`` (when MLflow cannot take them)."""
+    import json
+
+    from exgrpo.atomic import write_text_atomic
+
+    where = Path(base.output_dir) / base.name
+    where.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(where / "comparison.md", table + "\n")
+    write_text_atomic(where / "outcomes.json", json.dumps([o.__dict__ for o in outcomes], indent=1, default=str))
+    return where
+
+
 def _finite(x: float | None) -> bool:
     return x is not None and isinstance(x, (int, float)) and math.isfinite(x)
 
@@ -77,19 +99,23 @@ def run_tracked_compare(
     ray_address: str | None = None,
     run_name: str | None = None,
     on_done: Callable[[RunOutcome], None] | None = None,
+    on_parent: Callable[[str, str], None] | None = None,
 ) -> TrackedComparison:
     """Train every (arm, seed) as an MLflow child run, then log the statistics on the parent.
 
     A failed child marks its run FAILED; the others finish, the statistics cover them, and the
-    call then raises listing the failures (the parent run ends FAILED)."""
+    call then raises listing the failures (the parent run ends FAILED). ``on_parent(run_id, url)`` runs
+    as soon as the parent run exists; ``on_done(outcome)`` as each child finishes."""
     tracker = Tracker(tracking_uri)  # unreachable store: an error here, before any training
-    base = cc.base
+    base = cc.base_config()
     experiment = base.name
     exp_id = tracker.experiment_id(experiment)
     parent = tracker.start_run(experiment, run_name or f"compare-{base.name}", {
         "kind": "compare", "arms": ",".join(cc.arms), "baseline": cc.baseline, "tier": str(base.tier.value),
         "task": str(getattr(base.task, "kind", "")), "model": model_tag(base), "metric": cc.metric,
     })
+    if on_parent is not None:
+        on_parent(parent, run_url(exp_id, parent, tracker.uri))
     status = "FAILED"
     try:
         tracker.log_params(parent, {**curated_params(base), "compare.seeds": ",".join(map(str, cc.seeds)),
@@ -111,20 +137,27 @@ def run_tracked_compare(
 
             from exgrpo.sweep import ensure_ray
 
+            from exgrpo.live_progress import ProgressBoard, ProgressPrinter
+
             ensure_ray(ray_address)
+            board = ray.remote(num_cpus=0)(ProgressBoard).remote()
+            printer = ProgressPrinter(board, len(todo))
             remote = ray.remote(num_cpus=1, max_retries=0)(tracked_run_one)
             refs = {remote.remote(cfg, arm, cc.metric, tracking_uri=tracker.uri, experiment=experiment,
-                                  parent_run_id=parent): (arm, cfg.seed) for cfg, arm in todo}
+                                  parent_run_id=parent, progress_board=board): (arm, cfg.seed) for cfg, arm in todo}
             while refs:
-                ready, _ = ray.wait(list(refs), num_returns=1)
+                ready, _ = ray.wait(list(refs), num_returns=1, timeout=1.0)
+                printer.poll()
                 for ref in ready:
                     arm, seed = refs.pop(ref)
                     try:
                         done(ray.get(ref))
+                        printer.finished(f"{arm} seed {seed}")
                     except Exception as e:
                         failures.append(f"{arm} seed {seed}: {type(e).__name__}: {str(e).splitlines()[-1] if str(e) else ''}")
+                        printer.finished(f"{arm} seed {seed} (FAILED)")
         elif executor == "process":
-            sub = cc.model_copy(update={"base": cc.base.model_copy(update={"output_dir": Path(base.output_dir).resolve()})})
+            sub = cc.model_copy(update={"base": {**cc.base, "output_dir": str(Path(base.output_dir).resolve())}})
             for o in run_local(sub, workers=workers, runner=runner):
                 done(o)
         else:
@@ -144,15 +177,32 @@ def run_tracked_compare(
                 metrics[f"{r.arm}/diff_vs_{cc.baseline}_ci_high"] = r.diff_vs_baseline.high
             if r.steps_to_baseline_final is not None:
                 metrics[f"{r.arm}/steps_to_baseline_final"] = float(r.steps_to_baseline_final)
-        tracker.log_metrics(parent, {k: v for k, v in metrics.items() if _finite(v)})
-        tracker.client.log_text(parent, table + "\n", "comparison.md")
-        tracker.client.set_tag(parent, "mlflow.note.content", table)  # the run's description in the MLflow UI
-        tracker.client.log_dict(parent, [o.__dict__ for o in outcomes], "outcomes.json")
         result = TrackedComparison(parent, exp_id, tracker.uri, cc.metric, cc.baseline, outcomes, rows, table, failures)
+        try:
+            tracker.log_metrics(parent, {k: v for k, v in metrics.items() if _finite(v)})
+            tracker.client.log_text(parent, table + "\n", "comparison.md")
+            tracker.client.set_tag(parent, "mlflow.note.content", table)  # the run's description in the MLflow UI
+            tracker.client.log_dict(parent, [o.__dict__ for o in outcomes], "outcomes.json")
+            if failures:
+                tracker.client.set_tag(parent, "error", "; ".join(failures)[:5000])
+        except Exception as e:  # noqa: BLE001 - MLflow went away: the statistics wait on disk for `exgrpo sync`
+            result.summary_error = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+            where = _save_locally(base, table, outcomes)
+            from exgrpo.tracking.sync import write_pending
+
+            write_pending(where, tracker.uri, parent, "FAILED" if failures else "FINISHED",
+                          {k: v for k, v in metrics.items() if _finite(v)}, "; ".join(failures)[:5000] or None,
+                          artifacts={"comparison.md": "", "outcomes.json": ""},
+                          tags={"mlflow.note.content": table})
+            status = None  # the marker ends the parent run
+            print(f"note: MLflow is unreachable ({result.summary_error}); the comparison's table and outcomes are "
+                  f"in {where}; `exgrpo sync {where}` puts them on parent run {parent} once MLflow is back",
+                  flush=True)
         if failures:
-            tracker.client.set_tag(parent, "error", "; ".join(failures)[:5000])
             raise RuntimeError(f"{len(failures)} of {len(todo)} runs failed: " + "; ".join(failures))
-        status = "FINISHED"
+        if status is not None:
+            status = "FINISHED"
         return result
     finally:
-        tracker.end_run(parent, status)
+        if status is not None:
+            tracker.end_run(parent, status)

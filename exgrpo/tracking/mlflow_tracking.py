@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from exgrpo.config import ExperimentConfig, flatten
+from exgrpo.config import ExperimentConfig, flatten, mlflow_param_keys
 from exgrpo.tracking.step_logger import MLflowStepLogger  # noqa: F401  (re-exported)
 
 
@@ -146,7 +146,7 @@ def algo_tag(cfg: ExperimentConfig) -> str:
     """The replay strategy's label: ``grpo`` (no replay), ``exgrpo`` (bucketed pool), ``notebook``, ..."""
     from exgrpo.core.replay import REPLAY_STRATEGIES
 
-    return REPLAY_STRATEGIES[cfg.algorithm.replay].label
+    return REPLAY_STRATEGIES[cfg.algorithm.replay].label_for(cfg.algorithm)
 
 
 def model_tag(cfg: ExperimentConfig) -> str:
@@ -171,31 +171,13 @@ def run_tags(cfg: ExperimentConfig, arm: str | None = None, study: str | None = 
     return {k: v for k, v in tags.items() if v != ""}
 
 
-CURATED_PARAMS: tuple[str, ...] = (
-    "name", "tier", "seed",
-    "task.kind", "task.max_operand", "task.val_fraction", "task.data_seed",
-    "policy.kind", "policy.hidden", "policy.layers",
-    "algorithm.replay", "algorithm.group_size", "algorithm.advantage_std_norm", "algorithm.clip_eps",
-    "algorithm.drop_clip_after_replay_start", "algorithm.entropy_coeff", "algorithm.kl_coeff",
-    "algorithm.loss_agg", "algorithm.experience_ratio", "algorithm.replay_start_pass_rate",
-    "algorithm.bucket_lbound", "algorithm.bucket_rbound", "algorithm.bucket_weighting", "algorithm.bucket_sigma",
-    "algorithm.selection_metric", "algorithm.selection_mode", "algorithm.shaping", "algorithm.shaping_gamma",
-    "algorithm.is_clip", "algorithm.is_correction",
-    "algorithm.pool_max_per_question", "algorithm.pool_max_questions",
-    "algorithm.notebook.per", "algorithm.notebook.tau", "algorithm.notebook.lambda_max",
-    "train.batch_size", "train.epochs", "train.max_steps", "train.optimizer", "train.lr",
-    "train.weight_decay", "train.mini_batches", "train.grad_clip", "train.eval_every_epochs",
-)
-"""The flattened config keys logged as MLflow params (the full config is an artifact)."""
-
-
 def curated_params(cfg: ExperimentConfig, extra_keys: Iterable[str] = ()) -> dict[str, str]:
-    """Curated flattened config keys (plus ``extra_keys``, e.g. a sweep's space) -> values as
-    strings truncated to MLflow's ``MAX_PARAM_VAL_LENGTH``. Keys absent from the config are skipped."""
+    """The config fields marked ``MLFLOW_PARAM`` (plus ``extra_keys``, e.g. a sweep's space) -> values
+    as strings truncated to MLflow's ``MAX_PARAM_VAL_LENGTH``. Keys absent from the config are skipped."""
     from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
 
     flat = flatten(cfg)
-    keys = list(dict.fromkeys([*CURATED_PARAMS, *extra_keys]))
+    keys = list(dict.fromkeys([*mlflow_param_keys(cfg), *extra_keys]))
     return {sanitize_metric_name(k): str(flat[k])[:MAX_PARAM_VAL_LENGTH] for k in keys if k in flat}
 
 
@@ -353,6 +335,28 @@ def log_final_model(tracking_uri: str, run_id: str, policy: Any, step: int) -> N
     client.set_tag(run_id, "model_uri", info.model_uri)
 
 
+def backfill_steps(client: Any, run_id: str, history: list[dict[str, float]], logger: MLflowStepLogger,
+                   probe: str = "batch/solved") -> int:
+    """After a job that logged to MLflow by itself: log the steps of ``history`` (metrics.jsonl)
+    that never arrived, and say so loudly (tag ``live_metrics``). Returns how many were missing."""
+    try:
+        arrived = {m.step for m in client.get_metric_history(run_id, probe)}
+    except Exception:  # noqa: BLE001 - the store is down: the logger buffers every step (exgrpo sync delivers)
+        for row in history:
+            logger(int(row["step"]), row)
+        return len(history)
+    missing = [r for r in history if probe in r and int(r["step"]) not in arrived]
+    if missing:
+        how = "none" if not arrived else "partial"
+        print(f"warning: the training job logged {len(arrived)} of {len(arrived) + len(missing)} steps to MLflow "
+              f"run {run_id} live ({how}; see the job log); the missing {len(missing)} are logged now from "
+              "metrics.jsonl", flush=True)
+        client.set_tag(run_id, "live_metrics", how)
+        for row in missing:
+            logger(int(row["step"]), row)
+    return len(missing)
+
+
 def tracked_train(
     cfg: ExperimentConfig,
     *,
@@ -380,7 +384,7 @@ def tracked_train(
     exception is re-raised. ``on_start(run_id)`` is called once the run exists. System metrics
     (CPU, memory; ``system/*``) are sampled when ``system_metrics`` is true, or when it is None and
     ``MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING=true``."""
-    from exgrpo.backends.base import train
+    from exgrpo.backends.base import MLflowRun, get_backend, train
 
     tracker = Tracker(tracking_uri, check=check)
     exp_name = experiment or cfg.name
@@ -402,8 +406,12 @@ def tracked_train(
             monitor = SystemMetricsMonitor(run_id, sampling_interval=2, tracking_uri=tracker.uri)
             monitor.start()
         logger = MLflowStepLogger(client, run_id)
+        live = get_backend(cfg.backend.name).reports_to_mlflow  # the job logs its steps by itself
         try:
-            result = train(cfg, callbacks=[logger, *callbacks], resume=resume, progress=progress)
+            result = train(cfg, callbacks=list(callbacks) if live else [logger, *callbacks], resume=resume,
+                           progress=progress, mlflow_run=MLflowRun(tracker.uri, run_id) if live else None)
+            if live:
+                backfill_steps(client, run_id, result.history, logger)
         finally:
             delivered = logger.flush(force=True)
         final = {f"final/{k}": v for k, v in result.final_metrics.items()

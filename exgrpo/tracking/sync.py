@@ -23,10 +23,13 @@ PENDING_FILE = "mlflow_pending.json"
 
 
 def write_pending(run_dir: str | Path, tracking_uri: str, run_id: str, status: str,
-                  final_metrics: Mapping[str, float] | None = None, error: str | None = None) -> Path:
-    """Leave the marker that ``exgrpo sync`` completes; returns its path."""
+                  final_metrics: Mapping[str, float] | None = None, error: str | None = None,
+                  artifacts: Mapping[str, str] | None = None, tags: Mapping[str, str] | None = None) -> Path:
+    """Leave the marker that ``exgrpo sync`` completes; returns its path. ``artifacts``: file name in
+    ``run_dir`` -> artifact directory ("" for the root); ``tags``: tags to set."""
     record = {"tracking_uri": tracking_uri, "run_id": run_id, "status": status,
-              "final_metrics": dict(final_metrics or {}), "error": error, "written": time.time()}
+              "final_metrics": dict(final_metrics or {}), "error": error, "written": time.time(),
+              "artifacts": dict(artifacts or {}), "tags": dict(tags or {})}
     return write_text_atomic(Path(run_dir) / PENDING_FILE, json.dumps(record, indent=1))
 
 
@@ -71,6 +74,10 @@ def sync_run(run_dir: str | Path) -> str:
         client.log_batch(run_id, metrics=missing[i:i + 1000])
     if (run_dir / "metrics.jsonl").is_file():
         client.log_artifact(run_id, str(run_dir / "metrics.jsonl"), "metrics")
+    for name, artifact_dir in record.get("artifacts", {}).items():
+        client.log_artifact(run_id, str(run_dir / name), artifact_dir or None)
+    for key, value in record.get("tags", {}).items():
+        client.set_tag(run_id, key, value)
     if record.get("error"):
         client.set_tag(run_id, "error", record["error"][:5000])
     client.set_tag(run_id, "synced_after_outage", "true")

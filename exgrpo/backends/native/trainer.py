@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from exgrpo.backends.base import MLflowRun
 from exgrpo.backends.native.interfaces import Policy, Task
 from exgrpo.core.fresh import FreshSampler
 from exgrpo.backends.verl.loss import get_exgrpo_loss_fn
@@ -34,7 +35,7 @@ from exgrpo.config import (
 )
 from exgrpo.core.advantages import grpo_advantages
 from exgrpo.core.batch import StepBatch, assemble_batch, batch_metrics, generation_qids
-from exgrpo.core.loss import MixedLossConfig, exgrpo_objective
+from exgrpo.core.loss import exgrpo_objective
 from exgrpo.core.replay import make_replay_strategy
 
 StepCallback = Callable[[int, dict[str, float]], None]
@@ -166,7 +167,7 @@ class Trainer:
 
     def _update(self, batch: StepBatch, adv: torch.Tensor) -> dict[str, float]:
         cfg, algo = self.cfg, self.algo
-        loss_cfg = MixedLossConfig.from_algorithm(algo, self.replay.mixed_phase, self.policy.max_response_length)
+        loss_cfg = self.replay.loss_config(self.policy.max_response_length)
         aux = self.replay.auxiliary(self.epoch, self.step)
         n = batch.tokens.shape[0]
         order = self.rng.permutation(n)
@@ -189,7 +190,7 @@ class Trainer:
                 m.update(m_aux)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.train.grad_clip))
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.train.grad_clip or math.inf))
             skip = cfg.train.skip_grad_above
             skipped = not math.isfinite(grad_norm) or (skip is not None and grad_norm > skip)
             if not skipped:
@@ -334,9 +335,11 @@ class NativeBackend:
     """The in-process CPU backend (toy, tiny-lm and SmolLM2 tiers)."""
 
     name = "native"
+    reports_to_mlflow = False
+    """Steps reach MLflow through the caller's callbacks, in process, as they end."""
 
     def train(self, cfg: ExperimentConfig, callbacks: list[StepCallback] | None = None, resume: bool = False,
-              progress: bool = True, force_resume: bool = False) -> TrainResult:
+              progress: bool = True, force_resume: bool = False, mlflow_run: MLflowRun | None = None) -> TrainResult:
         return train(cfg, callbacks=callbacks, resume=resume, progress=progress, force_resume=force_resume)
 
 

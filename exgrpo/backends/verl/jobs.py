@@ -40,8 +40,10 @@ def local_job_server(num_cpus: int = 4) -> str:
 
 
 def run_ray_job(prepared: PreparedRun, address: str, on_line: Callable[[str], None] = print,
-                poll_seconds: float = 1.0, log_tail: int = 40) -> str:
-    """Submit the run, stream its log to ``on_line`` (and ``verl.log``), wait; returns the job id."""
+                poll_seconds: float = 1.0, log_tail: int = 40,
+                on_submit: Callable[[str], None] = lambda job_id: None) -> str:
+    """Submit the run, stream its log to ``on_line`` (and ``verl.log``), wait; returns the job id.
+    ``on_submit(job_id)`` runs once the job is accepted."""
     from ray.job_submission import JobStatus, JobSubmissionClient
 
     client = JobSubmissionClient(address)
@@ -54,6 +56,7 @@ def run_ray_job(prepared: PreparedRun, address: str, on_line: Callable[[str], No
             if "No available agent" not in str(e) or time.monotonic() > deadline:
                 raise
             time.sleep(2)
+    on_submit(job_id)
     tail: deque[str] = deque(maxlen=log_tail)
     seen = 0
     log_path = Path(prepared.run_dir) / "verl.log"

@@ -17,6 +17,10 @@ import ray
 from exgrpo.config import ExperimentConfig
 
 
+FORWARDED_ENV = ("VERL_PLATFORM", "VERL_ENGINE_DEVICE", "EXGRPO_SEED", "PYTHONPATH", "VERL_FILE_LOGGER_PATH")
+"""Variables passed on to veRL's Ray workers (with every ``MLFLOW_*``: the run and store to report to)."""
+
+
 @ray.remote(num_cpus=1)
 class ExGRPOTaskRunner:
     """veRL's v0 TaskRunner, building :class:`ExGRPORayTrainer` (veRL's own is a Ray actor class
@@ -50,8 +54,18 @@ class ExGRPOTaskRunner:
             resource_pool_manager=resource_pool_manager, ray_worker_group_cls=worker_group_cls,
             train_dataset=train, val_dataset=val, collate_fn=collate_fn, exgrpo_cfg=cfg,
         )
-        trainer.init_workers()
-        trainer.fit()
+        from exgrpo.backends.verl.live import LiveMetrics
+
+        live = LiveMetrics.from_env()  # the MLflow run the caller created, if any: steps go there live
+        if live is not None:
+            live.start()
+        try:
+            trainer.init_workers()
+            trainer.fit()
+        finally:
+            if live is not None and not live.stop():
+                print("exgrpo live metrics: MLflow did not take every step; metrics.jsonl has them all "
+                      "(the caller backfills what is missing)", flush=True)
 
 
 def run(cfg: ExperimentConfig, overrides: list[str]) -> None:
@@ -66,9 +80,9 @@ def run(cfg: ExperimentConfig, overrides: list[str]) -> None:
         init = OmegaConf.to_container(config.ray_kwargs.get("ray_init", {}), resolve=True)
         runtime_env = OmegaConf.to_container(OmegaConf.merge(get_ppo_ray_runtime_env(config), init.pop("runtime_env", {}) or {}))
         env = runtime_env.setdefault("env_vars", {})
-        for key in ("VERL_PLATFORM", "VERL_ENGINE_DEVICE", "EXGRPO_SEED", "PYTHONPATH"):
-            if key in os.environ:
-                env[key] = os.environ[key]
+        for key, value in os.environ.items():  # what the TaskRunner needs, also on a configured cluster
+            if key in FORWARDED_ENV or key.startswith("MLFLOW_"):
+                env[key] = value
         init = {k: v for k, v in init.items() if v is not None}
         if init.get("address") == "local":  # a private Ray, even inside a Ray Job (its env is forwarded above)
             from exgrpo.raylocal import enable_token_auth

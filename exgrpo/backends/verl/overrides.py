@@ -12,6 +12,9 @@ from pathlib import Path
 
 from exgrpo.config import ExperimentConfig, LossAggregation
 
+NO_CLIP = 1e9
+"""veRL's grad clip value for ``train.grad_clip: null`` (veRL always clips; this never binds)."""
+
 VERL_LOSS_AGG = {
     LossAggregation.TOKEN_MEAN: "token-mean",
     LossAggregation.SEQ_MEAN_TOKEN_MEAN: "seq-mean-token-mean",
@@ -62,8 +65,8 @@ def hydra_overrides(cfg: ExperimentConfig, paths: RunPaths) -> list[str]:
         f"actor_rollout_ref.actor.strategy={'fsdp2' if cpu else 'fsdp'}",
         f"actor_rollout_ref.actor.optim.lr={train.lr}",
         f"actor_rollout_ref.actor.optim.weight_decay={train.weight_decay if train.optimizer == 'adamw' else 0.0}",
-        f"actor_rollout_ref.actor.optim.clip_grad={train.grad_clip}",
-        f"actor_rollout_ref.actor.grad_clip={train.grad_clip}",
+        f"actor_rollout_ref.actor.optim.clip_grad={train.grad_clip or NO_CLIP}",
+        f"actor_rollout_ref.actor.grad_clip={train.grad_clip or NO_CLIP}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={mini_batch}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
         "actor_rollout_ref.actor.ppo_epochs=1",

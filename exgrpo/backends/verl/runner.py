@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from exgrpo.atomic import write_text_atomic
+from exgrpo.backends.base import MLflowRun
 from exgrpo.config import ExperimentConfig
 
 SPEC_FILE = "verl_run.json"
@@ -91,22 +92,16 @@ def prepare(cfg: ExperimentConfig, resume: bool = False, progress: bool = False,
 
 def collect(run_dir: Path) -> list[dict[str, float]]:
     """veRL's metric logs of every attempt -> our rows (one per step; a resumed attempt's rows win)."""
-    from exgrpo.tracking.mlflow_tracking import sanitize_metric_name
+    from exgrpo.backends.verl.live import verl_row
 
     by_step: dict[int, dict[str, float]] = {}
     for path in sorted((run_dir / RAW_METRICS).glob("attempt_*.jsonl")):
         for line in path.read_text().splitlines():
             try:
-                rec = json.loads(line)
+                step, row = verl_row(json.loads(line))
             except json.JSONDecodeError:  # a torn last line of a killed attempt
                 continue
-            step = int(rec["step"])
-            row = by_step.setdefault(step, {"step": float(step)})
-            for key, value in rec["data"].items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    row[sanitize_metric_name(key)] = float(value)
-                    if key.startswith("val-core/") and "/mean@" in key:
-                        row["val/accuracy"] = float(value)
+            by_step.setdefault(step, {}).update(row)
     rows = [by_step[s] for s in sorted(by_step)]
     write_text_atomic(run_dir / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
     return rows
@@ -137,17 +132,29 @@ class VerlBackend:
     """veRL's RayPPOTrainer with the ExGRPO replay core (CPU here, GPU on a cluster)."""
 
     name = "verl"
+    reports_to_mlflow = True
+    """Given an MLflow run, the job logs every step to it live (:mod:`exgrpo.backends.verl.live`)."""
 
     def train(self, cfg: ExperimentConfig, callbacks=None, resume: bool = False, progress: bool = True,
-              force_resume: bool = False):
+              force_resume: bool = False, mlflow_run: MLflowRun | None = None):
         from exgrpo.backends.native.trainer import TrainResult
+        from exgrpo.backends.verl.live import RUN_ID_ENV, TRACKING_URI_ENV
 
         prepared = prepare(cfg, resume=resume, progress=progress, force_resume=force_resume)
+        if mlflow_run is not None:
+            prepared.env.update({TRACKING_URI_ENV: mlflow_run.tracking_uri, RUN_ID_ENV: mlflow_run.run_id})
         v = cfg.backend.verl
         if v.launch == "ray_job":
             from exgrpo.backends.verl.jobs import local_job_server, run_ray_job
 
-            run_ray_job(prepared, v.job_address or local_job_server(), on_line=print if progress else (lambda _: None))
+            def submitted(job_id: str) -> None:
+                if mlflow_run is not None:
+                    import mlflow
+
+                    mlflow.MlflowClient(mlflow_run.tracking_uri).set_tag(mlflow_run.run_id, "ray_job_id", job_id)
+
+            run_ray_job(prepared, v.job_address or local_job_server(), on_line=print if progress else (lambda _: None),
+                        on_submit=submitted)
         else:
             run_local(prepared, progress=progress)
         history = collect(prepared.run_dir)

@@ -7,15 +7,17 @@ The step is veRL's own ``fit``; the replay core enters through five hooks, in st
    from the actor's ``compute_log_prob``) and yields the replayed questions first, then fresh ones
    from :class:`exgrpo.core.fresh.FreshSampler`.
 2. :class:`MixingRollout` wraps the rollout manager: after veRL generates K rows per question, row 0
-   of every replayed group is replaced by the stored trajectory (token ids, behaviour log-probs as
-   ``rollout_log_probs``, reward 1), and the per-row ``exgrpo_off_policy`` flag is set.
-3. ``_compute_old_log_prob`` puts the stored behaviour log-probs back on replayed rows after veRL
-   recomputes old log-probs (with ``is_correction``), and keeps the entropies for the pool.
+   of every replayed group is replaced by the stored trajectory (token ids, reward 1, and as
+   ``rollout_log_probs`` the log-probs the strategy chose to play pi_old: the stored behaviour ones,
+   or the current policy's without IS correction), and the per-row ``exgrpo_off_policy`` flag is set.
+3. ``_compute_old_log_prob`` puts those log-probs back on replayed rows after veRL recomputes old
+   log-probs, and keeps the entropies for the pool.
 4. ``_update_actor`` hands the rewarded groups to ``strategy.observe`` (by question), sets the
-   clipping flag from ``strategy.mixed_phase``, updates the actor with the ExGRPO loss installed
+   clipping flag from ``strategy.loss_config``, updates the actor with the ExGRPO loss installed
    by ``init_workers`` (:func:`exgrpo.backends.verl.loss.exgrpo_actor_loss`), returns pool metrics,
    and runs ``strategy.after_step``.
-5. ``_save_checkpoint`` / ``_load_checkpoint`` write and read ``global_step_N/exgrpo_pool.pt``.
+5. ``_save_checkpoint`` / ``_load_checkpoint`` write and read ``global_step_N/exgrpo_pool.pt``
+   (:mod:`exgrpo.backends.verl.checkpoints`: torn steps skipped on resume, ``train.keep_last``).
 """
 
 from __future__ import annotations
@@ -32,15 +34,15 @@ from verl import DataProto
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
 from exgrpo.atomic import torch_save_atomic
+from exgrpo.backends.verl.checkpoints import POOL_FILE, prune, repair_tracker
 from exgrpo.backends.verl.loss import CLIP_FIELD, OFF_POLICY_FIELD, SUMS_PREFIX, ActorLossSettings, exgrpo_actor_loss
 from exgrpo.backends.verl.overrides import VERL_LOSS_AGG
 from exgrpo.config import ExperimentConfig
 from exgrpo.core.batch import Replays, StepBatch, batch_metrics
 from exgrpo.core.fresh import FreshSampler
-from exgrpo.core.loss import MixedLossConfig, metrics_from_sums
+from exgrpo.core.loss import metrics_from_sums
 from exgrpo.core.replay import ReplayStrategy, make_replay_strategy
 
-POOL_FILE = "exgrpo_pool.pt"
 """The replay state beside veRL's own checkpoint: ``global_step_N/exgrpo_pool.pt``."""
 
 
@@ -140,7 +142,7 @@ class ExGRPORayTrainer(RayPPOTrainer):
         super().init_workers()
         algo, cfg = self.exgrpo.algorithm, self.exgrpo
         settings = ActorLossSettings(
-            loss=MixedLossConfig.from_algorithm(algo, False, cfg.policy.max_new_tokens),
+            loss=self.strategy.loss_config(cfg.policy.max_new_tokens),
             loss_agg_mode=VERL_LOSS_AGG[algo.loss_agg], entropy_coeff=algo.entropy_coeff,
             loss_scale_factor=cfg.policy.max_new_tokens,
         )
@@ -203,7 +205,7 @@ class ExGRPORayTrainer(RayPPOTrainer):
             last = int(b["position_ids"][r, p - 1])
             b["position_ids"][r, p:] = last + 1 + torch.arange(t_max)
             behaviour = torch.zeros(t_max)
-            behaviour[:length] = torch.tensor(traj.behaviour_log_prob[:length], dtype=torch.float32)
+            behaviour[:length] = replays.old_log_prob[g, :length]  # pi_old as the strategy chose it
             b["rollout_log_probs"][r] = behaviour.to(b["rollout_log_probs"].dtype)
             if "rm_scores" in b.keys():  # a stored trajectory is correct: reward 1 on its last token
                 b["rm_scores"][r] = 0.0
@@ -219,7 +221,7 @@ class ExGRPORayTrainer(RayPPOTrainer):
         if not restore:
             return old, mfu
         self._entropy = old.batch["entropys"].detach().clone()
-        if self.exgrpo.algorithm.is_correction and OFF_POLICY_FIELD in batch.batch.keys():
+        if OFF_POLICY_FIELD in batch.batch.keys():
             off = batch.batch[OFF_POLICY_FIELD].bool()
             if off.any():
                 old.batch["old_log_probs"][off] = batch.batch["rollout_log_probs"][off].float()
@@ -231,7 +233,7 @@ class ExGRPORayTrainer(RayPPOTrainer):
         step_batch, rewards = self._core_batch(batch, k)
         self.strategy.observe(step_batch, rewards, self.global_steps)
         n = len(batch)
-        clip = not (self.strategy.mixed_phase and self.exgrpo.algorithm.drop_clip_after_replay_start)
+        clip = self.strategy.loss_config(self.exgrpo.policy.max_new_tokens).clip_on_policy
         batch.batch[CLIP_FIELD] = torch.full((n,), float(clip))
         if OFF_POLICY_FIELD not in batch.batch.keys():
             batch.batch[OFF_POLICY_FIELD] = torch.zeros(n)
@@ -270,7 +272,8 @@ class ExGRPORayTrainer(RayPPOTrainer):
         return Path(self.config.trainer.default_local_dir) / f"global_step_{step}" / POOL_FILE
 
     def _save_checkpoint(self) -> None:
-        super()._save_checkpoint()
+        """The pool first, then veRL's weights, data state and tracker (written last: a tracker that
+        names step N means N is whole); then only the newest ``train.keep_last`` steps stay."""
         path = self._pool_path(self.global_steps)
         state = {
             "step": int(self.global_steps),
@@ -280,9 +283,14 @@ class ExGRPORayTrainer(RayPPOTrainer):
                     "numpy_fresh": json.dumps(self.fresh.rng.bit_generator.state)},
             "config": self.exgrpo.model_dump_json(),
         }
+        path.parent.mkdir(parents=True, exist_ok=True)
         torch_save_atomic(state, path)
+        super()._save_checkpoint()
+        prune(Path(self.config.trainer.default_local_dir), self.exgrpo.train.keep_last, self.global_steps)
 
     def _load_checkpoint(self):
+        if self.config.trainer.resume_mode == "auto":  # a torn newest step is skipped, with a note
+            repair_tracker(Path(self.config.trainer.default_local_dir))
         result = super()._load_checkpoint()
         if self.global_steps:
             path = self._pool_path(self.global_steps)

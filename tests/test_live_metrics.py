@@ -1,0 +1,74 @@
+"""Live MLflow metrics of a veRL job: the tailer of veRL's metric file, and the caller's backfill."""
+
+import json
+
+import mlflow
+
+from exgrpo.backends.verl.live import LiveMetrics, verl_row
+from exgrpo.tracking.mlflow_tracking import backfill_steps
+from exgrpo.tracking.step_logger import MLflowStepLogger
+
+
+def _run(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = mlflow.MlflowClient(uri)
+    exp = client.create_experiment("live")
+    return uri, client, client.create_run(exp).info.run_id
+
+
+def _line(step, solved):
+    rec = {"step": step, "data": {"batch/solved": solved, "val-core/arith/acc/mean@1": 0.5, "note": "x", "flag": True}}
+    return (json.dumps(rec) + "\n").encode()
+
+
+def test_verl_row_uses_metrics_md_names():
+    step, row = verl_row(json.loads(_line(3, 0.25)))
+    assert step == 3
+    assert row == {"step": 3.0, "batch/solved": 0.25, "val-core/arith/acc/mean_at_1": 0.5, "val/accuracy": 0.5}
+
+
+def test_tailer_logs_complete_lines_as_they_are_written(tmp_path):
+    uri, client, run_id = _run(tmp_path)
+    path = tmp_path / "metrics.jsonl"
+    live = LiveMetrics(path, uri, run_id)
+    assert live.poll() == 0  # veRL has not opened its file yet
+    with path.open("wb", buffering=0) as f:
+        f.write(_line(1, 0.5))
+        half = _line(2, 0.75)
+        f.write(half[:10])  # a line being written
+        assert live.poll() == 1
+        live.logger.flush(force=True)
+        assert [(m.step, m.value) for m in client.get_metric_history(run_id, "batch/solved")] == [(1, 0.5)]
+        f.write(half[10:])
+        f.write(_line(3, 1.0))
+    assert live.stop()
+    assert [m.step for m in client.get_metric_history(run_id, "batch/solved")] == [1, 2, 3]
+    assert [m.value for m in client.get_metric_history(run_id, "val/accuracy")] == [0.5, 0.5, 0.5]
+
+
+def test_the_thread_delivers_without_being_asked(tmp_path):
+    uri, client, run_id = _run(tmp_path)
+    path = tmp_path / "metrics.jsonl"
+    live = LiveMetrics(path, uri, run_id, poll_seconds=0.05).start()
+    path.write_bytes(_line(1, 0.5))
+    import time
+
+    deadline = time.monotonic() + 20
+    while not client.get_metric_history(run_id, "batch/solved") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [m.step for m in client.get_metric_history(run_id, "batch/solved")] == [1]
+    assert live.stop()
+
+
+def test_backfill_logs_only_the_steps_that_never_arrived_and_says_so(tmp_path, capsys):
+    uri, client, run_id = _run(tmp_path)
+    history = [{"step": float(s), "batch/solved": s / 4} for s in (1, 2, 3)]
+    logger = MLflowStepLogger(client, run_id)
+    logger(1, history[0])
+    logger.flush(force=True)
+    assert backfill_steps(client, run_id, history, logger) == 2
+    logger.flush(force=True)
+    assert [m.step for m in client.get_metric_history(run_id, "batch/solved")] == [1, 2, 3]
+    assert client.get_run(run_id).data.tags["live_metrics"] == "partial"
+    assert "logged 1 of 3 steps to MLflow" in capsys.readouterr().out
+    assert backfill_steps(client, run_id, history, logger) == 0  # nothing twice

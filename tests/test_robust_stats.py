@@ -1,0 +1,49 @@
+"""IQM, probability of improvement and performance profiles (rliable's conventions, on scipy.stats)."""
+
+import numpy as np
+import pytest
+from scipy.stats import mannwhitneyu
+
+from exgrpo.stats import iqm, iqm_ci, performance_profile, probability_of_improvement
+
+
+def test_iqm_is_the_mean_of_the_middle_half():
+    assert iqm([1, 2, 3, 4, 5, 6, 7, 8]) == pytest.approx(4.5)
+    assert iqm([0.0, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 100.0]) == pytest.approx(0.5)  # outliers do not move it
+
+
+def test_iqm_ci_brackets_the_estimate_and_narrows_with_seeds():
+    rng = np.random.default_rng(0)
+    few, many = rng.normal(0.3, 0.05, 5), rng.normal(0.3, 0.05, 40)
+    a, b = iqm_ci(few), iqm_ci(many)
+    assert a.low <= a.mean <= a.high and b.low <= b.mean <= b.high
+    assert b.high - b.low < a.high - a.low
+    assert iqm_ci(few) == iqm_ci(few)  # seeded
+    assert iqm_ci([0.2, 0.2, 0.2]).half_width == 0.0
+
+
+def test_probability_of_improvement_is_the_normalised_mann_whitney_u():
+    x, y = [0.1, 0.2, 0.3, 0.4, 0.4], [0.1, 0.25, 0.35, 0.2]
+    p = probability_of_improvement(x, y)
+    assert p.mean == pytest.approx(mannwhitneyu(x, y).statistic / (len(x) * len(y)))
+    assert p.low <= p.mean <= p.high
+    assert probability_of_improvement([0.5, 0.6, 0.7], [0.1, 0.2, 0.3]).mean == 1.0
+    assert probability_of_improvement([0.3, 0.3], [0.3, 0.3]).mean == 0.5
+
+
+def test_performance_profile_is_the_fraction_of_runs_above_each_threshold():
+    assert performance_profile([0.1, 0.2, 0.3, 0.4], [0.0, 0.15, 0.35, 0.5]).tolist() == [1.0, 0.75, 0.25, 0.0]
+
+
+def test_the_comparison_figure_has_a_performance_profile_panel(tmp_path):
+    from PIL import Image
+
+    from exgrpo.compare import RunOutcome
+    from exgrpo.report import comparison_figure
+
+    outcomes = [RunOutcome(arm, seed, final, [10.0, 20.0], [final / 2, final])
+                for arm, finals in (("grpo", [0.3, 0.35, 0.4]), ("exgrpo", [0.32, 0.45, 0.5]))
+                for seed, final in enumerate(finals)]
+    out = comparison_figure(outcomes, ["grpo", "exgrpo"], "val/accuracy", tmp_path / "cmp.png")
+    width, height = Image.open(out).size
+    assert width > 3 * height  # four panels side by side
