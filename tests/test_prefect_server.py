@@ -137,6 +137,29 @@ def deployed(tmp_path_factory):
         log.close()
 
 
+def _work_once(srv: Server, queue: str, run_id: str, log_path: Path) -> tuple[dict | None, str]:
+    """`prefect worker start --run-once` on ``queue``; then the run's final state and the worker's log."""
+    log = open(log_path, "w")
+    worker = subprocess.Popen([PREFECT, "worker", "start", "--pool", "local-pool", "--work-queue", queue, "--run-once"],
+                              env=srv.env, cwd=log_path.parent, stdout=log, stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    try:
+        worker.wait(timeout=150)
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        _kill_tree(worker)
+        log.close()
+    state = None
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        state = srv.get(f"/flow_runs/{run_id}")["state"]
+        if state["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+            break
+        time.sleep(0.5)
+    return state, log_path.read_text()
+
+
 def test_train_deployment_runs_on_a_worker_into_mlflow(deployed, tmp_path):
     srv = deployed
     queue = f"e2e-{uuid.uuid4().hex[:8]}"
@@ -152,24 +175,7 @@ def test_train_deployment_runs_on_a_worker_into_mlflow(deployed, tmp_path):
     assert run["state"]["type"] == "SCHEDULED"
 
     t0 = time.monotonic()
-    log = open(tmp_path / "worker.log", "w")
-    worker = subprocess.Popen([PREFECT, "worker", "start", "--pool", "local-pool", "--work-queue", queue, "--run-once"],
-                              env=srv.env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        worker.wait(timeout=150)
-    except subprocess.TimeoutExpired:
-        pass
-    finally:
-        _kill_tree(worker)
-        log.close()
-    worker_log = (tmp_path / "worker.log").read_text()
-    state = None
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        state = srv.get(f"/flow_runs/{run['id']}")["state"]
-        if state["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
-            break
-        time.sleep(0.5)
+    state, worker_log = _work_once(srv, queue, run["id"], tmp_path / "worker.log")
     assert state and state["type"] == "COMPLETED", f"{state}\nworker log:\n{worker_log[-6000:]}"
     print(f"worker: run COMPLETED {time.monotonic() - t0:.1f} s after start")
 
@@ -202,25 +208,8 @@ def test_train_deployment_runs_on_a_worker_into_mlflow(deployed, tmp_path):
         time.sleep(1)
     assert len(triggered) == 1, f"no evaluate run was triggered; server log:\n{(srv.tmp / 'server.log').read_text()[-4000:]}"
     assert triggered[0]["parameters"]["train_flow_run"] == f"prefect.flow-run.{run['id']}"
-    log = open(tmp_path / "worker-eval.log", "w")
-    worker = subprocess.Popen([PREFECT, "worker", "start", "--pool", "local-pool", "--work-queue",
-                               triggered[0]["work_queue_name"], "--run-once"],
-                              env=srv.env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        worker.wait(timeout=150)
-    except subprocess.TimeoutExpired:
-        pass
-    finally:
-        _kill_tree(worker)
-        log.close()
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        state = srv.get(f"/flow_runs/{triggered[0]['id']}")["state"]
-        if state["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
-            break
-        time.sleep(0.5)
-    eval_log = (tmp_path / "worker-eval.log").read_text()
-    assert state["type"] == "COMPLETED", f"{state}\nworker log:\n{eval_log[-6000:]}"
+    state, eval_log = _work_once(srv, triggered[0]["work_queue_name"], triggered[0]["id"], tmp_path / "worker-eval.log")
+    assert state and state["type"] == "COMPLETED", f"{state}\nworker log:\n{eval_log[-6000:]}"
     assert "eval/accuracy" in client.get_run(mrun.info.run_id).data.metrics
 
 
