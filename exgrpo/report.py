@@ -65,6 +65,9 @@ def comparison_figure(outcomes: Sequence[RunOutcome], arms: Sequence[str], metri
     axes[0].set(title=f"{metric} (mean, 95% CI band)", xlabel="step")
     axes[1].set(title="batch pass@1 (mean, 95% CI band)", xlabel="step")
     axes[2].set(title="experience pool: questions (—), retired (--)", xlabel="step")
+    if not axes[2].get_lines():
+        axes[2].text(0.5, 0.5, "no arm keeps the paper's\nexperience pool", ha="center", va="center",
+                     transform=axes[2].transAxes, color="0.4")
     axes[3].set(title=f"performance profile: runs with final {metric} > τ", xlabel="τ", ylabel="fraction of runs",
                 ylim=(-0.02, 1.02))
     for ax in axes:
