@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-PRINT_SECONDS = float(os.environ.get("EXGRPO_PROGRESS_SECONDS", "10"))
-"""Seconds between two progress lines of the same run (``EXGRPO_PROGRESS_SECONDS``)."""
+PRINT_SECONDS = 10.0
+"""Default seconds between two progress lines of the same run (``EXGRPO_PROGRESS_SECONDS`` overrides)."""
 
 
 class ProgressBoard:

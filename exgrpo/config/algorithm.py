@@ -202,6 +202,13 @@ def replay_homes(name: str) -> list[str]:
     return [k.value for k, c in ALGORITHM_CONFIGS.items() if name in c.model_fields]
 
 
+def is_foreign(name: str, replay: str) -> bool:
+    """Whether ``name`` is a field of some algorithm but not of ``replay``'s (an unknown replay
+    owns every field: validation names it)."""
+    kinds = {k.value for k in ReplayKind}
+    return replay in kinds and bool(replay_homes(name)) and name not in ALGORITHM_CONFIGS[ReplayKind(replay)].model_fields
+
+
 def _own_fields_only(data: Any) -> Any:
     """Check ``replay`` and drop or refuse the fields of other algorithms (before the union picks a class)."""
     if not isinstance(data, dict):
@@ -209,11 +216,10 @@ def _own_fields_only(data: Any) -> Any:
     replay = _replay_of(data)
     if replay not in {k.value for k in ReplayKind}:
         raise ValueError(f"replay={replay!r} is not a replay kind; use one of {[k.value for k in ReplayKind]}")
-    own = ALGORITHM_CONFIGS[ReplayKind(replay)]
     out = {}
     for name, value in data.items():
         homes = replay_homes(name)
-        if name in own.model_fields or not homes:  # unknown names are left to the extra-field check
+        if not is_foreign(name, replay):  # unknown names are left to the extra-field check
             out[name] = value
         elif not _is_default(ALGORITHM_CONFIGS[ReplayKind(homes[0])], name, value):
             raise ValueError(

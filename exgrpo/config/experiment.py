@@ -17,9 +17,9 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from exgrpo.config.algorithm import ALGORITHM_CONFIGS, DEFAULT_REPLAY, AlgorithmConfig, ExGRPOConfig, replay_homes
+from exgrpo.config.algorithm import DEFAULT_REPLAY, AlgorithmConfig, ExGRPOConfig, is_foreign, replay_homes
 from exgrpo.config.backend import BackendConfig
-from exgrpo.config.options import MLFLOW_PARAM, ConfigError, OptimizerKind, ReplayKind, Tier, _Strict
+from exgrpo.config.options import MLFLOW_PARAM, ConfigError, OptimizerKind, Tier, _Strict
 from exgrpo.config.policies import LMPolicyConfig, MLPPolicyConfig, SmolLM2PolicyConfig
 from exgrpo.config.tasks import ReasoningGymTaskConfig, TextArithmeticTaskConfig, ToyTaskConfig
 
@@ -218,13 +218,10 @@ class CompareConfig(_Strict):
         algo = data.get("algorithm")
         if isinstance(algo, dict):
             replay = str(algo.get("replay", DEFAULT_REPLAY.value))
-            known = replay in {k.value for k in ReplayKind}  # else validation names the bad value
-            own = ALGORITHM_CONFIGS[ReplayKind(replay)].model_fields if known else algo
             set_by_arm = {k.split(".")[1] for k in self.arms[arm] if k.startswith("algorithm.")}
             if isinstance(self.arms[arm].get("algorithm"), dict):
                 set_by_arm |= set(self.arms[arm]["algorithm"])
-            data["algorithm"] = {k: v for k, v in algo.items()
-                                 if k in own or k in set_by_arm or not replay_homes(k)}
+            data["algorithm"] = {k: v for k, v in algo.items() if k in set_by_arm or not is_foreign(k, replay)}
         return _validate(ExperimentConfig, data, source=f"arm {arm}")
 
 
