@@ -166,9 +166,11 @@ def verdict(rows: list[ArmSummary], metric: str, baseline: str) -> str:
         if r.arm == baseline or d is None:
             continue
         side = "ahead of" if d.mean > 0 else "behind" if d.mean < 0 else "level with"
-        if d.low > 0 or d.high < 0:
+        if d.n < 2:
+            sure = "one seed gives no interval, so no difference can be claimed (use --seeds 2 or more)"
+        elif d.low > 0 or d.high < 0:
             sure = "the 95% CI excludes zero"
         else:
             sure = "the 95% CI includes zero, so no difference can be claimed"
-        out.append(f"{r.arm} is {side} {baseline} by {abs(d.mean):.4f} in final {metric} over {d.n} paired seeds; {sure}.")
+        out.append(f"{r.arm} is {side} {baseline} by {abs(d.mean):.4f} in final {metric} over {d.n} paired seed{'s' if d.n != 1 else ''}; {sure}.")
     return " ".join(out) if out else f"Only {baseline} has results."

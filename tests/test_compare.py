@@ -41,6 +41,10 @@ def test_the_table_explains_itself():
     assert ("exgrpo is behind grpo by 0.0400 in final val/accuracy over 3 paired seeds; "
             "the 95% CI includes zero, so no difference can be claimed.") in text
     assert "big is ahead of grpo by 0.1000 in final val/accuracy over 3 paired seeds; the 95% CI excludes zero." in text
+    one = [ArmSummary("grpo", Estimate(0.4, 0.4, 0.4, 1), None, None),
+           ArmSummary("exgrpo", Estimate(0.3, 0.3, 0.3, 1), Estimate(-0.1, -0.1, -0.1, 1), None)]
+    assert "over 1 paired seed; one seed gives no interval, so no difference can be claimed" in format_table(
+        one, "val/accuracy", "grpo")  # a degenerate [x, x] interval never reads as "excludes zero"
 
 
 def test_summarize_pairs_by_seed():
@@ -152,3 +156,4 @@ def test_compare_cli_shows_live_progress_from_the_ray_workers(tmp_path):
         assert mine, f"no progress line for {arm}:\n" + "\n".join(lines[-60:])
     assert progress[0] < finished[-1], "progress must show while the runs are still going"
     assert any("/150" in lines[i] and "pass@1" in lines[i] for i in progress)
+

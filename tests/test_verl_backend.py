@@ -142,6 +142,21 @@ def test_hf_rollout_server_samples_concurrent_requests_as_one_batch(cache, monke
 
 
 # ------------------------------------------------------------------------------------ config
+def test_generation_layout_skips_the_stored_trajectories_slots():
+    """Replayed groups come first; the engine samples all rows but each replayed group's row 0, and
+    the output is spread back over the B*K layout (a skipped slot reuses its group's row 1)."""
+    from exgrpo.backends.verl.trainer import generation_layout
+
+    sampled, fill = generation_layout(n_rows=12, k=3, n_replayed=2)
+    assert sampled == [1, 2, 4, 5, 6, 7, 8, 9, 10, 11]
+    assert [sampled[j] for j in fill] == [1, 1, 2, 4, 4, 5, 6, 7, 8, 9, 10, 11]
+    assert generation_layout(12, 3, 0) == (list(range(12)), list(range(12)))
+    # veRL splits the engine's batch over 2 agent-loop workers: skip an even number of slots only
+    sampled, fill = generation_layout(12, 3, 3, n_chunks=2)
+    assert len(sampled) == 10 and 0 not in sampled and 3 not in sampled and 6 in sampled
+    assert len(fill) == 12 and len(sampled) % 2 == 0
+
+
 def test_overrides_are_derived_from_the_typed_config_and_compose():
     from exgrpo.backends.verl.overrides import RunPaths, compose, hydra_overrides
 
@@ -205,6 +220,9 @@ def test_verl_exgrpo_replays_through_the_real_actor_loss(tmp_path, cache):
     replaying = [r for r in rows if r["actor/off_token_fraction"] > 0]
     assert all(0.5 < r["actor/off_ratio_mean"] < 2.0 for r in replaying)  # w near 1: behaviour log-probs restored
     assert max(r["pool/questions"] for r in rows) > 0
+    # the engine sampled K-1 rows of a replayed question: B*K minus one row per replayed question
+    k, b = 4, 16
+    assert all(r["rollout/generated_rows"] == b * k - r["replay/questions"] for r in rows)
     pool = torch.load(run_dir / "checkpoints" / "global_step_6" / "exgrpo_pool.pt", weights_only=True)
     assert pool["step"] == 6 and len(pool["replay"]["pool"]["questions"]) == rows[-1]["pool/questions"]
 
@@ -213,10 +231,13 @@ def test_verl_exgrpo_replays_through_the_real_actor_loss(tmp_path, cache):
 def test_verl_actor_update_sees_a_known_shift_of_behaviour_log_probs(tmp_path, cache):
     """veRL's real actor update (FSDP2 on gloo) computes the importance ratio of replayed tokens
     against the *stored* behaviour log-probs: lower every stored log-prob by delta, resume, and the
-    ratio that comes out of the worker's loss is exp(delta) (times the policy's own small drift)."""
+    ratio that comes out of the worker's loss is exp(delta) (times the policy's own small drift);
+    the KL term of ``algorithm.kl_coeff`` (toward the behaviour policy) sees the same shift."""
     delta = 1.0
-    # the lenient answer format: more early successes, so the pool is never empty after 4 steps
-    sets = ["--set=train.checkpoint_every=4", "--set=task.answer_format=boxed_or_last_number"]
+    # the lenient answer format: more early successes, so the pool is never empty after 4 steps;
+    # a small KL toward the behaviour policy, whose value on the shifted tokens is known too
+    sets = ["--set=train.checkpoint_every=4", "--set=task.answer_format=boxed_or_last_number",
+            "--set=algorithm.kl_coeff=0.001"]
     _train(EXGRPO, tmp_path, cache, "--set=train.max_steps=4", *sets)
     run_dir = tmp_path / "verl-tiny-exgrpo" / "seed0"
     pool_path = run_dir / "checkpoints" / "global_step_4" / "exgrpo_pool.pt"
@@ -233,6 +254,11 @@ def test_verl_actor_update_sees_a_known_shift_of_behaviour_log_probs(tmp_path, c
     expected = math.exp(delta)
     assert expected / 1.3 < row["actor/off_ratio_mean"] < expected * 1.3, row["actor/off_ratio_mean"]
     assert row["actor/on_ratio_max"] < 1.5  # fresh rows are untouched
+    # KL(pi || behaviour), k3 per token: exp(-delta) + delta - 1 on a shifted (replayed) token, ~0 on
+    # a fresh one; the token mean over the batch is that times the replayed tokens' share
+    k3 = math.exp(-delta) + delta - 1
+    want = k3 * row["actor/off_token_fraction"]
+    assert want / 1.5 < row["actor/kl_loss"] < want * 1.5, (row["actor/kl_loss"], want)
 
 
 @pytest.mark.slow
@@ -326,3 +352,41 @@ def _flow_then_failure(train_flow, uri, tmp_path):
     exp = client.get_experiment_by_name("verl-bad")
     (bad,) = client.search_runs([exp.experiment_id])
     assert bad.info.status == "FAILED" and "Ray Job" in bad.data.tags["error"]
+
+
+@pytest.mark.slow
+def test_prefect_compare_flow_runs_grpo_and_exgrpo_on_verl_into_mlflow(tmp_path, cache, monkeypatch):
+    """`exgrpo compare experiments/verl-tiny.yaml`'s path: the Prefect compare flow runs each arm as a
+    Ray task that launches its own veRL run (a private Ray inside a Ray task); both runs log live to
+    their MLflow child runs, ExGRPO's really replays, and the parent run gets the statistics."""
+    for k, v in {"PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                 "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90", "EXGRPO_CACHE": str(cache)}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    import mlflow
+    import ray
+
+    from flows.compare import compare_flow
+
+    ray.shutdown()  # the Ray tasks must inherit this test's environment (EXGRPO_CACHE)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    try:
+        out = compare_flow(config="experiments/verl-tiny.yaml", seeds=1, tracking_uri=uri,
+                           overrides={"output_dir": str(tmp_path / "runs"), "train.max_steps": 4,
+                                      "train.eval_every_steps": 2, "train.checkpoint_every": 4})
+    finally:
+        ray.shutdown()
+    assert "| grpo | 1 |" in out["table"] and "| exgrpo | 1 |" in out["table"]
+    client = mlflow.MlflowClient(uri)
+    parent = client.get_run(out["parent_run_id"])
+    assert parent.info.status == "FINISHED" and "exgrpo/diff_vs_grpo" in parent.data.metrics
+    runs = {arm.split("/")[0]: client.get_run(rid) for arm, rid in out["runs"].items()}
+    for arm, run in runs.items():
+        assert run.info.status == "FINISHED" and run.data.params["backend.name"] == "verl", arm
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "batch/solved")] == [1, 2, 3, 4]
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "val/accuracy")] == [2, 4]
+        assert "live_metrics" not in run.data.tags  # logged by the job while it ran, nothing backfilled
+    replayed = client.get_metric_history(runs["exgrpo"].info.run_id, "replay/questions")
+    off = client.get_metric_history(runs["exgrpo"].info.run_id, "actor/off_token_fraction")
+    assert max(m.value for m in replayed) > 0 and max(m.value for m in off) > 0
+    assert max(m.value for m in client.get_metric_history(runs["grpo"].info.run_id, "replay/questions")) == 0

@@ -81,7 +81,7 @@ class OnPolicyConfig(_Strict):
     entropy_coeff: float = Field(0.001, ge=0.0, json_schema_extra=MLFLOW_PARAM)
     """Weight of the entropy bonus (token mean over all response tokens)."""
     kl_coeff: float = Field(0.0, ge=0.0, json_schema_extra=MLFLOW_PARAM)
-    """Weight of a low-variance KL penalty toward the behaviour policy (reference: 0)."""
+    """Weight of a low-variance (k3) KL penalty toward the behaviour policy, both backends (reference: 0)."""
     loss_agg: LossAggregation = Field(LossAggregation.TOKEN_SUM_NORM, json_schema_extra=MLFLOW_PARAM)
     """Aggregation of per-token losses."""
 

@@ -237,10 +237,16 @@ def entropy_bonus(entropy: torch.Tensor, response_mask: torch.Tensor) -> torch.T
     return (entropy * m).sum() / m.sum().clamp_min(1.0)
 
 
-def low_var_kl(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """Token-mean k3 estimator of KL(pi_theta || pi_ref): exp(ref - log_prob) - (ref - log_prob) - 1."""
+def low_var_kl_per_token(log_prob: torch.Tensor, ref_log_prob: torch.Tensor) -> torch.Tensor:
+    """k3 estimator of KL(pi_theta || pi_ref) per token: exp(ref - log_prob) - (ref - log_prob) - 1.
+    Shapes (B, T) -> (B, T)."""
     d = (ref_log_prob - log_prob).clamp(-20.0, 20.0)
-    kl = torch.exp(d) - d - 1.0
+    return torch.exp(d) - d - 1.0
+
+
+def low_var_kl(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Token mean of :func:`low_var_kl_per_token` over the response tokens."""
+    kl = low_var_kl_per_token(log_prob, ref_log_prob)
     m = response_mask.to(kl.dtype)
     return (kl * m).sum() / m.sum().clamp_min(1.0)
 

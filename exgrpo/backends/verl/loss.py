@@ -21,7 +21,14 @@ from typing import Any
 import torch
 
 
-from exgrpo.core.loss import MixedLossConfig, PolicyLossFn, compute_exgrpo_policy_loss, exgrpo_token_loss, token_loss_sums
+from exgrpo.core.loss import (
+    MixedLossConfig,
+    PolicyLossFn,
+    compute_exgrpo_policy_loss,
+    exgrpo_token_loss,
+    low_var_kl_per_token,
+    token_loss_sums,
+)
 
 LOSS_NAME = "exgrpo"
 """Key of the ExGRPO mixed-policy loss in veRL's POLICY_LOSS_REGISTRY."""
@@ -65,12 +72,15 @@ class ActorLossSettings:
     loss_agg_mode: str
     """veRL's loss_agg_mode (``overrides.VERL_LOSS_AGG``)."""
     entropy_coeff: float
+    kl_coeff: float = 0.0
+    """Weight of the k3 KL toward the behaviour policy (``old_log_probs``), as in the native backend's
+    :func:`exgrpo.core.loss.exgrpo_objective`; veRL's own reference-model KL is not used."""
     loss_scale_factor: float | None = None
 
 
 def exgrpo_actor_loss(settings: ActorLossSettings, model_output: Any, data: Any, dp_group: Any = None):
-    """veRL actor loss: ExGRPO's mixed policy loss minus the entropy bonus, aggregated over the
-    global batch. ``model_output["log_probs"]`` is the current policy (no padding); ``data`` holds
+    """veRL actor loss: ExGRPO's mixed policy loss minus the entropy bonus plus ``kl_coeff`` times the
+    KL toward the behaviour policy, aggregated over the global batch. ``model_output["log_probs"]`` is the current policy (no padding); ``data`` holds
     the micro-batch with ``old_log_probs`` (behaviour log-probs on replayed rows), ``advantages``,
     ``response_mask`` and the two per-row exgrpo fields."""
     from verl.trainer.ppo.core_algos import agg_loss
@@ -109,6 +119,11 @@ def exgrpo_actor_loss(settings: ActorLossSettings, model_output: Any, data: Any,
         entropy_term = agg_loss(entropy, mask, settings.loss_agg_mode, **global_info)
         loss = loss - settings.entropy_coeff * entropy_term
         metrics["actor/entropy_loss"] = Metric(value=entropy_term.detach(), aggregation=AggregationType.SUM)
+    if settings.kl_coeff:  # a token mean over the global batch, as the native backend's low_var_kl
+        kl = low_var_kl_per_token(log_prob, fields["old_log_probs"])
+        kl_term = agg_loss(kl, mask, "token-mean", **global_info)
+        loss = loss + settings.kl_coeff * kl_term
+        metrics["actor/kl_loss"] = Metric(value=kl_term.detach(), aggregation=AggregationType.SUM)
     return loss, metrics
 
 

@@ -75,8 +75,9 @@ def hydra_overrides(cfg: ExperimentConfig, paths: RunPaths) -> list[str]:
         "actor_rollout_ref.actor.calculate_entropy=True",
         f"actor_rollout_ref.actor.loss_agg_mode={VERL_LOSS_AGG[algo.loss_agg]}",
         f"actor_rollout_ref.actor.loss_scale_factor={pol.max_new_tokens}",
-        f"actor_rollout_ref.actor.use_kl_loss={algo.kl_coeff > 0}",
-        f"actor_rollout_ref.actor.kl_loss_coef={algo.kl_coeff}",
+        # algorithm.kl_coeff is a KL toward the behaviour policy inside the installed ExGRPO loss (as in
+        # the native backend), not veRL's reference-model KL: no reference model is built
+        "actor_rollout_ref.actor.use_kl_loss=False",
         f"actor_rollout_ref.actor.use_torch_compile={not cpu}",
         f"actor_rollout_ref.actor.fsdp_config.use_torch_compile={not cpu}",
         f"actor_rollout_ref.actor.fsdp_config.dtype={'float32' if cpu else 'bfloat16'}",

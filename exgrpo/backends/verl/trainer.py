@@ -6,8 +6,9 @@ The step is veRL's own ``fit``; the replay core enters through five hooks, in st
    ``strategy.plan`` / ``strategy.select`` (current-policy entropies of the stored trajectories come
    from the actor's ``compute_log_prob``) and yields the replayed questions first, then fresh ones
    from :class:`exgrpo.core.fresh.FreshSampler`.
-2. :class:`MixingRollout` wraps the rollout manager: after veRL generates K rows per question, row 0
-   of every replayed group is replaced by the stored trajectory (token ids, reward 1, and as
+2. :class:`MixingRollout` wraps the rollout manager: the engine samples K-1 rows of a replayed
+   question and K of a fresh one (:func:`generation_layout`), and row 0 of every replayed group
+   becomes the stored trajectory (token ids, reward 1, and as
    ``rollout_log_probs`` the log-probs the strategy chose to play pi_old: the stored behaviour ones,
    or the current policy's without IS correction), and the per-row ``exgrpo_off_policy`` flag is set.
 3. ``_compute_old_log_prob`` puts those log-probs back on replayed rows after veRL recomputes old
@@ -103,6 +104,24 @@ def response_rows(prompts: list[list[int]], responses: list[list[int]], pad_id: 
     }
 
 
+def generation_layout(n_rows: int, k: int, n_replayed: int, n_chunks: int = 1) -> tuple[list[int], list[int]]:
+    """Which rows of veRL's repeated generation batch (``n_rows`` = B*K, group g in rows g*K..g*K+K-1,
+    replayed groups first) the rollout engine samples, and how its output fills the B*K layout again.
+
+    Row 0 of a replayed group is the stored trajectory's slot, so it is not sampled: the engine gets
+    K-1 rows of a replayed question and K of a fresh one. veRL splits the engine's batch evenly over
+    ``n_chunks`` agent-loop workers, so only a multiple of ``n_chunks`` slots is skipped (the rest are
+    sampled and overwritten, as before). Returns ``(sampled, fill)``: the rows to sample, and for every
+    row of the full layout its position in the engine's output (a skipped slot takes its group's row 1,
+    same question; :meth:`ExGRPORayTrainer.mix_in` then writes the stored trajectory over it)."""
+    skip = n_replayed - n_replayed % n_chunks
+    skipped = {g * k for g in range(skip)}
+    sampled = [i for i in range(n_rows) if i not in skipped]
+    position = {row: j for j, row in enumerate(sampled)}
+    fill = [position[i + 1] if i in skipped else position[i] for i in range(n_rows)]
+    return sampled, fill
+
+
 class MixingRollout:
     """The rollout manager with replay mixed in (everything else is delegated to veRL's manager)."""
 
@@ -113,11 +132,19 @@ class MixingRollout:
         return getattr(self._inner, name)
 
     def generate_sequences(self, gen_batch: DataProto) -> DataProto:
-        out = self._inner.generate_sequences(gen_batch)
         if gen_batch.meta_info.get("validate", False):
-            return out
+            return self._inner.generate_sequences(gen_batch)
         replays = self._trainer.sampler.pending.pop(0)
-        return self._trainer.mix_in(out, replays, _rows(gen_batch))
+        rows = _rows(gen_batch)
+        chunks = len(getattr(self._inner, "agent_loop_workers", None) or [None])
+        sampled, fill = generation_layout(len(gen_batch), self._trainer.exgrpo.algorithm.group_size,
+                                          len(replays), chunks)
+        if len(sampled) < len(gen_batch):
+            out = self._inner.generate_sequences(gen_batch.select_idxs(sampled)).select_idxs(fill)
+        else:
+            out = self._inner.generate_sequences(gen_batch)
+        self._trainer.generated_rows = len(sampled)
+        return self._trainer.mix_in(out, replays, rows)
 
 
 class ExGRPORayTrainer(RayPPOTrainer):
@@ -136,6 +163,8 @@ class ExGRPORayTrainer(RayPPOTrainer):
         super().__init__(*args, **kwargs)
         self._entropy: torch.Tensor | None = None
         self._picked: list[int] = []
+        self.generated_rows = 0
+        """Rows the rollout engine sampled this step (the stored trajectories' slots are skipped)."""
 
     # ---------------------------------------------------------------- set-up
     def init_workers(self) -> None:
@@ -143,7 +172,7 @@ class ExGRPORayTrainer(RayPPOTrainer):
         algo, cfg = self.exgrpo.algorithm, self.exgrpo
         settings = ActorLossSettings(
             loss=self.strategy.loss_config(cfg.policy.max_new_tokens),
-            loss_agg_mode=VERL_LOSS_AGG[algo.loss_agg], entropy_coeff=algo.entropy_coeff,
+            loss_agg_mode=VERL_LOSS_AGG[algo.loss_agg], entropy_coeff=algo.entropy_coeff, kl_coeff=algo.kl_coeff,
             loss_scale_factor=cfg.policy.max_new_tokens,
         )
         self.actor_rollout_wg.set_loss_fn(partial(exgrpo_actor_loss, settings))
@@ -241,6 +270,7 @@ class ExGRPORayTrainer(RayPPOTrainer):
         metrics = out.meta_info["metrics"]
         metrics.update(_loss_metrics(metrics))
         metrics.update(batch_metrics(rewards, step_batch))
+        metrics["rollout/generated_rows"] = float(self.generated_rows)
         if self._picked:
             metrics["replay/picked_bucket_mean"] = float(np.mean(self._picked))
         metrics.update(self.strategy.stats())
