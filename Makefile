@@ -43,6 +43,7 @@ bench: $(STAMP)
 	$(PY) bench/bench_rollout.py
 	$(PY) bench/bench_orchestration.py
 	$(PY) bench/bench_verl.py
+	$(PY) bench/bench_pool.py
 
 clean:
 	rm -rf .venv runs

@@ -57,7 +57,7 @@ def test_cli_train_tiny_lm_replays_text_trajectories(tmp_path):
     assert max(r.get("replay/questions", 0) for r in rows) > 0
     assert any(r.get("actor/off_token_fraction", 0) > 0 for r in rows)
     state = ckpt.load_state(ckpt.latest_checkpoint(tmp_path / "tiny-lm" / "seed0"))
-    lengths = {len(t) for q in state["replay"]["pool"]["questions"] for t in q["tokens"]}
+    lengths = set(state["replay"]["pool"]["length"].tolist())
     assert lengths and max(lengths) > 1  # multi-token text trajectories, stored as token ids
 
     # the checkpoint evaluates through the real CLI: own held-out split + a registry benchmark

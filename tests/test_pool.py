@@ -1,7 +1,12 @@
+import numpy as np
 import pandas as pd
+import pytest
 import torch
 
+from exgrpo.config import PoolRetention
 from exgrpo.core.pool import ExperiencePool, Trajectory
+from exgrpo.core.selection import pad_right
+from exgrpo.core.trajectory_store import TrajectoryStore
 
 
 def traj(tokens, step=0, ent=0.5):
@@ -67,16 +72,127 @@ def test_state_dict_roundtrip_weights_only(tmp_path):
     assert other.retired == {2} and other.bucket_of(1) == 3
 
 
-def test_a_checkpoint_from_before_the_renames_still_loads():
+def _format_1(pool, renamed=False):
+    """The pool's checkpoint as exgrpo wrote it until 2026-11-24 (a dict per question); with
+    ``renamed``, under the key names used until 2026-11-23."""
+    questions = []
+    for qid in [q for qs in pool.buckets().values() for q in qs]:
+        trajs = pool.trajectories(qid)
+        questions.append({
+            "qid": qid, ("k" if renamed else "num_correct"): pool.bucket_of(qid), "updated": 0,
+            "tokens": [torch.tensor(t.tokens, dtype=torch.long) for t in trajs],
+            ("behaviour_logp" if renamed else "behaviour_log_prob"):
+                [torch.tensor(t.behaviour_log_prob, dtype=torch.float64) for t in trajs],
+            "entropy": [t.entropy for t in trajs], "step": [t.step for t in trajs],
+        })
+    return {"questions": questions, "retired": sorted(pool.retired)}
+
+
+def test_a_checkpoint_of_the_old_formats_still_loads(tmp_path):
     pool = ExperiencePool(group_size=8)
-    pool.observe_group(1, 3, [traj([1, 2, 3])], 0)
-    old = pool.state_dict()
-    for q in old["questions"]:
-        q["behaviour_logp"] = q.pop("behaviour_log_prob")  # the keys' names until 2026-11-23
-        q["k"] = q.pop("num_correct")
-    other = ExperiencePool(group_size=8)
-    other.load_state_dict(old)
-    assert other.trajectories(1) == pool.trajectories(1) and other.bucket_of(1) == 3
+    pool.observe_group(1, 3, [traj([1, 2, 3]), traj([4])], 0)
+    pool.observe_group(2, 8, [], 0)
+    for renamed in (False, True):
+        torch.save(_format_1(pool, renamed), tmp_path / "old.pt")
+        other = ExperiencePool(group_size=8)
+        other.load_state_dict(torch.load(tmp_path / "old.pt", weights_only=True))
+        assert other.trajectories(1) == pool.trajectories(1) and other.bucket_of(1) == 3 and other.retired == {2}
+        other.observe_group(1, 2, [traj([1, 2, 3])], 1)  # dedup still knows the loaded trajectories
+        assert len(other.trajectories(1)) == 2
+
+
+def test_a_checkpoint_of_a_newer_format_is_a_one_line_error():
+    state = ExperiencePool(group_size=8).state_dict()
+    state["format"] = 99
+    with pytest.raises(ValueError, match="format 99 is newer than this exgrpo reads .*upgrade exgrpo"):
+        ExperiencePool(group_size=8).load_state_dict(state)
+
+
+def test_the_checkpoint_is_a_few_flat_tensors():
+    pool = ExperiencePool(group_size=8)
+    for q in range(50):
+        pool.observe_group(q, 1 + q % 7, [traj(range(q, q + 20)), traj(range(q, q + 30))], q)
+    state = pool.state_dict()
+    assert len(state) == 12 and all(torch.is_tensor(v) for k, v in state.items() if k != "format")
+    assert state["tokens"].dtype == torch.int32 and state["tokens"].numel() == 50 * 50
+    assert state["behaviour_log_prob"].dtype == torch.float32
+
+
+def test_lowest_entropy_retention_keeps_the_lowest_in_collection_order():
+    pool = ExperiencePool(group_size=8, max_per_question=2, retention=PoolRetention.LOWEST_ENTROPY)
+    pool.observe_group(1, 3, [traj([1], ent=0.9), traj([2], ent=0.1), traj([3], ent=0.5)], 0)
+    assert [t.tokens for t in pool.trajectories(1)] == [(2,), (3,)]
+    pool.observe_group(1, 3, [traj([4], ent=0.05)], 1)
+    assert [t.tokens for t in pool.trajectories(1)] == [(2,), (4,)]
+
+
+class _ReferencePool:
+    """The pool's semantics written the obvious O(pool) way (the layout before issue 14)."""
+
+    def __init__(self, group_size, max_per_question=None, max_questions=None):
+        from collections import OrderedDict
+
+        self.k, self.cap, self.max_q = group_size, max_per_question, max_questions
+        self.entries, self.retired = OrderedDict(), set()
+
+    def observe_group(self, qid, n, correct, step):
+        if n >= self.k:
+            self.retired.add(qid)
+            self.entries.pop(qid, None)
+            return
+        if not 0 < n <= self.k - 1 or qid in self.retired:
+            return
+        e = self.entries.setdefault(qid, {"k": n, "t": [], "u": 0})
+        e["k"], e["u"] = n, step
+        for t in correct:
+            if t.tokens not in [x.tokens for x in e["t"]]:
+                e["t"].append(t)
+        if self.cap is not None:
+            e["t"] = e["t"][-self.cap:]
+        if not e["t"]:
+            del self.entries[qid]
+            return
+        while self.max_q is not None and len(self.entries) > self.max_q:
+            del self.entries[min(self.entries, key=lambda q: self.entries[q]["u"])]
+
+    def buckets(self):
+        out = {}
+        for q, e in self.entries.items():
+            out.setdefault(e["k"], []).append(q)
+        return dict(sorted(out.items()))
+
+
+@pytest.mark.parametrize("caps", [(None, None), (2, 6)])
+def test_incremental_pool_matches_the_obvious_one_through_compactions(monkeypatch, caps):
+    """Random groups (retirements, re-buckets, duplicates, caps, evictions); compaction forced
+    often: buckets, trajectories, stats and a checkpoint round trip agree with the reference."""
+    monkeypatch.setattr(TrajectoryStore, "MIN_DEAD_TOKENS", 0)
+    monkeypatch.setattr(TrajectoryStore, "MIN_DEAD_ROWS", 0)
+    rng = np.random.default_rng(0)
+    pool, ref = ExperiencePool(4, 0, None, *caps), _ReferencePool(4, *caps)
+    for step in range(300):
+        qid, n = int(rng.integers(0, 30)), int(rng.integers(0, 5))
+        correct = [traj(rng.integers(0, 3, size=int(rng.integers(1, 4))).tolist(), step, float(rng.random()))
+                   for _ in range(n)]
+        pool.observe_group(qid, n, correct, step)
+        ref.observe_group(qid, n, correct, step)
+        assert pool.buckets() == ref.buckets()
+        if step % 25 == 0:
+            clone = ExperiencePool(4, 0, None, *caps)
+            clone.load_state_dict(pool.state_dict())
+            pool = clone
+    for q, e in ref.entries.items():
+        assert [t.tokens for t in pool.trajectories(q)] == [t.tokens for t in e["t"]]
+        assert [t.entropy for t in pool.trajectories(q)] == [t.entropy for t in e["t"]]
+    assert pool.retired == ref.retired
+    assert pool.stats()["pool/trajectories"] == sum(len(e["t"]) for e in ref.entries.values())
+    # the padded batch the scorer gets, straight from the packed arrays, is what padding the tuples gives
+    rows = [r for q in ref.entries for r in pool.rows(q)]
+    tokens, log_prob, mask = pool.padded(rows)
+    trajs = [t for e in ref.entries.values() for t in e["t"]]
+    want_tokens, want_mask = pad_right([t.tokens for t in trajs])
+    want_log_prob, _ = pad_right([t.behaviour_log_prob for t in trajs], dtype=torch.float32)
+    assert torch.equal(tokens, want_tokens) and torch.equal(mask, want_mask) and torch.equal(log_prob, want_log_prob)
 
 
 def test_parquet_snapshot_reads_with_pandas(tmp_path):

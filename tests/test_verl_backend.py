@@ -224,7 +224,7 @@ def test_verl_exgrpo_replays_through_the_real_actor_loss(tmp_path, cache):
     k, b = 4, 16
     assert all(r["rollout/generated_rows"] == b * k - r["replay/questions"] for r in rows)
     pool = torch.load(run_dir / "checkpoints" / "global_step_6" / "exgrpo_pool.pt", weights_only=True)
-    assert pool["step"] == 6 and len(pool["replay"]["pool"]["questions"]) == rows[-1]["pool/questions"]
+    assert pool["step"] == 6 and len(pool["replay"]["pool"]["qid"]) == rows[-1]["pool/questions"]
 
 
 @pytest.mark.slow
@@ -242,10 +242,9 @@ def test_verl_actor_update_sees_a_known_shift_of_behaviour_log_probs(tmp_path, c
     run_dir = tmp_path / "verl-tiny-exgrpo" / "seed0"
     pool_path = run_dir / "checkpoints" / "global_step_4" / "exgrpo_pool.pt"
     state = torch.load(pool_path, weights_only=True)
-    questions = state["replay"]["pool"]["questions"]
-    assert questions, "nothing stored in four steps"
-    for q in questions:
-        q["behaviour_log_prob"] = [lp - delta for lp in q["behaviour_log_prob"]]
+    pool = state["replay"]["pool"]
+    assert len(pool["qid"]), "nothing stored in four steps"
+    pool["behaviour_log_prob"] -= delta  # every stored token's behaviour log-prob
     torch_save_atomic(state, pool_path)
 
     _train(EXGRPO, tmp_path, cache, "--set=train.max_steps=5", *sets, "--resume")

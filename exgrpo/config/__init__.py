@@ -41,6 +41,7 @@ from exgrpo.config.options import (
     MLFLOW_PARAM,
     NotebookSampling,
     OptimizerKind,
+    PoolRetention,
     ReplayKind,
     SelectionMetric,
     SelectionMode,

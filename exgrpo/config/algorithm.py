@@ -18,6 +18,7 @@ from exgrpo.config.options import (
     BucketWeighting,
     NotebookSampling,
     LossAggregation,
+    PoolRetention,
     ReplayKind,
     SelectionMetric,
     SelectionMode,
@@ -119,7 +120,9 @@ class PoolReplayConfig(OnPolicyConfig):
     is_correction: bool = Field(True, json_schema_extra=MLFLOW_PARAM)
     """Use the stored behaviour log-probs for replayed tokens (else w = 1 at the current policy)."""
     pool_max_per_question: int | None = Field(None, ge=1, json_schema_extra=MLFLOW_PARAM)
-    """Keep at most this many trajectories per question (oldest dropped); None: unbounded."""
+    """Keep at most this many trajectories per question (which ones: pool_retention); None: all (the paper)."""
+    pool_retention: PoolRetention = Field(PoolRetention.NEWEST, json_schema_extra=MLFLOW_PARAM)
+    """Under pool_max_per_question: keep the newest trajectories, or the lowest-entropy ones."""
     pool_max_questions: int | None = Field(None, ge=1, json_schema_extra=MLFLOW_PARAM)
     """Keep at most this many questions in the pool (least recently updated evicted); None: unbounded."""
 

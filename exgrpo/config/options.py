@@ -52,6 +52,13 @@ class SelectionMode(StrEnum):
     ARGMAX = "argmax"
 
 
+class PoolRetention(StrEnum):
+    """Which trajectories of a question stay when ``pool_max_per_question`` caps it."""
+
+    NEWEST = "newest"  # the most recently collected (the oldest dropped first)
+    LOWEST_ENTROPY = "lowest_entropy"  # the lowest mean behaviour entropy at collection (what selection favours)
+
+
 class Shaping(StrEnum):
     """f(w) applied to the importance ratio w of replayed tokens."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 
 import numpy as np
 
@@ -18,7 +19,7 @@ class FreshSampler:
         self.pos = 0
         self.passes = 0
 
-    def next(self, n: int, retired: frozenset[int] = frozenset()) -> list[int]:
+    def next(self, n: int, retired: AbstractSet[int] = frozenset()) -> list[int]:
         """The next ``n`` question ids (a question repeats only across passes)."""
         out: list[int] = []
         while len(out) < n:

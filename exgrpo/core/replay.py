@@ -21,6 +21,7 @@ A new strategy is one class here, registered with :func:`register_replay` under 
 from __future__ import annotations
 
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -39,7 +40,7 @@ from exgrpo.config import (
 from exgrpo.core.batch import Replays, StepBatch, rewarded_groups
 from exgrpo.core.loss import MixedLossConfig, notebook_off_policy_loss
 from exgrpo.core.notebook_buffer import NotebookBuffer
-from exgrpo.core.pool import ExperiencePool, Trajectory
+from exgrpo.core.pool import ExperiencePool
 from exgrpo.core.sampler import sample_questions
 from exgrpo.core.schedules import ReplayStartSwitch, notebook_lambda
 from exgrpo.core.selection import pad_right, select_per_group, trajectory_metric
@@ -99,8 +100,8 @@ class ReplayStrategy:
         return Replays.empty()
 
     @property
-    def retired(self) -> frozenset[int]:
-        """Questions the fresh sampler must skip from its next pass on."""
+    def retired(self) -> AbstractSet[int]:
+        """Questions the fresh sampler must skip from its next pass on (read-only)."""
         return frozenset()
 
     def observe(self, batch: StepBatch, rewards: torch.Tensor, step: int) -> None:
@@ -164,7 +165,8 @@ class BucketReplay(ReplayStrategy):
     def __init__(self, algo: PoolReplayConfig, rng: np.random.Generator) -> None:
         super().__init__(algo, rng)
         self.pool = ExperiencePool(
-            algo.group_size, algo.bucket_lbound, algo.rbound, algo.pool_max_per_question, algo.pool_max_questions
+            algo.group_size, algo.bucket_lbound, algo.rbound, algo.pool_max_per_question, algo.pool_max_questions,
+            algo.pool_retention,
         )
         self.switch = ReplayStartSwitch(algo.replay_start_pass_rate)
 
@@ -175,40 +177,41 @@ class BucketReplay(ReplayStrategy):
     def sample_questions(self, n: int) -> list[int]:
         """Which pooled questions to replay (bucket mass, then uniform within a bucket)."""
         a = self.algo
-        return sample_questions(self.pool.buckets(), n, a.group_size, self.rng, a.bucket_weighting, a.bucket_sigma)
+        return sample_questions(self.pool.bucket_views(), n, a.group_size, self.rng, a.bucket_weighting, a.bucket_sigma)
 
     def select(self, n: int, score: StoredScorer) -> Replays:
         qids = self.sample_questions(n)
         if not qids:
             return Replays.empty()
-        candidates: list[Trajectory] = []
+        rows: list[int] = []  # every stored trajectory of the sampled questions (store row ids)
         owner: list[int] = []
         for g, q in enumerate(qids):
-            for traj in self.pool.trajectories(q):
-                candidates.append(traj)
+            for r in self.pool.rows(q):
+                rows.append(r)
                 owner.append(g)
         a = self.algo
         current: torch.Tensor | None = None
         if a.selection_metric == SelectionMetric.RANDOM:
             picked = select_per_group(None, owner, a.selection_mode, self.rng)
         else:
-            tokens, mask = pad_right([t.tokens for t in candidates])
+            tokens, _, mask = self.pool.padded(rows)
             log_prob, entropy = score([qids[g] for g in owner], tokens, mask)
             picked = select_per_group(trajectory_metric(a.selection_metric, log_prob, entropy, mask), owner,
                                       a.selection_mode, self.rng)
             current = log_prob[picked]
-        trajs = [candidates[i] for i in picked]
+        chosen = [rows[i] for i in picked]
+        trajs = [self.pool.trajectory(r) for r in chosen]
         if a.is_correction:
-            old, _ = pad_right([t.behaviour_log_prob for t in trajs], dtype=torch.float32)
+            _, old, _ = self.pool.padded(chosen)
         else:  # w = 1 at the current policy: its log-probs play pi_old
             if current is None:
-                tokens, mask = pad_right([t.tokens for t in trajs])
+                tokens, _, mask = self.pool.padded(chosen)
                 current, _ = score(qids, tokens, mask)
             old = current.float()
         return Replays(qids, trajs, old, [self.pool.bucket_of(q) for q in qids])
 
     @property
-    def retired(self) -> frozenset[int]:
+    def retired(self) -> AbstractSet[int]:
         return self.pool.retired
 
     def observe(self, batch: StepBatch, rewards: torch.Tensor, step: int) -> None:
