@@ -2,9 +2,10 @@
 
 Each worker's training loop reports through a step callback (:class:`ProgressReporter`) to one small
 Ray actor (:class:`ProgressBoard`), at most once a second; the driver polls the board while it waits
-for results and prints what changed (:class:`ProgressPrinter`): one line per run (arm, seed,
-step/total, the latest batch pass@1 and validation accuracy, an ETA) and the runs done out of the
-total. Plain periodic lines, so they read the same in a terminal, a CI log and the Prefect UI's logs.
+for results and shows it (:func:`progress_display`): one line per run (arm, seed, step/total, the
+latest batch pass@1 and validation accuracy, an ETA) and the runs done out of the total. In a
+terminal that is a rich table redrawn in place (:class:`LiveProgressTable`); elsewhere (CI logs, the
+Prefect UI's logs, a pipe) plain periodic lines (:class:`ProgressPrinter`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ class ProgressReporter:
         self.t0 = time.monotonic()
         self._last = -float("inf")
         self._val: float | None = None
+
+    def on_start(self, total_steps: int) -> None:
+        """The trainer's planned step count (the ETA's denominator when the config sets no max_steps)."""
+        self.total = total_steps
 
     def __call__(self, step: int, metrics: dict[str, float]) -> None:
         if "val/accuracy" in metrics:
@@ -101,3 +106,75 @@ class ProgressPrinter:
     def finished(self, what: str) -> None:
         self.done += 1
         self.say(f"progress: {what} finished | runs done {self.done}/{self.total_runs}")
+
+    def __enter__(self) -> ProgressPrinter:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+class LiveProgressTable:
+    """The board as a rich table redrawn in place: a row per run, a footer with the runs done.
+    Same interface as :class:`ProgressPrinter`; a context manager (the display ends on exit)."""
+
+    def __init__(self, board: Any, total_runs: int, console: Any = None) -> None:
+        from rich.live import Live
+
+        from exgrpo.progress import console as default_console
+
+        self.board, self.total_runs, self.done = board, total_runs, 0
+        self.states: dict[str, dict[str, Any]] = {}
+        self.ended: dict[str, str] = {}
+        self.live = Live(self._render(), console=console or default_console, refresh_per_second=2, transient=False)
+
+    def _render(self):
+        from rich.table import Table
+
+        table = Table(title=None, caption=f"runs done {self.done}/{self.total_runs}", expand=False)
+        for col in ("run", "step", "batch pass@1", "val accuracy", "ETA"):
+            table.add_column(col, justify="left" if col == "run" else "right")
+        for key, st in sorted(self.states.items()):
+            step, total = st["step"], st.get("total")
+            eta = "done" if key in self.ended else ""
+            if not eta and total and step:
+                left = max(0.0, st.get("elapsed", 0.0) / step * (total - step))
+                eta = f"{int(left // 60)}:{int(left % 60):02d}"
+            table.add_row(key + (f" ({self.ended[key]})" if self.ended.get(key) else ""),
+                          f"{step}/{total}" if total else str(step),
+                          "" if st.get("pass") is None else f"{st['pass']:.3f}",
+                          "" if st.get("val") is None else f"{st['val']:.3f}", eta)
+        return table
+
+    def __enter__(self) -> LiveProgressTable:
+        self.live.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.live.update(self._render(), refresh=True)
+        self.live.stop()
+
+    def poll(self) -> None:
+        import ray
+
+        self.states.update(ray.get(self.board.snapshot.remote()))
+        self.live.update(self._render())
+
+    def finished(self, what: str) -> None:
+        """``what`` is the run's key, optionally followed by a note in parentheses (e.g. FAILED)."""
+        self.done += 1
+        key, _, note = what.partition(" (")
+        self.ended[key] = note.rstrip(")")
+        self.states.setdefault(key, {"step": 0})
+        self.poll()
+
+
+def progress_display(board: Any, total_runs: int, console: Any = None) -> LiveProgressTable | ProgressPrinter:
+    """A live table where a terminal is attached (``console.is_terminal``), plain lines elsewhere;
+    ``EXGRPO_PROGRESS=plain`` forces the lines. Use as a context manager."""
+    from exgrpo.progress import console as default_console
+
+    console = console or default_console
+    if console.is_terminal and os.environ.get("EXGRPO_PROGRESS", "").lower() != "plain":
+        return LiveProgressTable(board, total_runs, console)
+    return ProgressPrinter(board, total_runs)

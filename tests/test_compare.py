@@ -157,3 +157,41 @@ def test_compare_cli_shows_live_progress_from_the_ray_workers(tmp_path):
     assert progress[0] < finished[-1], "progress must show while the runs are still going"
     assert any("/150" in lines[i] and "pass@1" in lines[i] for i in progress)
 
+
+def test_compare_cli_in_a_terminal_shows_a_live_table_with_totals_from_epochs(tmp_path):
+    """Under a pseudo-terminal the progress is one rich table redrawn in place (no plain lines),
+    and a config without train.max_steps still shows step/total (the trainer's planned steps)."""
+    import pty
+    import re
+
+    cfg = tmp_path / "cmp.yaml"
+    cfg.write_text(TINY_COMPARE)
+    ray_tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "RAY_TMPDIR": ray_tmp, "COLUMNS": "150",
+           "LINES": "40", "TERM": "xterm"}
+    env.pop("PREFECT_API_URL", None)
+    env.pop("EXGRPO_PROGRESS", None)
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "exgrpo.cli", "compare", str(cfg), "--seeds", "1", "--workers", "2",
+         "--output-dir", str(tmp_path / "runs"), "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db",
+         "--set", "train.epochs=40"],
+        stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, env=env,
+    )
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    assert proc.wait() == 0
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(chunks).decode(errors="replace"))
+    assert "runs done 2/2" in text and "batch pass@1" in text, text[-3000:]
+    assert "progress: " not in text  # a terminal gets the table, not the log lines
+    totals = {m.group(1): int(m.group(3)) for m in re.finditer(r"(grpo|exgrpo) seed 0\S*\s*│\s*(\d+)/(\d+)", text)}
+    assert set(totals) == {"grpo", "exgrpo"} and totals["grpo"] == totals["exgrpo"] > 40, text[-3000:]

@@ -207,40 +207,40 @@ def run_sweep(
     result = SweepResult(sc.study.name, url, parent, exp_id, tracker.uri)
     dists = {k: v.distribution() for k, v in sc.space.items()}
     if todo:
-        from exgrpo.live_progress import ProgressBoard, ProgressPrinter
+        from exgrpo.live_progress import ProgressBoard, progress_display
 
         ensure_ray(ray_address)
         board = ray.remote(num_cpus=0)(ProgressBoard).remote()
-        printer = ProgressPrinter(board, todo)
         remote = ray.remote(num_cpus=1, max_retries=0)(run_trial)
         sweep_json = sc.model_dump(mode="json")
         if isinstance(sc.base, str):
             sweep_json["base"] = str(Path(sc.base).resolve())
         inflight: dict[Any, Any] = {}
         launched = 0
-        while launched < todo or inflight:
-            while launched < todo and len(inflight) < sc.study.parallel:
-                trial = study.ask(dists)
-                payload = {"sweep": sweep_json, "number": trial.number, "trial_id": trial._trial_id,
-                           "params": dict(trial.params), "storage": url, "tracking_uri": tracker.uri,
-                           "experiment": experiment, "parent_run_id": parent, "progress_board": board}
-                inflight[remote.remote(payload)] = trial
-                launched += 1
-            done, _ = ray.wait(list(inflight), num_returns=1, timeout=1.0)
-            printer.poll()
-            for ref in done:
-                trial = inflight.pop(ref)
-                try:
-                    out = ray.get(ref)
-                except Exception as e:  # the worker died (OOM, killed): still a FAIL, the study goes on
-                    out = {"number": trial.number, "state": "FAIL", "value": None, "run_id": None,
-                           "error": f"{type(e).__name__}: {e}"}
-                out["params"] = dict(trial.params)
-                printer.finished(f"trial {trial.number} ({out['state']})")
-                _tell(study, trial, out)
-                result.outcomes.append(out)
-                if on_trial is not None:
-                    on_trial(out)
+        with progress_display(board, todo) as printer:
+            while launched < todo or inflight:
+                while launched < todo and len(inflight) < sc.study.parallel:
+                    trial = study.ask(dists)
+                    payload = {"sweep": sweep_json, "number": trial.number, "trial_id": trial._trial_id,
+                               "params": dict(trial.params), "storage": url, "tracking_uri": tracker.uri,
+                               "experiment": experiment, "parent_run_id": parent, "progress_board": board}
+                    inflight[remote.remote(payload)] = trial
+                    launched += 1
+                done, _ = ray.wait(list(inflight), num_returns=1, timeout=1.0)
+                printer.poll()
+                for ref in done:
+                    trial = inflight.pop(ref)
+                    try:
+                        out = ray.get(ref)
+                    except Exception as e:  # the worker died (OOM, killed): still a FAIL, the study goes on
+                        out = {"number": trial.number, "state": "FAIL", "value": None, "run_id": None,
+                               "error": f"{type(e).__name__}: {e}"}
+                    out["params"] = dict(trial.params)
+                    printer.finished(f"trial {trial.number} ({out['state']})")
+                    _tell(study, trial, out)
+                    result.outcomes.append(out)
+                    if on_trial is not None:
+                        on_trial(out)
 
     # the study's outcome (from Optuna's storage), then its summary on the parent run
     trials = study.get_trials(deepcopy=False)

@@ -137,25 +137,26 @@ def run_tracked_compare(
 
             from exgrpo.sweep import ensure_ray
 
-            from exgrpo.live_progress import ProgressBoard, ProgressPrinter
+            from exgrpo.live_progress import ProgressBoard, progress_display
 
             ensure_ray(ray_address)
             board = ray.remote(num_cpus=0)(ProgressBoard).remote()
-            printer = ProgressPrinter(board, len(todo))
             remote = ray.remote(num_cpus=1, max_retries=0)(tracked_run_one)
             refs = {remote.remote(cfg, arm, cc.metric, tracking_uri=tracker.uri, experiment=experiment,
                                   parent_run_id=parent, progress_board=board): (arm, cfg.seed) for cfg, arm in todo}
-            while refs:
-                ready, _ = ray.wait(list(refs), num_returns=1, timeout=1.0)
-                printer.poll()
-                for ref in ready:
-                    arm, seed = refs.pop(ref)
-                    try:
-                        done(ray.get(ref))
-                        printer.finished(f"{arm} seed {seed}")
-                    except Exception as e:
-                        failures.append(f"{arm} seed {seed}: {type(e).__name__}: {str(e).splitlines()[-1] if str(e) else ''}")
-                        printer.finished(f"{arm} seed {seed} (FAILED)")
+            with progress_display(board, len(todo)) as printer:
+                while refs:
+                    ready, _ = ray.wait(list(refs), num_returns=1, timeout=1.0)
+                    printer.poll()
+                    for ref in ready:
+                        arm, seed = refs.pop(ref)
+                        try:
+                            done(ray.get(ref))
+                            printer.finished(f"{arm} seed {seed}")
+                        except Exception as e:
+                            failures.append(f"{arm} seed {seed}: {type(e).__name__}: "
+                                            f"{str(e).splitlines()[-1] if str(e) else ''}")
+                            printer.finished(f"{arm} seed {seed} (FAILED)")
         elif executor == "process":
             sub = cc.model_copy(update={"base": {**cc.base, "output_dir": str(Path(base.output_dir).resolve())}})
             for o in run_local(sub, workers=workers, runner=runner):

@@ -39,7 +39,8 @@ from exgrpo.core.loss import exgrpo_objective
 from exgrpo.core.replay import make_replay_strategy
 
 StepCallback = Callable[[int, dict[str, float]], None]
-"""(step, metrics) -> None; called after every step and every evaluation."""
+"""(step, metrics) -> None; called after every step and every evaluation. A callback with an
+``on_start(total_steps)`` method is told the run's planned step count first (e.g. a progress ETA)."""
 
 
 @dataclass
@@ -245,6 +246,9 @@ class Trainer:
             metrics_path.write_text("")
             (run_dir / "config.json").write_text(self.cfg.model_dump_json(indent=2))
         callbacks = callbacks or []
+        for cb in callbacks:
+            if hasattr(cb, "on_start"):
+                cb.on_start(self.total_steps)
         every = self.cfg.train.checkpoint_every
         last_ckpt: Path | None = None
         eval_every = self.cfg.train.eval_every_steps or self.cfg.train.eval_every_epochs * self.steps_per_epoch
