@@ -24,6 +24,12 @@ def test_bucket_bounds():
     assert "bucket_rbound=9 exceeds group_size K=8" in msg
 
 
+def test_grad_clip_zero_says_null_disables_clipping():
+    msg = err({"train.grad_clip": 0})
+    assert "train.grad_clip: must be > 0; null disables clipping (got 0)" in msg
+    assert load_experiment(None, {"train.grad_clip": None}).train.grad_clip is None
+
+
 def test_group_size_below_two():
     msg = err({"algorithm.group_size": 1})
     assert "algorithm.group_size" in msg and "greater than or equal to 2" in msg

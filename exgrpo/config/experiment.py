@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from exgrpo.config.algorithm import DEFAULT_REPLAY, AlgorithmConfig, ExGRPOConfig, is_foreign, replay_homes
 from exgrpo.config.backend import BackendConfig
@@ -54,7 +54,7 @@ class TrainConfig(_Strict):
     """Weight decay (AdamW only)."""
     mini_batches: int = Field(1, ge=1, json_schema_extra=MLFLOW_PARAM)
     """Optimiser steps per training step (the batch is split into this many mini-batches)."""
-    grad_clip: float | None = Field(1.0, gt=0.0, json_schema_extra=MLFLOW_PARAM)
+    grad_clip: float | None = Field(1.0, json_schema_extra=MLFLOW_PARAM)
     """Max global grad norm; None: no clipping (the norm is still logged)."""
     skip_grad_above: float | None = Field(500.0, gt=0.0)
     """Skip the optimiser step if the grad norm is non-finite or above this (reference: 500)."""
@@ -71,6 +71,13 @@ class TrainConfig(_Strict):
     a torn newest one leaves one to resume from."""
     threads: int = Field(1, ge=1)
     """torch intra-op threads of one training process."""
+
+    @field_validator("grad_clip")
+    @classmethod
+    def _grad_clip_positive(cls, v: float | None) -> float | None:
+        if v is not None and not v > 0:
+            raise ValueError("must be > 0; null disables clipping")
+        return v
 
 
 class ExperimentConfig(_Strict):
