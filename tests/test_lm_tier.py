@@ -63,15 +63,16 @@ def test_cli_train_tiny_lm_replays_text_trajectories(tmp_path):
     # the checkpoint evaluates through the real CLI: own held-out split + a registry benchmark
     path = ckpt.latest_checkpoint(tmp_path / "tiny-lm" / "seed0")
     ev = subprocess.run(
-        [sys.executable, "-m", "exgrpo.cli", "eval", "--checkpoint", str(path), "--benchmarks", "val,arith:6",
+        [sys.executable, "-m", "exgrpo.cli", "eval", "--checkpoint", str(path), "--benchmarks", "val,arith:6,arc_challenge:4",
          "--n", "2", "--temperature", "1.0", "--json", str(tmp_path / "scores.json")],
         capture_output=True, text=True,
     )
     assert ev.returncode == 0, ev.stderr[-3000:]
     scores = {(s["benchmark"], s["metric"]): s for s in json.loads((tmp_path / "scores.json").read_text())}
-    assert set(scores) == {(b, m) for b in ("val", "arith") for m in ("avg_at_2", "pass_at_1", "pass_at_2")}
+    assert set(scores) == {(b, m) for b in ("val", "arith", "arc_challenge") for m in ("avg_at_2", "pass_at_1", "pass_at_2")}
     assert scores[("val", "avg_at_2")]["n_problems"] == 16 and scores[("arith", "pass_at_1")]["n_problems"] == 6
     assert scores[("arith", "avg_at_2")]["grader"] == "math-verify"
+    assert scores[("arc_challenge", "avg_at_2")]["grader"] == "letter-choice"  # graded by the option letter
     assert scores[("val", "pass_at_2")]["value"] >= scores[("val", "pass_at_1")]["value"]
     assert scores[("val", "avg_at_2")]["value"] == pytest.approx(scores[("val", "pass_at_1")]["value"])
 

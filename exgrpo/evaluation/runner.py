@@ -8,7 +8,9 @@ LM policies only for registry benchmarks: a toy MLP reads feature vectors, not t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -112,21 +114,30 @@ def evaluate_checkpoint(path: str | Path, spec: str = "val", settings: EvalSetti
         template = _text_codec(task)[2] if is_lm else "features"
         scores += _scores("val", correct, settings, max_tokens, template, f"{cfg.task.kind}-exact", "builtin")
     if requests:
-        from exgrpo.evaluation.benchmarks import get_benchmark
+        from exgrpo.evaluation.benchmarks import AnswerType, get_benchmark
         from exgrpo.rewards import MathVerifier
+        from exgrpo.rewards.choice import LetterGrader
 
         encode, decode, template = _text_codec(task)
-        with MathVerifier(workers=workers) as verifier:
+        with MathVerifier(workers=workers) as math_verifier:
             for req in requests:
-                problems = get_benchmark(req.name).subset(req.n, seed=settings.seed)
+                bench = get_benchmark(req.name)
+                problems = bench.subset(req.n, seed=settings.seed)
                 prompts = [list(encode(p.prompt)) for p in problems]
                 rows = _sample(policy, prompts, settings, max_tokens)
+                golds = [p.gold for p in problems]
+                if bench.answer_type == AnswerType.MULTIPLE_CHOICE:  # graded by the option letter
+                    grader: Any = LetterGrader()
+                    grade = partial(grader.score, labels=[p.meta.get("labels", "ABCD") for p in problems])
+                else:
+                    grader = math_verifier
+                    grade = grader.score
                 cols = []
                 for tokens, mask in rows:
                     texts = [decode(r[m].tolist()) for r, m in zip(tokens, mask.bool())]
-                    cols.append(np.array(verifier.score(texts, [p.gold for p in problems]).rewards))
+                    cols.append(np.array(grade(texts, golds).rewards))
                 scores += _scores(req.name, np.stack(cols, axis=1), settings, max_tokens, template,
-                                  verifier.grader_name, verifier.grader_version)
+                                  grader.grader_name, grader.grader_version)
     return scores
 
 
