@@ -114,7 +114,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     settings = EvalSettings(n=args.n, temperature=args.temperature, top_p=args.top_p,
                             max_tokens=args.max_tokens, seed=args.seed)
     try:
-        scores = evaluate_checkpoint(args.checkpoint, args.benchmarks, settings, workers=args.workers)
+        from exgrpo.tracking.registry import resolve_checkpoint
+
+        checkpoint = resolve_checkpoint(args.checkpoint, args.tracking_uri)
+        scores = evaluate_checkpoint(checkpoint, args.benchmarks, settings, workers=args.workers)
     except (FileNotFoundError, ValueError, KeyError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -152,7 +155,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
                                                      flush=True))
             print(res.table())
             print(json.dumps({"study": res.study_name, "storage": res.storage, "best_value": res.best_value,
-                              "best_params": res.best_params, "counts": res.counts,
+                              "best_params": res.best_params, "counts": res.counts, "champion": res.champion,
                               "mlflow_parent_run_id": res.parent_run_id}, indent=2, default=str))
             return 0
         flow = _load_flow("sweep", "sweep_flow")
@@ -281,7 +284,11 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Score a checkpoint: avg@n and unbiased pass@k per benchmark, each with its "
                        "sampling settings. 'val' is the run's own held-out split; gsm8k, math500, arith, ... come "
                        "from the benchmark registry (LM tiers only).")
-    e.add_argument("--checkpoint", required=True, help="a runs/<name>/seed<k>/checkpoints/step_*.pt file")
+    e.add_argument("--checkpoint", required=True,
+                   help="a runs/<name>/seed<k>/checkpoints/step_*.pt file, or a registered one: "
+                        "models:/exgrpo-<study>@champion (a sweep's best) or models:/<name>/<version>")
+    e.add_argument("--tracking-uri", help="MLflow store for models:/ checkpoints (default: MLFLOW_TRACKING_URI, "
+                                          "else <project>/mlruns/mlflow.db)")
     e.add_argument("--benchmarks", default="val", help="comma list, NAME[:N] for an N-problem subset (default: val)")
     e.add_argument("--n", type=int, default=1, help="samples per problem (default 1)")
     e.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")

@@ -56,7 +56,7 @@ def find_train_run(train_flow_run: str, tracking_uri: str | None) -> tuple[str, 
 @flow(name="evaluate", log_prints=True)
 def evaluate_flow(checkpoint: str | None = None, run_id: str | None = None, tracking_uri: str | None = None,
                   train_flow_run: str | None = None) -> dict[str, Any]:
-    """Evaluate ``checkpoint``; log ``eval/*`` into MLflow run ``run_id`` (default: a new run
+    """Evaluate ``checkpoint`` (a path or ``models:/<name>@<alias>``); log ``eval/*`` into MLflow run ``run_id`` (default: a new run
     tagged kind=evaluate in the config's experiment). With ``train_flow_run`` (what the trigger
     passes), the checkpoint and the run are those of that train flow run."""
     from pathlib import Path
@@ -67,6 +67,10 @@ def evaluate_flow(checkpoint: str | None = None, run_id: str | None = None, trac
         checkpoint, run_id, tracking_uri = find_train_run(train_flow_run, tracking_uri)
     if checkpoint is None:
         raise ValueError("evaluate: give checkpoint=<path to step_N.pt> (or train_flow_run=<flow run id>)")
+    if checkpoint.startswith("models:/"):  # a registered checkpoint, e.g. a sweep's models:/exgrpo-<study>@champion
+        from exgrpo.tracking.registry import resolve_checkpoint
+
+        checkpoint = str(resolve_checkpoint(checkpoint, tracking_uri))
     if not Path(checkpoint).is_file():
         raise ValueError(f"evaluate: {checkpoint} is not a native checkpoint file (a veRL checkpoint is a "
                          "directory; its evaluation is not built yet)")

@@ -45,6 +45,7 @@ def sweep_flow(
     best = "\n".join(f"- `{k}` = {v}" for k, v in res.best_params.items()) or "- (no completed trial yet)"
     create_markdown_artifact(
         f"# Study {sc.study.name}\n\nbest {sc.study.metric} = {res.best_value}\n\n{best}\n\n"
+        f"best policy: `{res.champion or 'not registered'}` (`exgrpo eval --checkpoint {res.champion}`)\n\n"
         f"trials: {res.counts}\n\n## This run's trials\n{res.table()}\n\nMLflow parent run: [{res.parent_run_id}]({url})\n",
         key=_key("sweep", sc.study.name, "best"), description=f"best trial of study {sc.study.name}",
     )
@@ -52,6 +53,7 @@ def sweep_flow(
     print(res.table())
     return {"study": res.study_name, "storage": res.storage, "parent_run_id": res.parent_run_id,
             "best_value": res.best_value, "best_params": res.best_params, "counts": res.counts,
+            "champion": res.champion,
             "trials": [{k: o.get(k) for k in ("number", "state", "value", "error", "run_id")} for o in res.outcomes]}
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import shutil
 import tempfile
@@ -214,6 +215,19 @@ def test_sweep_on_ray_with_a_crashing_trial_then_resume(tmp_path):
     assert parent[0].data.metrics["trials_complete"] == res.counts["COMPLETE"]
     assert {t.user_attrs["mlflow_run_id"] for t in study.trials} == {r.info.run_id for r in children}
 
+    # the best trial's checkpoint is the registered model's champion; it evaluates by name
+    best_run = study.best_trial.user_attrs["mlflow_run_id"]
+    champion = client.get_model_version_by_alias("exgrpo-s", "champion")
+    assert champion.run_id == best_run and res.champion == "models:/exgrpo-s@champion"
+    assert client.get_run(res.parent_run_id).data.tags["champion_model"].startswith("models:/exgrpo-s@champion")
+    from exgrpo import cli
+
+    scores = tmp_path / "scores.json"
+    assert cli.main(["eval", "--checkpoint", "models:/exgrpo-s@champion", "--tracking-uri", uri,
+                     "--benchmarks", "val", "--json", str(scores)]) == 0
+    (val,) = [x for x in json.loads(scores.read_text()) if x["metric"] == "avg_at_1"]
+    assert val["value"] == pytest.approx(study.best_value)  # greedy val accuracy of the best trial's policy
+
     # resume by study name: the study grows to 5 trials, under the same parent run
     res2 = run_sweep(sc, storage=storage, tracking_uri=uri, n_trials=5)
     assert len(res2.outcomes) == 1 and res2.outcomes[0]["number"] == 4
@@ -221,3 +235,7 @@ def test_sweep_on_ray_with_a_crashing_trial_then_resume(tmp_path):
     assert len(optuna.load_study(study_name="s", storage=storage).trials) == 5
     res3 = run_sweep(sc, storage=storage, tracking_uri=uri, n_trials=5)
     assert res3.outcomes == []
+    best_run = optuna.load_study(study_name="s", storage=storage).best_trial.user_attrs["mlflow_run_id"]
+    assert client.get_model_version_by_alias("exgrpo-s", "champion").run_id == best_run  # moved if it changed
+    versions = client.search_model_versions("name='exgrpo-s'")
+    assert len({v.run_id for v in versions}) == len(versions)  # no version registered twice for one run

@@ -118,6 +118,8 @@ class SweepResult:
     outcomes: list[dict[str, Any]] = field(default_factory=list)
     """Outcomes of the trials run by this call, in finishing order."""
     best_value: float | None = None
+    champion: str | None = None
+    """``models:/exgrpo-<study>@champion``: the best trial's checkpoint in the MLflow Model Registry."""
     best_params: dict[str, Any] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
     """Trial states over the whole study."""
@@ -268,6 +270,7 @@ def _summarise_on_parent(tracker: Any, parent: str, study: Any, result: SweepRes
         metrics["best_trial"] = float(best.number)
         for k, v in best.params.items():
             tracker.client.set_tag(parent, f"best/{k}", str(v))
+        _register_best(tracker, parent, study, best, result)
     tracker.log_metrics(parent, metrics, step=n_trials)
     try:
         df = study.trials_dataframe(attrs=("number", "value", "state", "params", "user_attrs", "duration"))
@@ -276,6 +279,25 @@ def _summarise_on_parent(tracker: Any, parent: str, study: Any, result: SweepRes
     if df is not None:
         tracker.client.log_text(parent, df.to_csv(index=False), "sweep/trials.csv")
     tracker.end_run(parent, "FINISHED")
+
+
+def _register_best(tracker: Any, parent: str, study: Any, best: Any, result: SweepResult) -> None:
+    """The best trial's checkpoint as ``models:/exgrpo-<study>@champion`` (tag ``champion_model`` on
+    the parent); a trial without a checkpoint leaves a note instead of failing the summary."""
+    from exgrpo.tracking.registry import CHAMPION, register_champion
+
+    run_id = best.user_attrs.get("mlflow_run_id")
+    checkpoint = tracker.client.get_run(run_id).data.tags.get("checkpoint") if run_id else None
+    try:
+        if not checkpoint or checkpoint == "None":
+            raise FileNotFoundError(f"trial {best.number} logged no checkpoint")
+        name, version = register_champion(tracker.client, study.study_name, run_id, checkpoint, {
+            "study": study.study_name, "trial": str(best.number), "value": f"{best.value:.6g}"})
+    except Exception as e:  # noqa: BLE001 - the registry is a convenience on top of the study
+        print(f"note: the best trial was not registered as a model ({type(e).__name__}: {e})", flush=True)
+        return
+    result.champion = f"models:/{name}@{CHAMPION}"
+    tracker.client.set_tag(parent, "champion_model", f"{result.champion} (version {version})")
 
 
 def safe_tell(study, trial, *args, **kwargs) -> None:

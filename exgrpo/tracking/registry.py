@@ -1,0 +1,76 @@
+"""The best policy of a sweep in the MLflow Model Registry, by name: ``models:/<name>@champion``.
+
+At the end of a sweep the best trial's final checkpoint is logged as an artifact of its MLflow run
+(``checkpoint/``) and registered as a version of the model ``exgrpo-<study name>``; the alias
+``champion`` points at it (moved when a resumed sweep finds a better trial, left alone when the
+best is unchanged). ``exgrpo eval --checkpoint models:/exgrpo-<study>@champion`` evaluates it.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+CHAMPION = "champion"
+"""The alias of a sweep's best policy."""
+MODELS_PREFIX = "models:/"
+
+
+def model_name(study_name: str) -> str:
+    """The registered model of a study: ``exgrpo-<study name>`` with registry-safe characters."""
+    return "exgrpo-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", study_name).strip("-")
+
+
+def register_champion(client: Any, study_name: str, run_id: str, checkpoint: str | Path,
+                      tags: dict[str, str] | None = None) -> tuple[str, str]:
+    """Register ``checkpoint`` (the best trial's, from run ``run_id``) and point ``champion`` at
+    it; returns (model name, version). Idempotent for the same run."""
+    from mlflow.exceptions import MlflowException
+
+    name = model_name(study_name)
+    try:
+        current = client.get_model_version_by_alias(name, CHAMPION)
+        if current.run_id == run_id:
+            return name, str(current.version)
+    except MlflowException:  # no model or no alias yet
+        pass
+    path = Path(checkpoint)
+    if not path.is_file():
+        raise FileNotFoundError(f"the best trial's checkpoint {path} is missing; nothing to register")
+    client.log_artifact(run_id, str(path), "checkpoint")
+    try:
+        client.get_registered_model(name)
+    except MlflowException:
+        client.create_registered_model(name, description=f"best policy of the exgrpo sweep {study_name!r}")
+    version = client.create_model_version(name, source=f"runs:/{run_id}/checkpoint", run_id=run_id,
+                                          tags={"file": path.name, **(tags or {})})
+    client.set_registered_model_alias(name, CHAMPION, version.version)
+    return name, str(version.version)
+
+
+def resolve_checkpoint(spec: str, tracking_uri: str | None = None) -> Path:
+    """A checkpoint path, or a registered one (``models:/<name>@<alias>`` or ``models:/<name>/<version>``)
+    downloaded from MLflow into a temporary directory."""
+    if not spec.startswith(MODELS_PREFIX):
+        return Path(spec)
+    import mlflow
+
+    from exgrpo.tracking.mlflow_tracking import resolve_tracking_uri
+
+    uri = resolve_tracking_uri(tracking_uri)
+    client = mlflow.MlflowClient(uri)
+    ref = spec[len(MODELS_PREFIX):]
+    if "@" in ref:
+        name, alias = ref.split("@", 1)
+        version = client.get_model_version_by_alias(name, alias)
+    else:
+        name, _, number = ref.partition("/")
+        version = client.get_model_version(name, number)
+    where = mlflow.artifacts.download_artifacts(artifact_uri=version.source, tracking_uri=uri,
+                                                dst_path=tempfile.mkdtemp(prefix="exgrpo-model-"))
+    return Path(where) / version.tags.get("file", "")
+
+
+__all__ = ["CHAMPION", "model_name", "register_champion", "resolve_checkpoint"]
