@@ -1,11 +1,14 @@
-"""The experience pool's layout before issue 14, kept only as the baseline of ``bench_pool.py``:
-a Python tuple per trajectory, an O(pool) scan per bucket query, a tensor per trajectory in a
-checkpoint. Not used by exgrpo itself."""
+"""The experience pool's layout before issue 14, kept only as the baseline of ``bench_pool.py``.
+
+Same semantics as :class:`exgrpo.core.pool.ExperiencePool` for what the bench does (collect,
+dedup, bucket, retire), in the old representation: a ``Trajectory`` of Python tuples per stored
+response, an ``OrderedDict`` of questions scanned for every bucket query, and a checkpoint of one
+small tensor per trajectory. Not used by exgrpo itself.
+"""
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -13,147 +16,45 @@ import torch
 from exgrpo.core.trajectory_store import Trajectory
 
 
-@dataclass
-class _Entry:
-    num_correct: int
-    """Its latest success count k (correct rollouts of K): the bucket it is in."""
-    trajectories: list[Trajectory] = field(default_factory=list)
-    updated: int = 0
-
-
 class LegacyPool:
-    """Per-question store of correct trajectories with correctness buckets and retirement."""
+    def __init__(self, group_size: int) -> None:
+        self.k = group_size
+        self.questions: OrderedDict[int, dict[str, Any]] = OrderedDict()
+        self.retired_ids: set[int] = set()
 
-    def __init__(
-        self,
-        group_size: int,
-        lbound: int = 0,
-        rbound: int | None = None,
-        max_per_question: int | None = None,
-        max_questions: int | None = None,
-    ) -> None:
-        self.group_size = group_size
-        self.lbound = lbound
-        self.rbound = group_size - 1 if rbound is None else rbound
-        self.max_per_question = max_per_question
-        self.max_questions = max_questions
-        self._entries: OrderedDict[int, _Entry] = OrderedDict()  # insertion order = first collection
-        self._retired: set[int] = set()
-
-    # ---------------------------------------------------------------- updates
-    def eligible(self, num_correct: int) -> bool:
-        """Whether a group with k = num_correct correct rollouts is collected: lbound < k <= rbound."""
-        return self.lbound < num_correct <= self.rbound
-
-    def observe_group(self, qid: int, num_correct: int, correct: list[Trajectory], step: int,
-                      collect: bool = True) -> None:
-        """Apply one group's outcome: retire at k == K, else collect and re-bucket if eligible.
-
-        ``collect=False`` applies retirement only (the reference retires during warm-up too but
-        collects only once replay has started).
-        """
-        if num_correct >= self.group_size:
-            self.retire(qid)
+    def observe_group(self, qid: int, num_correct: int, correct: list[Trajectory], step: int) -> None:
+        if num_correct >= self.k:
+            self.retired_ids.add(qid)
+            self.questions.pop(qid, None)
             return
-        if not collect or not self.eligible(num_correct) or qid in self._retired:
+        if not 0 < num_correct < self.k or qid in self.retired_ids:
             return
-        entry = self._entries.get(qid)
-        if entry is None:
-            entry = self._entries[qid] = _Entry(num_correct=num_correct)
-        entry.num_correct = num_correct
-        entry.updated = step
-        seen = {t.tokens for t in entry.trajectories}
-        for traj in correct:
-            if traj.tokens not in seen:
-                entry.trajectories.append(traj)
-                seen.add(traj.tokens)
-        if self.max_per_question is not None and len(entry.trajectories) > self.max_per_question:
-            del entry.trajectories[: len(entry.trajectories) - self.max_per_question]
-        if not entry.trajectories:  # an eligible k with no trajectory to keep cannot be replayed
-            del self._entries[qid]
-            return
-        self._evict()
-
-    def retire(self, qid: int) -> None:
-        """Retire a question for good (solved K/K): delete its entry, never sample it again."""
-        self._retired.add(qid)
-        self._entries.pop(qid, None)
-
-    def _evict(self) -> None:
-        if self.max_questions is None:
-            return
-        while len(self._entries) > self.max_questions:
-            oldest = min(self._entries, key=lambda q: self._entries[q].updated)
-            del self._entries[oldest]
-
-    # ---------------------------------------------------------------- queries
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def __contains__(self, qid: int) -> bool:
-        return qid in self._entries
-
-    def is_retired(self, qid: int) -> bool:
-        return qid in self._retired
-
-    @property
-    def retired(self) -> frozenset[int]:
-        return frozenset(self._retired)
-
-    def bucket_of(self, qid: int) -> int:
-        return self._entries[qid].num_correct
-
-    def trajectories(self, qid: int) -> list[Trajectory]:
-        return list(self._entries[qid].trajectories)
+        q = self.questions.setdefault(qid, {"k": num_correct, "trajs": [], "updated": step})
+        q["k"], q["updated"] = num_correct, step
+        have = {t.tokens for t in q["trajs"]}
+        q["trajs"] += [t for t in correct if t.tokens not in have]
 
     def buckets(self) -> dict[int, list[int]]:
-        """Bucket k -> question ids (insertion order), over non-retired questions with trajectories."""
-        out: dict[int, list[int]] = {}
-        for qid, entry in self._entries.items():
-            out.setdefault(entry.num_correct, []).append(qid)
-        return dict(sorted(out.items()))
+        by_k: dict[int, list[int]] = {}
+        for qid, q in self.questions.items():  # the O(pool) scan of every step
+            by_k.setdefault(q["k"], []).append(qid)
+        return dict(sorted(by_k.items()))
 
-    def stats(self) -> dict[str, float]:
-        """Pool statistics with MLflow-safe names: pool/questions, pool/trajectories,
-        pool/retired and pool/bucket_<k> for k in 1..K-1 (zeros included, so curves are dense)."""
-        out: dict[str, float] = {
-            "pool/questions": float(len(self._entries)),
-            "pool/trajectories": float(sum(len(e.trajectories) for e in self._entries.values())),
-            "pool/retired": float(len(self._retired)),
-        }
-        counts = {k: 0 for k in range(1, self.group_size)}
-        for entry in self._entries.values():
-            counts[entry.num_correct] = counts.get(entry.num_correct, 0) + 1
-        for k, n in sorted(counts.items()):
-            out[f"pool/bucket_{k}"] = float(n)
-        return out
+    def trajectories(self, qid: int) -> list[Trajectory]:
+        return list(self.questions[qid]["trajs"])
 
-    # ---------------------------------------------------------------- persistence
     def state_dict(self) -> dict[str, Any]:
-        """Plain containers and tensors only, so a checkpoint loads with ``weights_only=True``."""
-        questions = []
-        for qid, entry in self._entries.items():
-            questions.append(
-                {
-                    "qid": int(qid),
-                    "num_correct": int(entry.num_correct),
-                    "updated": int(entry.updated),
-                    "tokens": [torch.tensor(t.tokens, dtype=torch.long) for t in entry.trajectories],
-                    "behaviour_log_prob": [
-                        torch.tensor(t.behaviour_log_prob, dtype=torch.float64) for t in entry.trajectories
-                    ],
-                    "entropy": [float(t.entropy) for t in entry.trajectories],
-                    "step": [int(t.step) for t in entry.trajectories],
-                }
-            )
-        return {"questions": questions, "retired": sorted(int(q) for q in self._retired)}
+        return {"retired": sorted(self.retired_ids), "questions": [
+            {"qid": qid, "k": q["k"], "updated": q["updated"],
+             "tokens": [torch.tensor(t.tokens, dtype=torch.long) for t in q["trajs"]],
+             "log_prob": [torch.tensor(t.behaviour_log_prob, dtype=torch.float64) for t in q["trajs"]],
+             "entropy": [t.entropy for t in q["trajs"]], "step": [t.step for t in q["trajs"]]}
+            for qid, q in self.questions.items()]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._entries.clear()
+        self.retired_ids = set(state["retired"])
+        self.questions = OrderedDict()
         for q in state["questions"]:
-            trajs = [
-                Trajectory(tuple(int(x) for x in tok.tolist()), tuple(float(x) for x in lp.tolist()), ent, st)
-                for tok, lp, ent, st in zip(q["tokens"], q["behaviour_log_prob"], q["entropy"], q["step"], strict=True)
-            ]
-            self._entries[int(q["qid"])] = _Entry(num_correct=int(q["num_correct"]), trajectories=trajs, updated=int(q["updated"]))
-        self._retired = set(int(q) for q in state["retired"])
+            trajs = [Trajectory(tuple(tok.tolist()), tuple(lp.tolist()), e, s)
+                     for tok, lp, e, s in zip(q["tokens"], q["log_prob"], q["entropy"], q["step"], strict=True)]
+            self.questions[q["qid"]] = {"k": q["k"], "trajs": trajs, "updated": q["updated"]}

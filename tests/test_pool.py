@@ -162,14 +162,20 @@ class _ReferencePool:
         return dict(sorted(out.items()))
 
 
-@pytest.mark.parametrize("caps", [(None, None), (2, 6)])
-def test_incremental_pool_matches_the_obvious_one_through_compactions(monkeypatch, caps):
+@pytest.mark.parametrize("caps,spill", [((None, None), False), ((2, 6), False), ((2, 6), True)])
+def test_incremental_pool_matches_the_obvious_one_through_compactions(monkeypatch, tmp_path, caps, spill):
     """Random groups (retirements, re-buckets, duplicates, caps, evictions); compaction forced
-    often: buckets, trajectories, stats and a checkpoint round trip agree with the reference."""
+    often: buckets, trajectories, stats and a checkpoint round trip agree with the reference,
+    in RAM and with the token arrays spilled to memory-mapped files."""
     monkeypatch.setattr(TrajectoryStore, "MIN_DEAD_TOKENS", 0)
     monkeypatch.setattr(TrajectoryStore, "MIN_DEAD_ROWS", 0)
     rng = np.random.default_rng(0)
-    pool, ref = ExperiencePool(4, 0, None, *caps), _ReferencePool(4, *caps)
+    spill_dir = tmp_path / "spill" if spill else None
+
+    def new_pool():
+        return ExperiencePool(4, 0, None, *caps, spill_dir=spill_dir)
+
+    pool, ref = new_pool(), _ReferencePool(4, *caps)
     for step in range(300):
         qid, n = int(rng.integers(0, 30)), int(rng.integers(0, 5))
         correct = [traj(rng.integers(0, 3, size=int(rng.integers(1, 4))).tolist(), step, float(rng.random()))
@@ -178,9 +184,12 @@ def test_incremental_pool_matches_the_obvious_one_through_compactions(monkeypatc
         ref.observe_group(qid, n, correct, step)
         assert pool.buckets() == ref.buckets()
         if step % 25 == 0:
-            clone = ExperiencePool(4, 0, None, *caps)
+            clone = new_pool()
             clone.load_state_dict(pool.state_dict())
             pool = clone
+    if spill:  # the arenas are mapped files of this pool's own directory; one pair alive at a time
+        assert isinstance(pool._store.tokens, np.memmap)
+        assert len(list(pool._store._spill.dir.glob("*.bin"))) == 2
     for q, e in ref.entries.items():
         assert [t.tokens for t in pool.trajectories(q)] == [t.tokens for t in e["t"]]
         assert [t.entropy for t in pool.trajectories(q)] == [t.entropy for t in e["t"]]

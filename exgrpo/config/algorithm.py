@@ -123,6 +123,8 @@ class PoolReplayConfig(OnPolicyConfig):
     """Keep at most this many trajectories per question (which ones: pool_retention); None: all (the paper)."""
     pool_retention: PoolRetention = Field(PoolRetention.NEWEST, json_schema_extra=MLFLOW_PARAM)
     """Under pool_max_per_question: keep the newest trajectories, or the lowest-entropy ones."""
+    pool_spill_dir: str | None = None
+    """Keep the pool's token arrays as memory-mapped files under this directory (pools bigger than RAM); None: in RAM."""
     pool_max_questions: int | None = Field(None, ge=1, json_schema_extra=MLFLOW_PARAM)
     """Keep at most this many questions in the pool (least recently updated evicted); None: unbounded."""
 

@@ -77,6 +77,7 @@ class ExperiencePool:
         max_per_question: int | None = None,
         max_questions: int | None = None,
         retention: PoolRetention = PoolRetention.NEWEST,
+        spill_dir: str | Path | None = None,
     ) -> None:
         self.group_size = group_size
         self.lbound = lbound
@@ -84,7 +85,7 @@ class ExperiencePool:
         self.max_per_question = max_per_question
         self.max_questions = max_questions
         self.retention = PoolRetention(retention)
-        self._store = TrajectoryStore()
+        self._store = TrajectoryStore(spill_dir)
         self._entries: dict[int, _Entry] = {}
         self._retired: set[int] = set()
         self._next_seq = 0
@@ -267,27 +268,22 @@ class ExperiencePool:
         """A few flat tensors (format :data:`POOL_FORMAT`), loadable with ``weights_only=True``:
         per question (collection order) its id, bucket, last update and trajectory count; per
         trajectory (grouped by question, oldest first) its length, entropy, step and digest; all
-        token ids and behaviour log-probs back to back."""
+        token ids and behaviour log-probs back to back. The store is compacted into that order
+        first and the tensors share its arrays (valid until the pool changes)."""
+        self._compact()
         entries = sorted(self._entries.items(), key=lambda item: item[1].seq)
-        rows = np.fromiter((r for _, e in entries for r in e.rows), dtype=np.int64)
-        tokens, log_prob = self._store.gather(rows)
-        st = self._store
 
         def col(values, dtype):
             return torch.from_numpy(np.asarray(values, dtype=dtype))
 
+        packed = {k: torch.from_numpy(np.asarray(v)) for k, v in self._store.packed_columns().items()}
         return {
             "format": POOL_FORMAT,
             "qid": col([q for q, _ in entries], np.int64),
             "num_correct": col([e.num_correct for _, e in entries], np.int64),
             "updated": col([e.updated for _, e in entries], np.int64),
             "n_trajectories": col([len(e.rows) for _, e in entries], np.int64),
-            "length": col(st.length[rows], np.int64),
-            "entropy": col(st.entropy[rows], np.float64),
-            "step": col(st.step[rows], np.int64),
-            "digest": col(st.digest[rows], np.int64),
-            "tokens": col(tokens, np.int32),
-            "behaviour_log_prob": col(log_prob, np.float32),
+            **packed,
             "retired": col(sorted(self._retired), np.int64),
         }
 

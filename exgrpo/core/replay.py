@@ -166,7 +166,7 @@ class BucketReplay(ReplayStrategy):
         super().__init__(algo, rng)
         self.pool = ExperiencePool(
             algo.group_size, algo.bucket_lbound, algo.rbound, algo.pool_max_per_question, algo.pool_max_questions,
-            algo.pool_retention,
+            algo.pool_retention, algo.pool_spill_dir,
         )
         self.switch = ReplayStartSwitch(algo.replay_start_pass_rate)
 

@@ -6,13 +6,18 @@ token-id digest). Removing a row only marks it dead; once dead tokens outnumber 
 are compacted in one vectorised pass (amortised O(1) per insert), and the caller remaps its row ids.
 
 Resident cost: 8 bytes per stored token, plus ~40 bytes per trajectory. Capacity grows by doubling;
-the untouched tail of a grown array is not resident (the OS maps its pages on first write).
+the untouched tail of a grown array is not resident (the OS maps its pages on first write). With a
+``spill_dir`` the two token arenas are memory-mapped files there instead, for pools bigger than RAM.
 """
 
 from __future__ import annotations
 
 import hashlib
+import shutil
+import tempfile
+import weakref
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -46,6 +51,37 @@ def _grown(a: np.ndarray, need: int) -> np.ndarray:
     return out
 
 
+class _SpillFiles:
+    """The token and log-prob arenas as memory-mapped files in a directory (a pool bigger than
+    RAM: the OS pages them in and out). Each allocation is a new sparse file; the one it replaces
+    is deleted once copied."""
+
+    def __init__(self, directory: str | Path) -> None:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        self.dir = Path(tempfile.mkdtemp(prefix="exgrpo-pool-", dir=directory))
+        """This store's own sub-directory, deleted with the store (or at exit)."""
+        weakref.finalize(self, shutil.rmtree, self.dir, True)
+        self._n = 0
+        self._paths: dict[str, Path] = {}
+
+    def alloc(self, name: str, dtype: type, n: int, keep: np.ndarray | None = None) -> np.ndarray:
+        """A fresh mapped array of ``n`` elements (at least 1), starting with ``keep``'s contents."""
+        self._n += 1
+        path = self.dir / f"{name}.{self._n}.bin"
+        out = np.memmap(path, dtype=dtype, mode="w+", shape=(max(n, 1),))
+        if keep is not None and len(keep):
+            out[: len(keep)] = keep
+        old, self._paths[name] = self._paths.get(name), path
+        if old is not None:
+            old.unlink(missing_ok=True)  # still mapped until its array is dropped; the name goes now
+        return out
+
+    def grown(self, name: str, a: np.ndarray, need: int) -> np.ndarray:
+        if need <= len(a):
+            return a
+        return self.alloc(name, a.dtype, max(need, 2 * len(a), 1 << 16), keep=a)
+
+
 class TrajectoryStore:
     """Append-mostly packed columns of trajectories; rows are addressed by integer ids."""
 
@@ -53,7 +89,9 @@ class TrajectoryStore:
     """Compaction waits for at least this many dead tokens (or :attr:`MIN_DEAD_ROWS` dead rows)."""
     MIN_DEAD_ROWS = 1 << 12
 
-    def __init__(self) -> None:
+    def __init__(self, spill_dir: str | Path | None = None) -> None:
+        self._spill = _SpillFiles(spill_dir) if spill_dir is not None else None
+        """Where the token and log-prob arenas live as mapped files; None: in RAM."""
         self.tokens = np.empty(0, np.int32)
         self.log_prob = np.empty(0, np.float32)
         self.n_tokens = 0
@@ -71,8 +109,8 @@ class TrajectoryStore:
     def add(self, tokens: np.ndarray, log_prob: np.ndarray, entropy: float, step: int, digest: int) -> int:
         """Append one trajectory; returns its row id. ``tokens`` (T,) int, ``log_prob`` (T,) float."""
         t = len(tokens)
-        self.tokens = _grown(self.tokens, self.n_tokens + t)
-        self.log_prob = _grown(self.log_prob, self.n_tokens + t)
+        self.tokens = self._grown_arena("tokens", self.tokens, self.n_tokens + t)
+        self.log_prob = self._grown_arena("log_prob", self.log_prob, self.n_tokens + t)
         self.tokens[self.n_tokens: self.n_tokens + t] = tokens
         self.log_prob[self.n_tokens: self.n_tokens + t] = log_prob
         row = self.n_rows
@@ -85,6 +123,9 @@ class TrajectoryStore:
         self.live_rows += 1
         self.live_tokens += t
         return row
+
+    def _grown_arena(self, name: str, a: np.ndarray, need: int) -> np.ndarray:
+        return _grown(a, need) if self._spill is None else self._spill.grown(name, a, need)
 
     def remove(self, row: int) -> None:
         """Mark a row dead (its tokens are reclaimed by the next :meth:`compact`)."""
@@ -118,25 +159,51 @@ class TrajectoryStore:
         tokens[mask], log_prob[mask] = flat_tokens, flat_log_prob  # row-major = the gather's order
         return tokens, log_prob, mask
 
-    def compact(self, rows: np.ndarray) -> None:
-        """Keep only ``rows`` (live, in the given order), renumbered 0..len-1, tokens packed."""
-        tokens, log_prob = self.gather(rows)
+    def compact(self, rows: np.ndarray, chunk_rows: int = 4096) -> None:
+        """Keep only ``rows`` (live, in the given order), renumbered 0..len-1, tokens packed into
+        fresh arrays of exactly their size (copied a chunk of rows at a time: no second full copy)."""
         lengths = self.length[rows].copy()
-        entropy, step, digest = self.entropy[rows].copy(), self.step[rows].copy(), self.digest[rows].copy()
-        self.load(tokens, log_prob, lengths, entropy, step, digest)
+        total = int(lengths.sum())
+        tokens = self._alloc("tokens", np.int32, total)
+        log_prob = self._alloc("log_prob", np.float32, total)
+        pos = 0
+        for i in range(0, len(rows), chunk_rows):
+            t, lp = self.gather(rows[i: i + chunk_rows])
+            tokens[pos: pos + len(t)], log_prob[pos: pos + len(t)] = t, lp
+            pos += len(t)
+        self._set(tokens, log_prob, total, lengths, self.entropy[rows], self.step[rows], self.digest[rows])
 
     def load(self, tokens: np.ndarray, log_prob: np.ndarray, lengths: np.ndarray, entropy: np.ndarray,
              step: np.ndarray, digest: np.ndarray) -> None:
         """Replace the contents with packed columns (rows 0..len(lengths)-1, tokens back to back)."""
-        self.tokens = np.ascontiguousarray(tokens, dtype=np.int32)
-        self.log_prob = np.ascontiguousarray(log_prob, dtype=np.float32)
-        self.length = np.asarray(lengths, dtype=np.int64).copy()
+        n = len(tokens)
+        if self._spill is None:
+            arena, lp_arena = np.ascontiguousarray(tokens, dtype=np.int32), np.ascontiguousarray(log_prob, dtype=np.float32)
+        else:
+            arena, lp_arena = self._alloc("tokens", np.int32, n), self._alloc("log_prob", np.float32, n)
+            arena[:n], lp_arena[:n] = tokens, log_prob
+        self._set(arena, lp_arena, n, lengths, entropy, step, digest)
+
+    def _alloc(self, name: str, dtype: type, n: int) -> np.ndarray:
+        return np.empty(n, dtype=dtype) if self._spill is None else self._spill.alloc(name, dtype, n)
+
+    def _set(self, tokens: np.ndarray, log_prob: np.ndarray, n_tokens: int, lengths: np.ndarray,
+             entropy: np.ndarray, step: np.ndarray, digest: np.ndarray) -> None:
+        self.tokens, self.log_prob = tokens, log_prob
+        self.length = np.array(lengths, dtype=np.int64)
         self.start = (np.cumsum(self.length) - self.length).astype(np.int64)
-        self.entropy = np.asarray(entropy, dtype=np.float64).copy()
-        self.step = np.asarray(step, dtype=np.int64).copy()
-        self.digest = np.asarray(digest, dtype=np.int64).copy()
-        self.n_tokens = self.live_tokens = len(self.tokens)
+        self.entropy = np.array(entropy, dtype=np.float64)
+        self.step = np.array(step, dtype=np.int64)
+        self.digest = np.array(digest, dtype=np.int64)
+        self.n_tokens = self.live_tokens = n_tokens
         self.n_rows = self.live_rows = len(self.length)
+
+    def packed_columns(self) -> dict[str, np.ndarray]:
+        """After :meth:`compact`: the arrays themselves, exactly sized (no copy; a mapped arena
+        stays mapped, so a checkpoint of a spilled pool streams from its files)."""
+        n, r = self.n_tokens, self.n_rows
+        return {"tokens": self.tokens[:n], "behaviour_log_prob": self.log_prob[:n], "length": self.length[:r],
+                "entropy": self.entropy[:r], "step": self.step[:r], "digest": self.digest[:r]}
 
     def trajectory(self, row: int) -> Trajectory:
         """Row ``row`` as a :class:`Trajectory` (tuples; O(T))."""
