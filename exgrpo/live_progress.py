@@ -63,6 +63,15 @@ class ProgressReporter:
             ray.get(ref)
 
 
+def completed_fraction(states: dict[str, dict[str, Any]], ended: dict[str, str], total_runs: int) -> float:
+    """Finished runs count 1, a running one step/total (0 while its total is unknown); in [0, 1]."""
+    if total_runs <= 0:
+        return 1.0
+    running = sum(min(1.0, st["step"] / st["total"]) for k, st in states.items()
+                  if k not in ended and st.get("total"))
+    return min(1.0, (len(ended) + running) / total_runs)
+
+
 def format_progress(key: str, state: dict[str, Any]) -> str:
     step, total, elapsed = state["step"], state.get("total"), state.get("elapsed", 0.0)
     parts = [f"{key}: step {step}" + (f"/{total}" if total else "")]
@@ -84,6 +93,8 @@ class ProgressPrinter:
         self.board, self.total_runs, self._say = board, total_runs, say
         self.every = float(os.environ.get("EXGRPO_PROGRESS_SECONDS", PRINT_SECONDS)) if every is None else every
         self.done = 0
+        self.states: dict[str, dict[str, Any]] = {}
+        self.ended: dict[str, str] = {}
         self._shown: dict[str, tuple[int, float]] = {}
 
     def say(self, line: str) -> None:
@@ -97,7 +108,8 @@ class ProgressPrinter:
         import ray
 
         now = time.monotonic()
-        for key, state in sorted(ray.get(self.board.snapshot.remote()).items()):
+        self.states.update(ray.get(self.board.snapshot.remote()))
+        for key, state in sorted(self.states.items()):
             step, when = self._shown.get(key, (-1, -float("inf")))
             if state["step"] != step and now - when >= self.every:
                 self._shown[key] = (state["step"], now)
@@ -105,7 +117,13 @@ class ProgressPrinter:
 
     def finished(self, what: str) -> None:
         self.done += 1
+        key, _, note = what.partition(" (")
+        self.ended[key] = note.rstrip(")")
         self.say(f"progress: {what} finished | runs done {self.done}/{self.total_runs}")
+
+    def fraction(self) -> float:
+        """Share of the whole work done: finished runs count 1, running ones step/total."""
+        return completed_fraction(self.states, self.ended, self.total_runs)
 
     def __enter__(self) -> ProgressPrinter:
         return self
@@ -167,6 +185,10 @@ class LiveProgressTable:
         self.ended[key] = note.rstrip(")")
         self.states.setdefault(key, {"step": 0})
         self.poll()
+
+    def fraction(self) -> float:
+        """Share of the whole work done (see :func:`completed_fraction`)."""
+        return completed_fraction(self.states, self.ended, self.total_runs)
 
 
 def progress_display(board: Any, total_runs: int, console: Any = None) -> LiveProgressTable | ProgressPrinter:

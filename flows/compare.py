@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import time
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -54,14 +55,24 @@ def compare_flow(
         create_link_artifact(url, link_text=f"MLflow: compare {cc.name} (runs appear as they start)",
                              key=_key(cc.name, "mlflow"))
 
+    shown = {"percent": 0.0, "when": 0.0}
+
     def done(o):
         finished.append(o)
-        update_progress_artifact(progress, 100.0 * len(finished) / total,
+        shown["percent"] = max(shown["percent"], 100.0 * len(finished) / total)
+        update_progress_artifact(progress, shown["percent"],
                                  description=f"{len(finished)} of {total} runs finished; last: {o.arm} seed {o.seed}")
         log.info("%s seed %d: final %s = %.4f (mlflow run %s)", o.arm, o.seed, cc.metric, o.final, o.run_id)
 
+    def stepped(fraction: float) -> None:  # the artifact advances with the runs' steps (at most every 5 s)
+        now = time.monotonic()
+        if 100.0 * fraction > shown["percent"] + 0.5 and now - shown["when"] >= 5.0:
+            shown.update(percent=100.0 * fraction, when=now)
+            update_progress_artifact(progress, shown["percent"],
+                                     description=f"{len(finished)} of {total} runs finished; steps {shown['percent']:.0f}% done")
+
     res = run_tracked_compare(cc, tracking_uri=tracking_uri, executor=executor, workers=workers,
-                              ray_address=ray_address, on_done=done, on_parent=started)
+                              ray_address=ray_address, on_done=done, on_parent=started, on_progress=stepped)
     links = "\n".join(f"- [{o.arm} seed {o.seed}]({res.child_url(o)}): {o.final:.4f}"
                       for o in sorted(res.outcomes, key=lambda o: (o.arm, o.seed)))
     key = _key(cc.name, "comparison")

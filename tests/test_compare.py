@@ -195,3 +195,12 @@ def test_compare_cli_in_a_terminal_shows_a_live_table_with_totals_from_epochs(tm
     assert "progress: " not in text  # a terminal gets the table, not the log lines
     totals = {m.group(1): int(m.group(3)) for m in re.finditer(r"(grpo|exgrpo) seed 0\S*\s*│\s*(\d+)/(\d+)", text)}
     assert set(totals) == {"grpo", "exgrpo"} and totals["grpo"] == totals["exgrpo"] > 40, text[-3000:]
+
+
+def test_completed_fraction_counts_finished_runs_and_steps_of_running_ones():
+    from exgrpo.live_progress import completed_fraction
+
+    states = {"grpo seed 0": {"step": 30, "total": 60}, "exgrpo seed 0": {"step": 60, "total": 60},
+              "grpo seed 1": {"step": 5, "total": None}}
+    assert completed_fraction(states, {"exgrpo seed 0": ""}, 4) == pytest.approx((1 + 0.5) / 4)
+    assert completed_fraction({}, {}, 4) == 0.0 and completed_fraction(states, {k: "" for k in states}, 3) == 1.0

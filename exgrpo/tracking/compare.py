@@ -100,12 +100,14 @@ def run_tracked_compare(
     run_name: str | None = None,
     on_done: Callable[[RunOutcome], None] | None = None,
     on_parent: Callable[[str, str], None] | None = None,
+    on_progress: Callable[[float], None] | None = None,
 ) -> TrackedComparison:
     """Train every (arm, seed) as an MLflow child run, then log the statistics on the parent.
 
     A failed child marks its run FAILED; the others finish, the statistics cover them, and the
     call then raises listing the failures (the parent run ends FAILED). ``on_parent(run_id, url)`` runs
-    as soon as the parent run exists; ``on_done(outcome)`` as each child finishes."""
+    as soon as the parent run exists; ``on_done(outcome)`` as each child finishes; with Ray,
+    ``on_progress(fraction)`` as steps advance (finished runs 1, running ones step/total)."""
     tracker = Tracker(tracking_uri)  # unreachable store: an error here, before any training
     base = cc.base_config()
     experiment = base.name
@@ -148,6 +150,8 @@ def run_tracked_compare(
                 while refs:
                     ready, _ = ray.wait(list(refs), num_returns=1, timeout=1.0)
                     printer.poll()
+                    if on_progress is not None:
+                        on_progress(printer.fraction())
                     for ref in ready:
                         arm, seed = refs.pop(ref)
                         try:
