@@ -58,7 +58,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     result = train(cfg, resume=args.resume or args.force_resume, progress=not args.no_progress,
                    force_resume=args.force_resume)
-    final = {k: v for k, v in result.final_metrics.items() if k.startswith(("val/", "pool/", "batch/solved"))}
+    final = {k: v for k, v in result.final_metrics.items() if k.startswith(("val/", "train/accuracy", "pool/", "batch/solved"))}
     print(json.dumps({"run_dir": str(result.run_dir), "checkpoint": str(result.checkpoint), **final}, indent=2))
     return 0
 

@@ -27,6 +27,23 @@ class RunOutcome:
     curve_values: list[float] = field(default_factory=list)
     run_id: str | None = None
     run_dir: str | None = None
+    final_train: float | None = None
+    """``train/accuracy`` at the run's last evaluation (None where the backend does not measure it)."""
+    rollout_tokens: float | None = None
+    """Response tokens sampled over the whole run (``compute/rollout_tokens`` summed)."""
+    grad_tokens: float | None = None
+    """Response tokens that entered the loss over the whole run (``compute/grad_tokens`` summed)."""
+
+
+def compute_totals(history: Iterable[dict[str, float]]) -> dict[str, float | None]:
+    """What a comparison keeps of a run's step rows beside its final metric: rollout and gradient
+    tokens summed, the last ``train/accuracy`` (None for what was not logged)."""
+    history = list(history)
+    rows = [h for h in history if "compute/rollout_tokens" in h]
+    train = [h["train/accuracy"] for h in history if "train/accuracy" in h]
+    return {"rollout_tokens": float(sum(h["compute/rollout_tokens"] for h in rows)) if rows else None,
+            "grad_tokens": float(sum(h.get("compute/grad_tokens", 0.0) for h in rows)) if rows else None,
+            "final_train": float(train[-1]) if train else None}
 
 
 @dataclass
@@ -40,6 +57,12 @@ class ArmSummary:
     """Interquartile mean of the final metric over seeds, percentile-bootstrap 95% CI."""
     p_improve: Estimate | None = None
     """P(a run of this arm beats a run of the baseline), percentile-bootstrap 95% CI."""
+    rollout_tokens: float | None = None
+    """Mean over seeds of the run's sampled response tokens."""
+    grad_tokens: float | None = None
+    """Mean over seeds of the run's response tokens in the loss."""
+    train_final: float | None = None
+    """Mean over seeds of the final ``train/accuracy`` (training questions), where measured."""
 
 
 def run_one(cfg: ExperimentConfig, arm: str, metric: str = "val/accuracy") -> RunOutcome:
@@ -51,6 +74,7 @@ def run_one(cfg: ExperimentConfig, arm: str, metric: str = "val/accuracy") -> Ru
     return RunOutcome(
         arm, cfg.seed, float(result.final_metrics[metric]),
         [h["step"] for h in evals], [h[metric] for h in evals], run_dir=str(result.run_dir),
+        **compute_totals(result.history),
     )
 
 
@@ -116,7 +140,12 @@ def summarize(outcomes: Iterable[RunOutcome], arms: list[str], baseline: str) ->
         p_improve = None
         if arm != baseline and base:
             p_improve = probability_of_improvement(finals, [o.final for o in base.values()])
-        rows.append(ArmSummary(arm, final, diff, median, iqm_ci(finals), p_improve))
+        spent = [o for o in runs.values() if o.rollout_tokens is not None]
+        rollout = sum(o.rollout_tokens for o in spent) / len(spent) if spent else None
+        grad = sum(o.grad_tokens or 0.0 for o in spent) / len(spent) if spent else None
+        trained = [o.final_train for o in runs.values() if o.final_train is not None]
+        train_final = sum(trained) / len(trained) if trained else None
+        rows.append(ArmSummary(arm, final, diff, median, iqm_ci(finals), p_improve, rollout, grad, train_final))
     return rows
 
 
@@ -125,9 +154,9 @@ def format_table(rows: list[ArmSummary], metric: str, baseline: str, horizon: fl
 
     ``horizon`` is the last evaluated step (for "not reached within N steps")."""
     lines = [
-        f"| arm | seeds | final {metric} (mean ± 95% CI) | IQM [95% CI] | diff vs {baseline} (paired, 95% CI) "
-        f"| P(> {baseline}) [95% CI] | step reaching {baseline}'s final |",
-        "|---|---|---|---|---|---|---|",
+        f"| arm | seeds | final {metric} (mean ± 95% CI) | train acc. | IQM [95% CI] | diff vs {baseline} (paired, 95% CI) "
+        f"| P(> {baseline}) [95% CI] | step reaching {baseline}'s final | tokens sampled / in loss (M) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     within = f" within {int(horizon)} steps" if horizon else ""
     for r in rows:
@@ -140,11 +169,15 @@ def format_table(rows: list[ArmSummary], metric: str, baseline: str, horizon: fl
             reach = f"not reached{within}" if r.steps_to_baseline_final is None else f"{int(r.steps_to_baseline_final)}"
         iqm = "—" if r.iqm is None else f"{r.iqm.mean:.4f} [{r.iqm.low:.4f}, {r.iqm.high:.4f}]"
         poi = "—" if r.p_improve is None else f"{r.p_improve.mean:.2f} [{r.p_improve.low:.2f}, {r.p_improve.high:.2f}]"
-        lines.append(f"| {r.arm} | {r.final.n} | {r.final} | {iqm} | {diff} | {poi} | {reach} |")
+        compute = "—" if r.rollout_tokens is None else f"{r.rollout_tokens / 1e6:.2f} / {(r.grad_tokens or 0) / 1e6:.2f}"
+        train = "—" if r.train_final is None else f"{r.train_final:.4f}"
+        lines.append(f"| {r.arm} | {r.final.n} | {r.final} | {train} | {iqm} | {diff} | {poi} | {reach} | {compute} |")
     n = max((r.final.n for r in rows), default=0)
     lines += [
         "",
         f"- final {metric}: the metric at each run's last step; mean over {n} seeds ± a Student-t 95% CI.",
+        "- train acc.: greedy accuracy on a fixed sample of training questions at the last evaluation, mean over "
+        "seeds (its gap to held-out accuracy is memorisation; — where the backend does not measure it).",
         "- IQM: the interquartile mean over seeds (middle 50% of runs), a percentile-bootstrap 95% CI "
         "(10,000 resamples of the runs; rliable's convention, built on scipy.stats).",
         f"- diff vs {baseline}: the arm minus {baseline} on the same seed, averaged; a Student-t 95% CI of the paired differences.",
@@ -152,6 +185,8 @@ def format_table(rows: list[ArmSummary], metric: str, baseline: str, horizon: fl
         "half; the Mann-Whitney U over all run pairs), a percentile-bootstrap 95% CI; 0.5 means no difference.",
         f"- step reaching {baseline}'s final: median over seeds of the first evaluation at which the arm reaches "
         f"{baseline}'s mean final value.",
+        "- tokens sampled / in loss: response tokens the rollouts generated over a run, and those the "
+        "loss saw (a replayed trajectory is in the loss but was not sampled again); mean over seeds, millions.",
         "",
         verdict(rows, metric, baseline),
     ]

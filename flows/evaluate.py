@@ -28,6 +28,13 @@ def evaluate_checkpoint(checkpoint: str) -> tuple[Any, dict[str, float]]:
     return cfg, {**trainer.evaluate(), "step": float(trainer.step)}
 
 
+def eval_names(metrics: dict[str, float]) -> dict[str, float]:
+    """The evaluation's metrics under ``eval/``: ``val/accuracy`` -> ``eval/accuracy``,
+    ``train/accuracy`` -> ``eval/train_accuracy``."""
+    return {f"eval/{k.split('/', 1)[-1]}" if k.startswith("val/") else f"eval/{k.replace('/', '_')}": v
+            for k, v in metrics.items()}
+
+
 def find_train_run(train_flow_run: str, tracking_uri: str | None) -> tuple[str, str, str | None]:
     """(checkpoint, MLflow run id, tracking URI) of the run a train flow run created; ``train_flow_run``
     is the flow run's id or its event resource id (``prefect.flow-run.<id>``)."""
@@ -80,9 +87,9 @@ def evaluate_flow(checkpoint: str | None = None, run_id: str | None = None, trac
     if run_id is None:
         run_id = tracker.start_run(cfg.name, f"eval-seed{cfg.seed}-step{step}",
                                    run_tags(cfg, extra={"kind": "evaluate", "checkpoint": checkpoint}))
-        tracker.log_metrics(run_id, {f"eval/{k.split('/', 1)[-1]}": v for k, v in metrics.items()}, step=step)
+        tracker.log_metrics(run_id, eval_names(metrics), step=step)
         tracker.end_run(run_id)
     else:
-        tracker.log_metrics(run_id, {f"eval/{k.split('/', 1)[-1]}": v for k, v in metrics.items()}, step=step)
+        tracker.log_metrics(run_id, eval_names(metrics), step=step)
     get_run_logger().info("%s step %d: %s", checkpoint, step, metrics)
     return {"run_id": run_id, "step": step, **metrics}

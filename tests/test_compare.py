@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from exgrpo.compare import RunOutcome, summarize
+from exgrpo.compare import RunOutcome, format_table, summarize
 from exgrpo.stats import bootstrap_ci, mean_ci, paired_difference, steps_to_target
 
 
@@ -45,6 +45,23 @@ def test_the_table_explains_itself():
            ArmSummary("exgrpo", Estimate(0.3, 0.3, 0.3, 1), Estimate(-0.1, -0.1, -0.1, 1), None)]
     assert "over 1 paired seed; one seed gives no interval, so no difference can be claimed" in format_table(
         one, "val/accuracy", "grpo")  # a degenerate [x, x] interval never reads as "excludes zero"
+
+
+def test_the_table_reports_each_arms_compute_and_train_accuracy():
+    from exgrpo.compare import compute_totals
+
+    assert compute_totals([{"step": 1, "compute/rollout_tokens": 10.0, "compute/grad_tokens": 12.0},
+                           {"step": 1, "val/accuracy": 0.5, "train/accuracy": 0.6},
+                           {"step": 2, "compute/rollout_tokens": 20.0, "compute/grad_tokens": 22.0},
+                           {"step": 2, "val/accuracy": 0.5, "train/accuracy": 0.8}]) == {
+        "rollout_tokens": 30.0, "grad_tokens": 34.0, "final_train": 0.8}
+    outs = [RunOutcome("grpo", s, 0.5, [1], [0.5], rollout_tokens=2e6, grad_tokens=2e6, final_train=0.5)
+            for s in range(2)]
+    outs += [RunOutcome("ex", s, 0.5, [1], [0.5], rollout_tokens=3e6, grad_tokens=3.2e6, final_train=0.7 + 0.1 * s)
+             for s in range(2)]
+    text = format_table(summarize(outs, ["grpo", "ex"], "grpo"), "val/accuracy", "grpo")
+    assert "| 2.00 / 2.00 |" in text and "| 3.00 / 3.20 |" in text and "tokens sampled / in loss" in text
+    assert "| 0.5000 ± 0.0000 | 0.7500 |" in text and "train acc.: greedy accuracy" in text
 
 
 def test_summarize_pairs_by_seed():

@@ -168,3 +168,24 @@ def test_budget_steps_beyond_the_epochs_are_said_not_silently_capped(tmp_path, c
     assert trainer.total_steps == 10
     err = capsys.readouterr().err
     assert "train.max_steps=50 is more than the 10 steps train.epochs=2 allow" in err
+
+
+def test_replay_added_to_the_batch_keeps_grpos_fresh_budget(tmp_path):
+    """algorithm.replay_adds_to_batch: B fresh questions every step and the replayed ones on top, so
+    the compute metrics count (B + replayed) groups in the loss and one stored row less per replayed
+    group sampled; the paper's default takes the replayed questions' slots from the batch."""
+    from exgrpo.config import ConfigError, load_experiment
+
+    b, k = 32, 16
+    for adds in (False, True):
+        cfg = load_experiment("experiments/toy-exgrpo.yaml", {
+            "algorithm.replay_adds_to_batch": adds, "algorithm.replay_start_pass_rate": 0.0, "train.max_steps": 5,
+            "train.batch_size": b, "output_dir": str(tmp_path), "name": f"adds-{adds}"})
+        rows = [h for h in Trainer(cfg).fit(progress=False).history if "compute/grad_tokens" in h]
+        assert max(h["replay/questions"] for h in rows) > 0
+        for h in rows:  # toy responses are one token long
+            groups = b + h["replay/questions"] if adds else b
+            assert h["compute/grad_tokens"] == groups * k
+            assert h["compute/rollout_tokens"] == groups * k - h["replay/questions"]
+    with pytest.raises(ConfigError, match="replay_adds_to_batch=true has no veRL backend"):
+        load_experiment("experiments/verl-tiny-exgrpo.yaml", {"algorithm.replay_adds_to_batch": True})

@@ -101,6 +101,8 @@ class PoolReplayConfig(OnPolicyConfig):
     """Drop on-policy clipping once replay has started (reference: loss_remove_clip=True)."""
     experience_ratio: float = Field(0.5, ge=0.0, le=1.0, json_schema_extra=MLFLOW_PARAM)
     """Fraction of the batch's questions drawn from the experience pool once replay has started."""
+    replay_adds_to_batch: bool = Field(False, json_schema_extra=MLFLOW_PARAM)
+    """Replayed questions come on top of batch_size fresh ones (GRPO's fresh budget) instead of taking fresh slots (the paper)."""
     replay_start_pass_rate: float = Field(0.35, ge=0.0, le=1.0, json_schema_extra=MLFLOW_PARAM)
     """Replay switches on (one way) once a batch's pass@1 exceeds this."""
     bucket_lbound: int = Field(0, ge=0, json_schema_extra=MLFLOW_PARAM)

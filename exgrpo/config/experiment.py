@@ -159,6 +159,9 @@ def _check_verl(cfg: ExperimentConfig) -> None:
     if cfg.algorithm.replay not in ("none", "buckets", "uniform"):
         raise ValueError(f"algorithm.replay={cfg.algorithm.replay.value!r} has no veRL backend yet; "
                          "use none, buckets or uniform (or backend.name=native)")
+    if getattr(cfg.algorithm, "replay_adds_to_batch", False):
+        raise ValueError("algorithm.replay_adds_to_batch=true has no veRL backend (veRL's dataloader draws a fixed "
+                         "batch); raise train.batch_size instead, or use backend.name=native")
     if v.rollout == "vllm" and v.device != "cuda":
         raise ValueError("backend.verl.rollout=vllm needs backend.verl.device=cuda (vLLM is CUDA-only)")
     if v.rollout == "hf" and v.device != "cpu":

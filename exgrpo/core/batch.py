@@ -168,6 +168,9 @@ def batch_metrics(rewards: torch.Tensor, batch: StepBatch) -> dict[str, float]:
         "batch/fresh_solved": _mean(rewards[~replayed_group].reshape(-1)),
         "batch/replayed_fresh_solved": _mean(rewards[on_rows_of_replayed]),
         "replay/questions": float(batch.n_replayed),
+        # compute: response tokens sampled this step (the stored trajectories were not), and in the loss
+        "compute/rollout_tokens": float(batch.mask[~batch.off_policy].sum()),
+        "compute/grad_tokens": float(batch.mask.sum()),
     }
 
 

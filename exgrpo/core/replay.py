@@ -5,7 +5,7 @@ Every backend runs the same step, in this order (``exgrpo.backends.native.traine
 
     n        = strategy.plan(batch_size)              # how many replayed questions this step
     replays  = strategy.select(n, score)              # which questions, which stored trajectories
-    fresh    = fresh_sampler.next(batch_size - len(replays), strategy.retired)
+    fresh    = fresh_sampler.next(strategy.fresh_count(batch_size, len(replays)), strategy.retired)
     ...        the backend rolls out K-1 rows per replayed question, K per fresh one; rewards
     strategy.observe(batch, rewards, step)            # pool insert, retirement, bucket moves
     aux      = strategy.auxiliary(epoch, step)        # an extra off-policy loss term, if any
@@ -99,6 +99,10 @@ class ReplayStrategy:
         """Pick ``n`` questions and one stored trajectory each."""
         return Replays.empty()
 
+    def fresh_count(self, batch_size: int, n_replayed: int) -> int:
+        """Fresh questions this step: the batch's slots the replayed questions left (the paper)."""
+        return batch_size - n_replayed
+
     @property
     def retired(self) -> AbstractSet[int]:
         """Questions the fresh sampler must skip from its next pass on (read-only)."""
@@ -173,6 +177,11 @@ class BucketReplay(ReplayStrategy):
     def plan(self, batch_size: int) -> int:
         self._active = self.switch.started
         return round(self.algo.experience_ratio * batch_size) if self._active else 0
+
+    def fresh_count(self, batch_size: int, n_replayed: int) -> int:
+        """``replay_adds_to_batch``: always ``batch_size`` fresh questions, replay on top (GRPO's
+        fresh budget); else the paper's fixed batch, replay taking fresh slots."""
+        return batch_size if self.algo.replay_adds_to_batch else batch_size - n_replayed
 
     def sample_questions(self, n: int) -> list[int]:
         """Which pooled questions to replay (bucket mass, then uniform within a bucket)."""

@@ -14,7 +14,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
-from exgrpo.compare import ArmSummary, RunOutcome, format_table, jobs, run_local, summarize
+from exgrpo.compare import ArmSummary, RunOutcome, compute_totals, format_table, jobs, run_local, summarize
 from exgrpo.config import CompareConfig, ExperimentConfig
 from exgrpo.tracking.mlflow_tracking import Tracker, curated_params, model_tag, run_url, tracked_train
 
@@ -34,7 +34,8 @@ def tracked_run_one(cfg: ExperimentConfig, arm: str, metric: str = "val/accuracy
     evals = [h for h in run.result.history if metric in h]
     return RunOutcome(arm, cfg.seed, float(run.result.final_metrics[metric]),
                       [h["step"] for h in evals], [h[metric] for h in evals], run_id=run.run_id,
-                      run_dir=str(run.result.run_dir) if run.result.run_dir else None)
+                      run_dir=str(run.result.run_dir) if run.result.run_dir else None,
+                      **compute_totals(run.result.history))
 
 
 @dataclass
@@ -69,6 +70,9 @@ class TrackedComparison:
                 f"diff vs {self.baseline}": None if d is None else round(d.mean, 4),
                 "diff ci95": None if d is None else f"[{d.low:+.4f}, {d.high:+.4f}]",
                 f"step reaching {self.baseline}'s final": r.steps_to_baseline_final,
+                "final train accuracy": None if r.train_final is None else round(r.train_final, 4),
+                "rollout tokens (M)": None if r.rollout_tokens is None else round(r.rollout_tokens / 1e6, 3),
+                "loss tokens (M)": None if r.grad_tokens is None else round(r.grad_tokens / 1e6, 3),
             })
         return out
 
@@ -182,6 +186,11 @@ def run_tracked_compare(
                 metrics[f"{r.arm}/diff_vs_{cc.baseline}_ci_high"] = r.diff_vs_baseline.high
             if r.steps_to_baseline_final is not None:
                 metrics[f"{r.arm}/steps_to_baseline_final"] = float(r.steps_to_baseline_final)
+            if r.train_final is not None:
+                metrics[f"{r.arm}/train_final_mean"] = r.train_final
+            if r.rollout_tokens is not None:
+                metrics[f"{r.arm}/rollout_tokens"] = r.rollout_tokens
+                metrics[f"{r.arm}/grad_tokens"] = r.grad_tokens or 0.0
         result = TrackedComparison(parent, exp_id, tracker.uri, cc.metric, cc.baseline, outcomes, rows, table, failures)
         try:
             tracker.log_metrics(parent, {k: v for k, v in metrics.items() if _finite(v)})

@@ -11,6 +11,8 @@ as an uninterrupted one, bit for bit on CPU at a fixed thread count.
 
 from __future__ import annotations
 
+import functools
+
 import json
 import math
 import time
@@ -142,7 +144,7 @@ class Trainer:
         # 1-3. plan, replayed questions and trajectories, fresh questions
         n_replay = self.replay.plan(cfg.train.batch_size)
         replays = self.replay.select(n_replay, self._score_stored)
-        fresh_qids = self.fresh.next(cfg.train.batch_size - len(replays), self.replay.retired)
+        fresh_qids = self.fresh.next(self.replay.fresh_count(cfg.train.batch_size, len(replays)), self.replay.retired)
 
         # 4. rollouts: K-1 per replayed question, K per fresh one; the mixed batch
         with torch.no_grad():
@@ -205,11 +207,22 @@ class Trainer:
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Greedy accuracy on the held-out questions (``val/accuracy``)."""
-        ids = self.task.val_ids
-        ro = self.policy.generate(self.task.prompts(ids), self.generator, greedy=True)
-        acc = float(self.task.rewards(ids, ro.tokens, ro.mask).mean())
-        return {"val/accuracy": acc}
+        """Greedy accuracy on the held-out questions (``val/accuracy``) and on as many training
+        questions, a fixed sample (``train/accuracy``: memorisation shows as the gap between them)."""
+        out = {}
+        for name, ids in (("val/accuracy", self.task.val_ids), ("train/accuracy", self._train_probe)):
+            ro = self.policy.generate(self.task.prompts(ids), self.generator, greedy=True)
+            out[name] = float(self.task.rewards(ids, ro.tokens, ro.mask).mean())
+        return out
+
+    @functools.cached_property
+    def _train_probe(self) -> list[int]:
+        """The training questions ``train/accuracy`` is measured on: min(|val|, |train|) of them,
+        drawn once with their own seed (the run's random streams are not touched)."""
+        ids = list(self.task.train_ids)
+        n = min(len(self.task.val_ids), len(ids))
+        pick = np.random.default_rng(len(ids)).choice(len(ids), size=n, replace=False)
+        return sorted(ids[i] for i in pick)
 
     # ------------------------------------------------------------------ loop
     def fit(

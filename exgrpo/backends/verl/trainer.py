@@ -72,7 +72,7 @@ class ReplaySampler(Sampler[int]):
         while self.steps_done < self.steps_per_epoch:
             n = self.strategy.plan(self.batch_size)
             replays = self.strategy.select(n, self.score)
-            fresh = self.fresh.next(self.batch_size - len(replays), self.strategy.retired)
+            fresh = self.fresh.next(self.strategy.fresh_count(self.batch_size, len(replays)), self.strategy.retired)
             self.pending.append(replays)
             self.steps_done += 1
             yield from list(replays.qids) + list(fresh)
