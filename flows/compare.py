@@ -10,7 +10,8 @@ import re
 import time
 from typing import Any
 
-from prefect import flow, get_run_logger
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 from prefect.artifacts import (
     create_link_artifact,
     create_markdown_artifact,
@@ -22,6 +23,15 @@ from prefect.artifacts import (
 
 def _key(*parts: str) -> str:
     return re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", "-".join(parts).lower())).strip("-")
+
+
+@task(name="run", task_run_name="{arm} seed {seed}", retries=0, cache_policy=NO_CACHE)
+def run_record(arm: str, seed: int, final: float | None = None, error: str | None = None) -> float | None:
+    """One (arm, seed) of the comparison as a Prefect task run, recorded as it ends (the training
+    itself ran as a Ray task): COMPLETED with its final metric, or FAILED with its error."""
+    if error is not None:
+        raise RuntimeError(error)
+    return final
 
 
 @flow(name="compare", log_prints=True)
@@ -63,6 +73,10 @@ def compare_flow(
         update_progress_artifact(progress, shown["percent"],
                                  description=f"{len(finished)} of {total} runs finished; last: {o.arm} seed {o.seed}")
         log.info("%s seed %d: final %s = %.4f (mlflow run %s)", o.arm, o.seed, cc.metric, o.final, o.run_id)
+        run_record(o.arm, o.seed, final=o.final)
+
+    def failed(arm: str, seed: int, error: str) -> None:  # a failed task run in the UI, the flow goes on
+        run_record(arm, seed, error=error, return_state=True)
 
     def stepped(fraction: float) -> None:  # the artifact advances with the runs' steps (at most every 5 s)
         now = time.monotonic()
@@ -72,7 +86,8 @@ def compare_flow(
                                      description=f"{len(finished)} of {total} runs finished; steps {shown['percent']:.0f}% done")
 
     res = run_tracked_compare(cc, tracking_uri=tracking_uri, executor=executor, workers=workers,
-                              ray_address=ray_address, on_done=done, on_parent=started, on_progress=stepped)
+                              ray_address=ray_address, on_done=done, on_parent=started, on_progress=stepped,
+                              on_failed=failed)
     links = "\n".join(f"- [{o.arm} seed {o.seed}]({res.child_url(o)}): {o.final:.4f}"
                       for o in sorted(res.outcomes, key=lambda o: (o.arm, o.seed)))
     key = _key(cc.name, "comparison")

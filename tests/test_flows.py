@@ -123,6 +123,31 @@ def test_sweep_flow_runs_a_small_study(tmp_path):
     assert len([r for r in runs if r.data.tags.get("mlflow.parentRunId") == out["parent_run_id"]]) == 2
 
 
+def test_compare_flow_shows_each_run_as_a_task_run_and_a_failed_one_as_failed(tmp_path):
+    """One arm cannot write its run directory: its Ray task fails, the other arm finishes, the flow
+    run ends failed, and each (arm, seed) is a Prefect task run, the broken one FAILED with its error."""
+    cfg = tmp_path / "cmp.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "base": {"name": "flowfail", "output_dir": str(tmp_path / "runs"), "task": {"max_operand": 5},
+                 "policy": {"hidden": 16, "layers": 2}, "algorithm": {"group_size": 4},
+                 "train": {"batch_size": 16, "max_steps": 4}},
+        "arms": {"grpo": {"algorithm.replay": "none"},
+                 "broken": {"algorithm.replay": "none", "output_dir": "/proc/exgrpo-cannot-write-here"}},
+        "baseline": "grpo", "seeds": [0],
+    }))
+    state = compare_flow(config=str(cfg), tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", return_state=True)
+    assert state.is_failed()
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as c:
+        runs = c.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id])))
+    by_name = {r.name: r for r in runs}
+    assert by_name["grpo seed 0"].state.is_completed()
+    broken = by_name["broken seed 0"]
+    assert broken.state.is_failed() and "/proc/exgrpo-cannot-write-here" in (broken.state.message or ""), broken.state
+
+
 def test_unreachable_tracking_server_fails_the_flow_before_training(tmp_path):
     state = compare_flow(config="experiments/toy.yaml", tracking_uri="http://127.0.0.1:9", return_state=True,
                          overrides={"output_dir": str(tmp_path / "runs")})

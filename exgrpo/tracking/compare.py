@@ -105,13 +105,15 @@ def run_tracked_compare(
     on_done: Callable[[RunOutcome], None] | None = None,
     on_parent: Callable[[str, str], None] | None = None,
     on_progress: Callable[[float], None] | None = None,
+    on_failed: Callable[[str, int, str], None] | None = None,
 ) -> TrackedComparison:
     """Train every (arm, seed) as an MLflow child run, then log the statistics on the parent.
 
     A failed child marks its run FAILED; the others finish, the statistics cover them, and the
     call then raises listing the failures (the parent run ends FAILED). ``on_parent(run_id, url)`` runs
     as soon as the parent run exists; ``on_done(outcome)`` as each child finishes; with Ray,
-    ``on_progress(fraction)`` as steps advance (finished runs 1, running ones step/total)."""
+    ``on_progress(fraction)`` as steps advance (finished runs 1, running ones step/total);
+    ``on_failed(arm, seed, error)`` as a run fails."""
     tracker = Tracker(tracking_uri)  # unreachable store: an error here, before any training
     base = cc.base_config()
     experiment = base.name
@@ -162,9 +164,11 @@ def run_tracked_compare(
                             done(ray.get(ref))
                             printer.finished(f"{arm} seed {seed}")
                         except Exception as e:
-                            failures.append(f"{arm} seed {seed}: {type(e).__name__}: "
-                                            f"{str(e).splitlines()[-1] if str(e) else ''}")
+                            error = f"{type(e).__name__}: {str(e).splitlines()[-1] if str(e) else ''}"
+                            failures.append(f"{arm} seed {seed}: {error}")
                             printer.finished(f"{arm} seed {seed} (FAILED)")
+                            if on_failed is not None:
+                                on_failed(arm, seed, error)
         elif executor == "process":
             sub = cc.model_copy(update={"base": {**cc.base, "output_dir": str(Path(base.output_dir).resolve())}})
             for o in run_local(sub, workers=workers, runner=runner):
