@@ -73,16 +73,31 @@ def completed_fraction(states: dict[str, dict[str, Any]], ended: dict[str, str],
 
 
 def format_progress(key: str, state: dict[str, Any]) -> str:
-    step, total, elapsed = state["step"], state.get("total"), state.get("elapsed", 0.0)
+    step, total = state["step"], state.get("total")
     parts = [f"{key}: step {step}" + (f"/{total}" if total else "")]
     if state.get("pass") is not None:
         parts.append(f"pass@1 {state['pass']:.3f}")
     if state.get("val") is not None:
         parts.append(f"val {state['val']:.3f}")
-    if total and step:
-        left = max(0.0, elapsed / step * (total - step))
-        parts.append(f"ETA {int(left // 60)}:{int(left % 60):02d}")
+    if eta(state):
+        parts.append(f"ETA {eta(state)}")
     return ", ".join(parts)
+
+
+def eta(state: dict[str, Any]) -> str:
+    """``m:ss`` left at the run's pace so far, or ``""`` while its total or first step is unknown."""
+    step, total = state["step"], state.get("total")
+    if not (total and step):
+        return ""
+    left = max(0.0, state.get("elapsed", 0.0) / step * (total - step))
+    return f"{int(left // 60)}:{int(left % 60):02d}"
+
+
+def record_finished(what: str, ended: dict[str, str]) -> str:
+    """Note a finished run (``what``: its key, optionally `` (NOTE)``, e.g. FAILED) in ``ended``; its key."""
+    key, _, note = what.partition(" (")
+    ended[key] = note.rstrip(")")
+    return key
 
 
 class ProgressPrinter:
@@ -117,8 +132,7 @@ class ProgressPrinter:
 
     def finished(self, what: str) -> None:
         self.done += 1
-        key, _, note = what.partition(" (")
-        self.ended[key] = note.rstrip(")")
+        record_finished(what, self.ended)
         self.say(f"progress: {what} finished | runs done {self.done}/{self.total_runs}")
 
     def fraction(self) -> float:
@@ -154,14 +168,11 @@ class LiveProgressTable:
             table.add_column(col, justify="left" if col == "run" else "right")
         for key, st in sorted(self.states.items()):
             step, total = st["step"], st.get("total")
-            eta = "done" if key in self.ended else ""
-            if not eta and total and step:
-                left = max(0.0, st.get("elapsed", 0.0) / step * (total - step))
-                eta = f"{int(left // 60)}:{int(left % 60):02d}"
             table.add_row(key + (f" ({self.ended[key]})" if self.ended.get(key) else ""),
                           f"{step}/{total}" if total else str(step),
                           "" if st.get("pass") is None else f"{st['pass']:.3f}",
-                          "" if st.get("val") is None else f"{st['val']:.3f}", eta)
+                          "" if st.get("val") is None else f"{st['val']:.3f}",
+                          "done" if key in self.ended else eta(st))
         return table
 
     def __enter__(self) -> LiveProgressTable:
@@ -181,9 +192,7 @@ class LiveProgressTable:
     def finished(self, what: str) -> None:
         """``what`` is the run's key, optionally followed by a note in parentheses (e.g. FAILED)."""
         self.done += 1
-        key, _, note = what.partition(" (")
-        self.ended[key] = note.rstrip(")")
-        self.states.setdefault(key, {"step": 0})
+        self.states.setdefault(record_finished(what, self.ended), {"step": 0})
         self.poll()
 
     def fraction(self) -> float:
