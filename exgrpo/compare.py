@@ -35,7 +35,7 @@ class RunOutcome:
     """Response tokens that entered the loss over the whole run (``compute/grad_tokens`` summed)."""
 
 
-def compute_totals(history: Iterable[dict[str, float]]) -> dict[str, float | None]:
+def outcome_extras(history: Iterable[dict[str, float]]) -> dict[str, float | None]:
     """What a comparison keeps of a run's step rows beside its final metric: rollout and gradient
     tokens summed, the last ``train/accuracy`` (None for what was not logged)."""
     history = list(history)
@@ -74,7 +74,7 @@ def run_one(cfg: ExperimentConfig, arm: str, metric: str = "val/accuracy") -> Ru
     return RunOutcome(
         arm, cfg.seed, float(result.final_metrics[metric]),
         [h["step"] for h in evals], [h[metric] for h in evals], run_dir=str(result.run_dir),
-        **compute_totals(result.history),
+        **outcome_extras(result.history),
     )
 
 

@@ -48,9 +48,9 @@ def test_the_table_explains_itself():
 
 
 def test_the_table_reports_each_arms_compute_and_train_accuracy():
-    from exgrpo.compare import compute_totals
+    from exgrpo.compare import outcome_extras
 
-    assert compute_totals([{"step": 1, "compute/rollout_tokens": 10.0, "compute/grad_tokens": 12.0},
+    assert outcome_extras([{"step": 1, "compute/rollout_tokens": 10.0, "compute/grad_tokens": 12.0},
                            {"step": 1, "val/accuracy": 0.5, "train/accuracy": 0.6},
                            {"step": 2, "compute/rollout_tokens": 20.0, "compute/grad_tokens": 22.0},
                            {"step": 2, "val/accuracy": 0.5, "train/accuracy": 0.8}]) == {

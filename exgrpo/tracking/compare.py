@@ -14,7 +14,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
-from exgrpo.compare import ArmSummary, RunOutcome, compute_totals, format_table, jobs, run_local, summarize
+from exgrpo.compare import ArmSummary, RunOutcome, outcome_extras, format_table, jobs, run_local, summarize
 from exgrpo.config import CompareConfig, ExperimentConfig
 from exgrpo.tracking.mlflow_tracking import Tracker, curated_params, model_tag, run_url, tracked_train
 
@@ -35,7 +35,7 @@ def tracked_run_one(cfg: ExperimentConfig, arm: str, metric: str = "val/accuracy
     return RunOutcome(arm, cfg.seed, float(run.result.final_metrics[metric]),
                       [h["step"] for h in evals], [h[metric] for h in evals], run_id=run.run_id,
                       run_dir=str(run.result.run_dir) if run.result.run_dir else None,
-                      **compute_totals(run.result.history))
+                      **outcome_extras(run.result.history))
 
 
 @dataclass
