@@ -1,6 +1,16 @@
 """Rollout throughput: the native LM engine vs HF ``generate`` on the same model, one process.
 
-    .venv/bin/python bench/bench_rollout.py [--model tiny-lm|smollm2] [--prompts 64] [--new-tokens 32] [--repeats 5] [--threads 2]
+    .venv/bin/python bench/bench_rollout.py [--model tiny-lm|smollm2] [--prompts N] [--new-tokens T] \
+        [--repeats 5] [--threads 2] [--cases fixed,eos,greedy]
+
+Defaults are the training batch of each tier: tiny-lm 256 rows (32 questions x K=8) x 40 new
+tokens, 1 thread (a sweep/compare worker's setting); SmolLM2-135M 16 rows (4 x 4) x 64 new tokens,
+2 threads (``experiments/smollm2-arith.yaml``). Two engine decoders are timed against HF
+``generate``: ``static-kv`` (the default) and ``hf`` (the engine's loop over the model's own
+forward, the decoder before stop 19).
+
+Before timing it checks what the speed must not cost: greedy tokens equal to HF ``generate``'s,
+and the sampled rows' log-probs equal to a full-forward re-score (max |difference| printed).
 
 Three cases on the same model and the same batch of task prompts (left-padded identically):
 
@@ -36,11 +46,16 @@ from exgrpo.tasks.text_arithmetic import TextArithmetic  # noqa: E402
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", choices=["tiny-lm", "smollm2"], default="tiny-lm")
-    ap.add_argument("--prompts", type=int, default=64)
-    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--prompts", type=int, default=None, help="rows (default: the tier's training batch)")
+    ap.add_argument("--new-tokens", type=int, default=None)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--cases", default="fixed,eos,greedy")
     args = ap.parse_args()
+    defaults = {"tiny-lm": (256, 40, 1), "smollm2": (16, 64, 2)}[args.model]
+    args.prompts = args.prompts or defaults[0]
+    args.new_tokens = args.new_tokens or defaults[1]
+    args.threads = args.threads or defaults[2]
     torch.set_num_threads(args.threads)
 
     if args.model == "smollm2":
@@ -60,8 +75,9 @@ def main() -> None:
     batch = build_packed_batch(prompts, None, None, pad_id)
     n, t = args.prompts, args.new_tokens
     params = SamplingParams(max_new_tokens=t, temperature=1.0, top_p=1.0)
-    eng_stop = RolloutEngine(model, pad_id, eos_id, params)
-    eng_fixed = RolloutEngine(model, pad_id, None, params)
+    decoders = ("static-kv", "hf")
+    eng_stop = {d: RolloutEngine(model, pad_id, eos_id, params, decoder=d) for d in decoders}
+    eng_fixed = {d: RolloutEngine(model, pad_id, None, params, decoder=d) for d in decoders}
     gen = torch.Generator().manual_seed(0)
     hf_common = dict(
         input_ids=batch.input_ids, attention_mask=batch.attention_mask, max_new_tokens=t,
@@ -77,36 +93,48 @@ def main() -> None:
         after = (is_eos.cumsum(1) - is_eos.long()) > 0  # strictly after the first EOS
         return int((~after).sum())
 
-    cases = {
-        "fixed": (
-            lambda: int(eng_fixed.generate(prompts, gen).mask.sum()),
-            lambda: hf_tokens(model.generate(**hf_common, do_sample=True, min_new_tokens=t)),
-        ),
-        "eos": (
-            lambda: int(eng_stop.generate(prompts, gen).mask.sum()),
-            lambda: hf_tokens(model.generate(**hf_common, do_sample=True)),
-        ),
-        "greedy": (
-            lambda: int(eng_stop.generate(prompts, greedy=True).mask.sum()),
-            lambda: hf_tokens(model.generate(**hf_greedy, do_sample=False)),
-        ),
+    def engine_cases(d: str) -> dict:
+        return {
+            "fixed": lambda: int(eng_fixed[d].generate(prompts, gen).mask.sum()),
+            "eos": lambda: int(eng_stop[d].generate(prompts, gen).mask.sum()),
+            "greedy": lambda: int(eng_stop[d].generate(prompts, greedy=True).mask.sum()),
+        }
+
+    hf_cases = {
+        "fixed": lambda: hf_tokens(model.generate(**hf_common, do_sample=True, min_new_tokens=t)),
+        "eos": lambda: hf_tokens(model.generate(**hf_common, do_sample=True)),
+        "greedy": lambda: hf_tokens(model.generate(**hf_greedy, do_sample=False)),
     }
+    runners = {"HF generate": hf_cases, **{f"engine {d}": engine_cases(d) for d in decoders}}
     print(f"model: {label}  params {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M  "
-          f"batch {n} prompts x {t} new tokens  threads {args.threads}")
-    print(f"{'case':8s} {'engine tok/s':>13s} {'HF tok/s':>10s} {'ratio':>7s}   (tokens per call: engine / HF)")
+          f"batch {n} prompts x {t} new tokens  threads {args.threads}  repeats {args.repeats} (median)")
     with torch.no_grad():
-        for name, (run_engine, run_hf) in cases.items():
-            run_engine(), run_hf()  # warm-up
-            te, th, ne, nh = [], [], 0, 0
-            for _ in range(args.repeats):
-                t0 = time.perf_counter()
-                ne = run_engine()
-                te.append(time.perf_counter() - t0)
-                t0 = time.perf_counter()
-                nh = run_hf()
-                th.append(time.perf_counter() - t0)
-            e_rate, h_rate = ne / statistics.median(te), nh / statistics.median(th)
-            print(f"{name:8s} {e_rate:13.0f} {h_rate:10.0f} {e_rate / h_rate:6.2f}x   ({ne} / {nh})")
+        hf_greedy_out = model.generate(**hf_greedy, do_sample=False)[:, batch.prompt_width :]
+        for d in decoders:
+            g = eng_stop[d].generate(prompts, greedy=True)
+            same = g.tokens.shape == hf_greedy_out.shape and torch.equal(g.tokens, hf_greedy_out)
+            ro = eng_stop[d].generate(prompts, torch.Generator().manual_seed(1))
+            sc = eng_stop[d].score(prompts, ro.tokens, ro.mask)
+            gap = float((sc.log_prob - ro.log_prob).abs().max())
+            print(f"check {d:9s}: greedy tokens equal to HF generate: {same}; "
+                  f"sampled log-probs vs full-forward re-score: max |diff| {gap:.1e}")
+        print(f"{'case':8s} " + " ".join(f"{r + ' tok/s':>22s}" for r in runners)
+              + "   ratios vs HF generate (static-kv, hf)")
+        for name in args.cases.split(","):
+            calls = {r: c[name] for r, c in runners.items()}
+            for call in calls.values():
+                call()  # warm-up
+            times: dict[str, list[float]] = {r: [] for r in calls}
+            tokens: dict[str, int] = {}
+            for _ in range(args.repeats):  # interleaved, so drift hits every side alike
+                for r, call in calls.items():
+                    t0 = time.perf_counter()
+                    tokens[r] = call()
+                    times[r].append(time.perf_counter() - t0)
+            rate = {r: tokens[r] / statistics.median(times[r]) for r in calls}
+            base = rate["HF generate"]
+            print(f"{name:8s} " + " ".join(f"{rate[r]:22.0f}" for r in calls)
+                  + f"   {rate['engine static-kv'] / base:5.2f}x {rate['engine hf'] / base:5.2f}x")
 
 
 if __name__ == "__main__":

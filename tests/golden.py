@@ -24,6 +24,7 @@ TINY_LM = {
     "policy.model.intermediate_size": 128, "policy.max_new_tokens": 24, "task.n_train": 48, "task.n_val": 16,
     "train.batch_size": 8, "algorithm.group_size": 4, "train.max_steps": 4, "train.eval_every_steps": 2, "train.eval_before_train": True, "train.lr": 1e-4,
     "task.answer_format": "boxed_or_last_number",
+    "policy.decoder": "hf",  # recorded before the static-KV decoder (stop 19) became the default
 }
 RUNS = {
     "toy-grpo": ("experiments/toy-exgrpo.yaml", TOY, {"algorithm.replay": "none"}),
@@ -31,6 +32,10 @@ RUNS = {
     "toy-notebook": ("experiments/toy-exgrpo.yaml", TOY, {"algorithm.replay": "notebook", **NOTEBOOK}),
     "tiny-lm-grpo": ("experiments/tiny-lm.yaml", TINY_LM, {"algorithm.replay": "none"}),
     "tiny-lm-exgrpo": ("experiments/tiny-lm.yaml", TINY_LM, {"algorithm.replay": "buckets", **EARLY}),
+    # recorded at stop 19 with the default decoder
+    "tiny-lm-exgrpo-static-kv": (
+        "experiments/tiny-lm.yaml", TINY_LM, {"algorithm.replay": "buckets", **EARLY, "policy.decoder": "static-kv"},
+    ),
 }
 
 
@@ -73,9 +78,14 @@ if __name__ == "__main__" and "--run" in sys.argv:
     print(json.dumps(run(sys.argv[i + 1], Path(sys.argv[i + 2]))))
 
 if __name__ == "__main__" and "--record" in sys.argv:
+    # python -m tests.golden --record [NAME ...]: (re)record the named runs (default: all)
     import tempfile
 
+    names = sys.argv[sys.argv.index("--record") + 1 :] or list(RUNS)
+    out = json.loads(FIXTURES.read_text()) if FIXTURES.exists() else {}
     with tempfile.TemporaryDirectory() as d:
-        out = {name: run_pinned(name, Path(d) / name, Path(d) / "cache") for name in RUNS}
-    FIXTURES.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
-    print(f"wrote {FIXTURES}")
+        out.update({name: run_pinned(name, Path(d) / name, Path(d) / "cache") for name in names})
+    from exgrpo.atomic import write_text_atomic
+
+    write_text_atomic(FIXTURES, json.dumps(out, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {FIXTURES}: {', '.join(names)}")

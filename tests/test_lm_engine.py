@@ -40,8 +40,12 @@ def model():
     return m
 
 
-def engine(model, **kw) -> RolloutEngine:
-    return RolloutEngine(model, PAD, EOS, SamplingParams(**{"max_new_tokens": 14, "temperature": TEMP, **kw}))
+DECODERS = pytest.mark.parametrize("decoder", ["static-kv", "hf"])
+
+
+def engine(model, decoder="static-kv", **kw) -> RolloutEngine:
+    params = SamplingParams(**{"max_new_tokens": 14, "temperature": TEMP, **kw})
+    return RolloutEngine(model, PAD, EOS, params, decoder=decoder)
 
 
 def reference_row(model, prompt, response, temperature):
@@ -52,8 +56,9 @@ def reference_row(model, prompt, response, temperature):
     return lp, ent
 
 
-def test_rollout_log_prob_entropy_equal_full_forward(model):
-    ro = engine(model).generate(PROMPTS, torch.Generator().manual_seed(3))
+@DECODERS
+def test_rollout_log_prob_entropy_equal_full_forward(model, decoder):
+    ro = engine(model, decoder).generate(PROMPTS, torch.Generator().manual_seed(3))
     n, t = ro.tokens.shape
     lengths = ro.mask.sum(1)
     assert n == len(PROMPTS) and t == int(lengths.max())
@@ -91,8 +96,9 @@ def test_rollout_log_prob_entropy_equal_full_forward(model):
             torch.testing.assert_close(ro.entropy[i, :L], ent, atol=1e-5, rtol=0)
 
 
-def test_score_matches_rollout_and_is_differentiable(model):
-    eng = engine(model)
+@DECODERS
+def test_score_matches_rollout_and_is_differentiable(model, decoder):
+    eng = engine(model, decoder)
     ro = eng.generate(PROMPTS, torch.Generator().manual_seed(5))
     sc = eng.score(PROMPTS, ro.tokens, ro.mask, full=True)
     torch.testing.assert_close(sc.log_prob.detach(), ro.log_prob, atol=1e-5, rtol=0)
@@ -112,8 +118,9 @@ def test_score_matches_rollout_and_is_differentiable(model):
     model.zero_grad()
 
 
-def test_greedy_equals_hf_generate(model):
-    ro = engine(model).generate(PROMPTS, greedy=True)
+@DECODERS
+def test_greedy_equals_hf_generate(model, decoder):
+    ro = engine(model, decoder).generate(PROMPTS, greedy=True)
     assert ro.finished.any() and not ro.finished.all(), "want rows that stop at EOS and rows that run out"
     batch = build_packed_batch(PROMPTS, None, None, PAD)
     hf = model.generate(
@@ -124,8 +131,9 @@ def test_greedy_equals_hf_generate(model):
     assert torch.equal(hf, ro.tokens)
 
 
-def test_sampling_reproducible_with_generator(model):
-    eng = engine(model)
+@DECODERS
+def test_sampling_reproducible_with_generator(model, decoder):
+    eng = engine(model, decoder)
     a = eng.generate(PROMPTS, torch.Generator().manual_seed(11))
     b = eng.generate(PROMPTS, torch.Generator().manual_seed(11))
     c = eng.generate(PROMPTS, torch.Generator().manual_seed(12))
@@ -137,9 +145,10 @@ def test_sampling_reproducible_with_generator(model):
     assert torch.equal(eng.generate(PROMPTS, g).tokens, a.tokens)
 
 
-def test_tiny_top_p_is_greedy(model):
-    greedy = engine(model).generate(PROMPTS, greedy=True)
-    nucleus = engine(model, top_p=1e-6).generate(PROMPTS, torch.Generator().manual_seed(0))
+@DECODERS
+def test_tiny_top_p_is_greedy(model, decoder):
+    greedy = engine(model, decoder).generate(PROMPTS, greedy=True)
+    nucleus = engine(model, decoder, top_p=1e-6).generate(PROMPTS, torch.Generator().manual_seed(0))
     assert torch.equal(greedy.tokens, nucleus.tokens)
     torch.testing.assert_close(greedy.log_prob, nucleus.log_prob)
 
@@ -170,3 +179,79 @@ def test_lm_policy_protocol(model):
     sc = pol.score(PROMPTS, ro.tokens, ro.mask)
     assert isinstance(sc, Scores) and sc.full_log_prob is None and sc.log_prob.requires_grad
     torch.testing.assert_close(sc.log_prob.detach(), ro.log_prob, atol=1e-5, rtol=0)
+
+
+# ---------------------------------------------------------------------- the static-KV decoder
+def test_static_kv_equals_hf_decoder_on_qwen2_with_biases():
+    """Qwen2 blocks (q/k/v biases, another rotary base): same greedy tokens, log-probs = a re-score."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from exgrpo.backends.native.lm.static_kv import supports_static_kv
+
+    torch.manual_seed(4)
+    cfg = Qwen2Config(
+        vocab_size=10, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=1, max_position_embeddings=64, rope_theta=500.0, pad_token_id=PAD, bos_token_id=BOS,
+        eos_token_id=EOS, tie_word_embeddings=False,
+    )
+    qwen = Qwen2ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        qwen.lm_head.weight.mul_(5.0)
+        for layer in qwen.model.layers:  # non-zero biases, so a decoder that skipped them would differ
+            layer.self_attn.q_proj.bias.normal_(0, 0.5)
+            layer.self_attn.k_proj.bias.normal_(0, 0.5)
+    assert supports_static_kv(qwen)
+    fast, slow = engine(qwen, "static-kv"), engine(qwen, "hf")
+    assert torch.equal(fast.generate(PROMPTS, greedy=True).tokens, slow.generate(PROMPTS, greedy=True).tokens)
+    ro = fast.generate(PROMPTS, torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        sc = fast.score(PROMPTS, ro.tokens, ro.mask)
+    torch.testing.assert_close(sc.log_prob, ro.log_prob, atol=1e-5, rtol=0)
+    torch.testing.assert_close(sc.entropy, ro.entropy, atol=1e-5, rtol=0)
+
+
+def test_static_kv_drops_finished_rows_from_the_batch(model, monkeypatch):
+    from exgrpo.backends.native.lm import static_kv
+
+    sizes = []
+    real_drop = static_kv.StaticKVDecoder.drop
+
+    def drop(self, keep):  # the real method, with the batch size it leaves recorded
+        real_drop(self, keep)
+        sizes.append(self.rows.numel())
+
+    monkeypatch.setattr(static_kv.StaticKVDecoder, "drop", drop)
+    ro = engine(model).generate(PROMPTS, torch.Generator().manual_seed(3))
+    assert sizes and sizes == sorted(sizes, reverse=True) and sizes[-1] < len(PROMPTS)
+    # every row that finished before the last step left the batch; the rest ran on
+    lengths = ro.mask.sum(1)
+    assert sizes[-1] >= int((lengths == lengths.max()).sum())
+
+
+def test_static_kv_falls_back_to_hf_for_other_architectures():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from exgrpo.backends.native.lm.static_kv import supports_static_kv
+
+    torch.manual_seed(0)
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=10, n_embd=32, n_layer=1, n_head=2, n_positions=64)).eval()
+    assert not supports_static_kv(gpt2)
+    a = engine(gpt2, "static-kv").generate(PROMPTS, torch.Generator().manual_seed(1))
+    b = engine(gpt2, "hf").generate(PROMPTS, torch.Generator().manual_seed(1))
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.log_prob, b.log_prob)
+
+
+def test_inverse_cdf_sampling_follows_the_distribution():
+    from scipy.stats import chisquare
+
+    from exgrpo.backends.native.lm.engine import _sample_inverse_cdf
+
+    probs = torch.tensor([0.0, 0.5, 0.0, 0.2, 0.25, 0.05, 0.0])
+    draws = _sample_inverse_cdf(probs.expand(200_000, -1), torch.Generator().manual_seed(0))
+    counts = torch.bincount(draws, minlength=probs.numel())
+    assert counts[probs == 0].sum() == 0, "a zero-probability token was drawn"
+    nz = probs > 0
+    assert chisquare(counts[nz].numpy(), (probs[nz] * draws.numel()).numpy()).pvalue > 1e-3
+    # unnormalised input (a nucleus-truncated row) samples the renormalised distribution
+    draws = _sample_inverse_cdf((probs * 3.0).expand(50_000, -1), torch.Generator().manual_seed(1))
+    assert torch.bincount(draws, minlength=probs.numel())[probs == 0].sum() == 0

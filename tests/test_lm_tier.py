@@ -12,12 +12,12 @@ from exgrpo.backends.native.trainer import Trainer
 from exgrpo.config import ConfigError, load_experiment
 
 TINY = {
-    "policy.model.sft_steps": 40, "policy.model.eval_questions": 0, "policy.model.hidden_size": 64,
+    "policy.model.sft_steps": 60, "policy.model.eval_questions": 0, "policy.model.hidden_size": 64,
     "policy.model.intermediate_size": 128, "policy.max_new_tokens": 24, "task.n_train": 48, "task.n_val": 16,
     "train.batch_size": 8, "algorithm.group_size": 4, "algorithm.replay": "buckets",
     "algorithm.replay_start_pass_rate": 0.0, "train.max_steps": 6, "train.eval_every_steps": 3,
     "train.eval_before_train": True, "train.checkpoint_every": 2, "train.lr": 1e-4,
-    # a 40-step warm start rarely boxes within 24 tokens: the lenient rule gives it the few successes
+    # a 60-step warm start rarely boxes within 24 tokens: the lenient rule gives it the few successes
     # that make replay happen here (strict grading has its own tests: test_reward_hacks.py)
     "task.answer_format": "boxed_or_last_number",
 }

@@ -59,6 +59,13 @@ class PoolRetention(StrEnum):
     LOWEST_ENTROPY = "lowest_entropy"  # the lowest mean behaviour entropy at collection (what selection favours)
 
 
+class Decoder(StrEnum):
+    """How the native LM engine runs its decode loop (both give the same distribution; rounding differs)."""
+
+    STATIC_KV = "static-kv"  # own loop: preallocated KV cache, finished rows drop out, inverse-CDF sampling
+    HF = "hf"  # the model's own forward with transformers' growing cache (any causal LM; before stop 19)
+
+
 class Shaping(StrEnum):
     """f(w) applied to the importance ratio w of replayed tokens."""
 

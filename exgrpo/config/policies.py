@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from exgrpo.config.options import MLFLOW_PARAM, _Strict
+from exgrpo.config.options import MLFLOW_PARAM, Decoder, _Strict
 from exgrpo.config.tasks import ArithmeticProblemsConfig
 
 
@@ -71,6 +71,8 @@ class LMPolicyConfig(_Strict):
     """Sampling temperature; log-probs/entropies (behaviour and current) are of softmax(logits / T)."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     """Nucleus sampling mass (1: plain sampling; <1 makes behaviour log-probs approximate, see engine)."""
+    decoder: Decoder = Field(Decoder.STATIC_KV, json_schema_extra=MLFLOW_PARAM)
+    """Decode loop of the rollout engine: static-kv (fast, Llama-family models) or hf (the model's own forward)."""
     model: TinyLMConfig = TinyLMConfig()
     """The tiny LM (architecture + SFT warm start; cached by a hash of this section)."""
 
@@ -86,3 +88,5 @@ class SmolLM2PolicyConfig(_Strict):
     """Sampling temperature; log-probs/entropies are of softmax(logits / T)."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     """Nucleus sampling mass (1: plain sampling)."""
+    decoder: Decoder = Field(Decoder.STATIC_KV, json_schema_extra=MLFLOW_PARAM)
+    """Decode loop of the rollout engine: static-kv (fast, Llama-family models) or hf (the model's own forward)."""

@@ -61,7 +61,7 @@ def _sample(policy, prompts: list, settings: EvalSettings, max_tokens: int) -> l
             from exgrpo.backends.native.lm.engine import RolloutEngine, SamplingParams
 
             params = SamplingParams(max_tokens, settings.temperature or 1.0, settings.top_p)
-            engine = RolloutEngine(policy.model, policy.pad_id, policy.eos_id, params)
+            engine = RolloutEngine(policy.model, policy.pad_id, policy.eos_id, params, decoder=policy.engine.decoder)
             for _ in range(1 if greedy else settings.n):
                 ro = engine.generate(prompts, generator=g, greedy=greedy)
                 out.append((ro.tokens, ro.mask))

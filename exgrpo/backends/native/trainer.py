@@ -11,8 +11,8 @@ as an uninterrupted one, bit for bit on CPU at a fixed thread count.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-
 import json
 import math
 import time
@@ -94,6 +94,10 @@ def build_task_and_policy(cfg: ExperimentConfig, progress: bool = False) -> tupl
     return TextArithmetic(cfg.task, tokenizer=tiny.tokenizer), policy
 
 
+PHASES = ("rollout", "reward", "forward", "backward", "replay", "replay_scoring")
+"""Parts of a step timed as ``time/<phase>_seconds`` (METRICS.md)."""
+
+
 class Trainer:
     """The native backend: the core's step (:mod:`exgrpo.core.replay`) on an in-process policy."""
 
@@ -125,6 +129,7 @@ class Trainer:
                  f"({self.steps_per_epoch} per epoch); the run stops at step {total} (raise train.epochs for more)")
         self.step = 0
         self.history: list[dict[str, float]] = []
+        self._seconds: dict[str, float] = {}  # wall time per phase of the current step (time/<phase>_seconds)
 
     # ------------------------------------------------------------------ the step
     @property
@@ -132,28 +137,43 @@ class Trainer:
         """0-based epoch of the next step."""
         return self.step // self.steps_per_epoch
 
+    @contextlib.contextmanager
+    def _timed(self, phase: str):
+        """Add the block's wall time to this step's ``time/<phase>_seconds``."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._seconds[phase] = self._seconds.get(phase, 0.0) + time.perf_counter() - t0
+
     @torch.no_grad()
     def _score_stored(self, qids: list[int], tokens: torch.Tensor, mask: torch.Tensor):
-        scores = self.policy.score(self.task.prompts(qids), tokens, mask)
+        with self._timed("replay_scoring"):
+            scores = self.policy.score(self.task.prompts(qids), tokens, mask)
         return scores.log_prob, scores.entropy
 
     def train_step(self) -> dict[str, float]:
         cfg, k = self.cfg, self.algo.group_size
         t0 = time.perf_counter()
+        self._seconds = {}
 
         # 1-3. plan, replayed questions and trajectories, fresh questions
-        n_replay = self.replay.plan(cfg.train.batch_size)
-        replays = self.replay.select(n_replay, self._score_stored)
-        fresh_qids = self.fresh.next(self.replay.fresh_count(cfg.train.batch_size, len(replays)), self.replay.retired)
+        with self._timed("replay"):
+            n_replay = self.replay.plan(cfg.train.batch_size)
+            replays = self.replay.select(n_replay, self._score_stored)
+            fresh_qids = self.fresh.next(self.replay.fresh_count(cfg.train.batch_size, len(replays)), self.replay.retired)
 
         # 4. rollouts: K-1 per replayed question, K per fresh one; the mixed batch
-        with torch.no_grad():
+        with self._timed("rollout"), torch.no_grad():
             ro = self.policy.generate(self.task.prompts(generation_qids(replays.qids, fresh_qids, k)), self.generator)
-        batch = assemble_batch(replays, fresh_qids, ro.tokens, ro.mask, ro.log_prob, ro.entropy, k)
+        with self._timed("replay"):
+            batch = assemble_batch(replays, fresh_qids, ro.tokens, ro.mask, ro.log_prob, ro.entropy, k)
 
         # 5. rewards; the strategy sees the groups (pool insert, retirement, bucket moves)
-        rewards = self.task.rewards(batch.row_qids, batch.tokens, batch.mask).view(-1, k)  # (G, K)
-        self.replay.observe(batch, rewards, self.step)
+        with self._timed("reward"):
+            rewards = self.task.rewards(batch.row_qids, batch.tokens, batch.mask).view(-1, k)  # (G, K)
+        with self._timed("replay"):
+            self.replay.observe(batch, rewards, self.step)
 
         # 6-8. advantages, loss, update
         adv = grpo_advantages(rewards, self.algo.advantage_std_norm).reshape(-1, 1).expand_as(batch.old_log_prob)
@@ -163,8 +183,13 @@ class Trainer:
         metrics["train/epoch"] = float(self.epoch)
         if replays.buckets:
             metrics["replay/picked_bucket_mean"] = float(np.mean(replays.buckets))
-        metrics.update(self.replay.stats())
-        self.replay.after_step(float(rewards.mean()), self.step)
+        with self._timed("replay"):
+            metrics.update(self.replay.stats())
+            self.replay.after_step(float(rewards.mean()), self.step)
+        seconds = dict(self._seconds)
+        seconds["replay"] = seconds.get("replay", 0.0) - seconds.get("replay_scoring", 0.0)  # bookkeeping only
+        for phase in PHASES:
+            metrics[f"time/{phase}_seconds"] = seconds.get(phase, 0.0)
         metrics["time/step_seconds"] = time.perf_counter() - t0
         return metrics
 
@@ -180,24 +205,27 @@ class Trainer:
         for chunk in chunks:
             idx = torch.as_tensor(chunk, dtype=torch.long)
             mask = batch.mask[idx]
-            scores = self.policy.score(prompts[idx] if torch.is_tensor(prompts) else [prompts[i] for i in chunk], batch.tokens[idx], mask)
+            with self._timed("forward"):
+                scores = self.policy.score(prompts[idx] if torch.is_tensor(prompts) else [prompts[i] for i in chunk], batch.tokens[idx], mask)
             token_off = batch.off_policy[idx][:, None] & mask
             loss, m = exgrpo_objective(
                 self.loss_fn, batch.old_log_prob[idx], scores.log_prob, scores.entropy, adv[idx], mask, token_off,
                 loss_cfg, algo.loss_agg, algo.entropy_coeff, algo.kl_coeff,
             )
             if aux is not None:
-                aux_scores = self.policy.score(self.task.prompts(aux.qids), aux.tokens, aux.mask, full=aux.needs_full_log_prob)
+                with self._timed("forward"):
+                    aux_scores = self.policy.score(self.task.prompts(aux.qids), aux.tokens, aux.mask, full=aux.needs_full_log_prob)
                 aux_loss, m_aux = aux.loss(aux_scores.log_prob, aux_scores.full_log_prob)
                 loss = (1 - aux.weight) * loss + aux.weight * aux_loss
                 m.update(m_aux)
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.train.grad_clip or math.inf))
-            skip = cfg.train.skip_grad_above
-            skipped = not math.isfinite(grad_norm) or (skip is not None and grad_norm > skip)
-            if not skipped:
-                self.optimizer.step()
+            with self._timed("backward"):  # backward, clipping and the optimizer step
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.train.grad_clip or math.inf))
+                skip = cfg.train.skip_grad_above
+                skipped = not math.isfinite(grad_norm) or (skip is not None and grad_norm > skip)
+                if not skipped:
+                    self.optimizer.step()
             m["actor/grad_norm"] = grad_norm
             m["actor/step_skipped"] = float(skipped)
             for key, v in m.items():

@@ -38,6 +38,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from exgrpo.backends.native.lm.static_kv import StaticKVDecoder, supports_static_kv
+from exgrpo.config.options import Decoder
+
 __all__ = [
     "GenerationOutput",
     "PackedBatch",
@@ -181,13 +184,34 @@ def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.zeros_like(probs).scatter(-1, idx, sorted_p)
 
 
+def _sample_inverse_cdf(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """(n, V) unnormalised probabilities -> (n,) token ids, one uniform draw per row: the first
+    token whose cumulative mass exceeds u * total (a zero-probability token is never chosen).
+    ``torch.multinomial`` draws V exponentials per row, which dominates a large-vocabulary step."""
+    cdf = probs.double().cumsum(-1)  # (n, V)
+    u = torch.rand((probs.shape[0], 1), generator=generator, dtype=torch.float64) * cdf[:, -1:]
+    idx = torch.searchsorted(cdf, u, right=True).squeeze(1)  # (n,)
+    last_nonzero = probs.shape[1] - 1 - (probs.flip(-1) > 0).int().argmax(-1)  # guards u rounding up to the total
+    return torch.minimum(idx, last_nonzero)
+
+
 class RolloutEngine:
     """Batched KV-cache sampling and single-forward scoring for one HF causal LM.
 
-    ``eos_id=None`` never stops early (every row runs to ``max_new_tokens``; for benchmarks)."""
+    ``eos_id=None`` never stops early (every row runs to ``max_new_tokens``; for benchmarks).
+    ``decoder``: :class:`~exgrpo.config.options.Decoder`; ``static-kv`` falls back to ``hf`` for a
+    model outside the Llama family."""
 
-    def __init__(self, model: nn.Module, pad_id: int, eos_id: int | None, params: SamplingParams | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        pad_id: int,
+        eos_id: int | None,
+        params: SamplingParams | None = None,
+        decoder: Decoder | str = Decoder.STATIC_KV,
+    ) -> None:
         self.model = model
+        self.decoder = Decoder(decoder)
         self.pad_id = int(pad_id)
         self.eos_id = None if eos_id is None else int(eos_id)
         self.params = params or SamplingParams()
@@ -205,58 +229,105 @@ class RolloutEngine:
 
         Prefill once over the packed prompts, then one token per step from the KV cache. A row
         stops at its EOS (kept, mask True); the loop stops when every row has stopped or after
-        ``max_new_tokens``. Sampling draws from ``generator`` only (a fixed number of draws per
-        step, whatever rows have finished), so a seeded generator reproduces the rollout."""
-        from transformers import DynamicCache
-
-        sp = self.params
-        steps = int(max_new_tokens or sp.max_new_tokens)
+        ``max_new_tokens``. Sampling draws from ``generator`` only, so a seeded generator
+        reproduces the rollout (for a given decoder)."""
+        steps = int(max_new_tokens or self.params.max_new_tokens)
         batch = build_packed_batch(prompts, None, None, self.pad_id)
         n = batch.input_ids.shape[0]
+        out = GenerationOutput(
+            tokens=torch.full((n, steps), self.pad_id, dtype=torch.long),
+            mask=torch.zeros((n, steps), dtype=torch.bool),
+            log_prob=torch.zeros((n, steps)),
+            entropy=torch.zeros((n, steps)),
+            finished=torch.zeros(n, dtype=torch.bool),
+        )
+        if self.decoder is Decoder.STATIC_KV and supports_static_kv(self.model):
+            width = self._decode_static_kv(batch, steps, generator, greedy, out)
+        else:
+            width = self._decode_hf(batch, steps, generator, greedy, out)
+        out.tokens, out.mask = out.tokens[:, :width], out.mask[:, :width]
+        out.log_prob, out.entropy = out.log_prob[:, :width], out.entropy[:, :width]
+        return out
+
+    def _pick(
+        self, logits: torch.Tensor, generator: torch.Generator | None, greedy: bool, inverse_cdf: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(n, V) next-token logits -> (token, its tempered log-prob, tempered entropy), each (n,).
+        ``inverse_cdf``: one uniform draw per row (:func:`_sample_inverse_cdf`) instead of
+        ``torch.multinomial``'s V draws per row (what the ``hf`` decoder keeps, for reproducibility)."""
+        sp = self.params
+        log_prob_all = torch.log_softmax(logits.float() / sp.temperature, dim=-1)
+        probs = log_prob_all.exp()
+        if greedy:
+            nxt = logits.argmax(-1)
+        else:
+            sample_probs = _nucleus(probs, sp.top_p) if sp.top_p < 1.0 else probs
+            if inverse_cdf:
+                nxt = _sample_inverse_cdf(sample_probs, generator)
+            else:
+                nxt = torch.multinomial(sample_probs, 1, generator=generator).squeeze(1)
+        log_prob = log_prob_all.gather(1, nxt[:, None]).squeeze(1)
+        entropy = -(probs * log_prob_all).sum(-1)
+        return nxt, log_prob, entropy
+
+    def _decode_static_kv(self, batch: PackedBatch, steps: int, generator, greedy: bool, out: GenerationOutput) -> int:
+        """Preallocated KV cache; finished rows leave the batch once an eighth of it is done."""
+        dec = StaticKVDecoder(self.model, batch.input_ids, batch.attention_mask, batch.position_ids, steps)
+        logits = dec.prefill()
+        alive = torch.ones(batch.input_ids.shape[0], dtype=torch.bool)  # (n,) over the decoder's rows
+        t = 0
+        for t in range(steps):
+            nxt, log_prob, entropy = self._pick(logits, generator, greedy, inverse_cdf=True)
+            rows = dec.rows[alive]
+            out.tokens[rows, t] = nxt[alive]
+            out.mask[rows, t] = True
+            out.log_prob[rows, t] = log_prob[alive]
+            out.entropy[rows, t] = entropy[alive]
+            if self.eos_id is not None:
+                ended = alive & (nxt == self.eos_id)
+                out.finished[dec.rows[ended]] = True
+                alive = alive & ~ended
+            if t == steps - 1 or not bool(alive.any()):
+                break
+            if 8 * int((~alive).sum()) >= alive.numel():
+                dec.drop(alive)
+                nxt, alive = nxt[alive], alive[alive]
+            logits = dec.step(torch.where(alive, nxt, self.pad_id))
+        return t + 1
+
+    def _decode_hf(self, batch: PackedBatch, steps: int, generator, greedy: bool, out: GenerationOutput) -> int:
+        """The model's own forward with a growing cache (any HF causal LM)."""
+        from transformers import DynamicCache
+
         attn = batch.attention_mask
         last_pos = batch.position_ids[:, -1]
         cache = DynamicCache(config=getattr(self.model, "config", None))
-
-        tokens = torch.full((n, steps), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((n, steps), dtype=torch.bool)
-        log_prob = torch.zeros((n, steps))
-        entropy = torch.zeros((n, steps))
-        finished = torch.zeros(n, dtype=torch.bool)
-
-        out = self.model(
+        finished = out.finished
+        res = self.model(
             input_ids=batch.input_ids, attention_mask=attn, position_ids=batch.position_ids,
             past_key_values=cache, use_cache=True, logits_to_keep=1,
         )
         t = 0
         for t in range(steps):
-            logits = out.logits[:, -1, :].float()  # (N, V)
-            log_prob_all = torch.log_softmax(logits / sp.temperature, dim=-1)
-            if greedy:
-                nxt = logits.argmax(-1)
-            else:
-                probs = log_prob_all.exp()
-                if sp.top_p < 1.0:
-                    probs = _nucleus(probs, sp.top_p)
-                nxt = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+            nxt, log_prob, entropy = self._pick(res.logits[:, -1, :], generator, greedy)
             live = ~finished
             nxt = torch.where(live, nxt, torch.full_like(nxt, self.pad_id))
-            tokens[:, t] = nxt
-            mask[:, t] = live
-            log_prob[:, t] = torch.where(live, log_prob_all.gather(1, nxt[:, None]).squeeze(1), 0.0)
-            entropy[:, t] = torch.where(live, -(log_prob_all.exp() * log_prob_all).sum(-1), 0.0)
+            out.tokens[:, t] = nxt
+            out.mask[:, t] = live
+            out.log_prob[:, t] = torch.where(live, log_prob, 0.0)
+            out.entropy[:, t] = torch.where(live, entropy, 0.0)
             if self.eos_id is not None:
-                finished = finished | (live & (nxt == self.eos_id))
+                finished |= live & (nxt == self.eos_id)
             if bool(finished.all()) or t == steps - 1:
                 break
             # append column t: attention 1 on real tokens, 0 on post-EOS padding (= packed layout)
             attn = torch.cat([attn, live.long()[:, None]], dim=1)
             last_pos = last_pos + live.long()
-            out = self.model(
+            res = self.model(
                 input_ids=nxt[:, None], attention_mask=attn, position_ids=last_pos[:, None],
                 past_key_values=cache, use_cache=True,
             )
-        width = t + 1
-        return GenerationOutput(tokens[:, :width], mask[:, :width], log_prob[:, :width], entropy[:, :width], finished)
+        return t + 1
 
     # ------------------------------------------------------------------ scoring
     def score(

@@ -30,7 +30,7 @@ class LMPolicy(nn.Module):
         self.max_response_length = cfg.max_new_tokens
         self.pad_id, self.eos_id = int(pad_id), int(eos_id)
         params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p)
-        self._engine = RolloutEngine(model, self.pad_id, self.eos_id, params)
+        self._engine = RolloutEngine(model, self.pad_id, self.eos_id, params, decoder=cfg.decoder)
 
     @property
     def engine(self) -> RolloutEngine:
