@@ -39,8 +39,11 @@ ui: $(STAMP)   # Prefect :4200, MLflow :5000, optuna-dashboard :8080 on 127.0.0.
 	.venv/bin/exgrpo ui
 
 bench: $(STAMP)
+	$(PY) -c "import trl" 2>/dev/null || .venv/bin/pip install -q "trl==1.16.0"  # pyproject's [bench] extra
 	$(PY) bench/bench_toy_step.py
 	$(PY) bench/bench_rollout.py
+	$(PY) bench/bench_rollout.py --model smollm2 --repeats 2 --cases eos,greedy
+	$(PY) bench/bench_vs_trl.py
 	$(PY) bench/bench_orchestration.py
 	$(PY) bench/bench_verl.py
 	$(PY) bench/bench_pool.py
