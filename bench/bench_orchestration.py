@@ -2,7 +2,8 @@
 
 (a) Orchestration overhead: the same toy training (fixed steps, same seed) as
       bare      ``train(cfg)``                               (no tracking, no Prefect)
-      mlflow    ``tracked_train(cfg)``                       (MLflow run: params, per-step metrics, checkpoint)
+      mlflow    ``tracked_train(cfg)``                       (MLflow run: params, per-step metrics, checkpoint, model)
+      mlflow/10 the same with ``train.log_every_steps=10``   (MLflow gets every 10th step; metrics.jsonl all)
       prefect   ``train_flow(...)``                          (the Prefect train flow: MLflow + flow/artifact API calls)
     interleaved over ``--repeats`` rounds, median wall time of each, printed as a ratio to bare. The
     Prefect API is the ephemeral one (a local uvicorn server, the same app as ``prefect server start``)
@@ -91,19 +92,22 @@ def bench_overhead(steps: int, repeats: int, uri: str) -> None:
     print(f"    one-time: import prefect+mlflow {t_import:.1f} s; first flow call (API server start, MLflow "
           f"schema, 2 steps) {t_first:.1f} s")
 
-    times: dict[str, list[float]] = {"bare": [], "mlflow": [], "prefect": []}
+    times: dict[str, list[float]] = {"bare": [], "mlflow": [], "mlflow/10": [], "prefect": []}
     finals: dict[str, set] = {k: set() for k in times}
     for r in range(repeats):
-        order = ["bare", "mlflow", "prefect"]
-        order = order[r % 3:] + order[:r % 3]  # rotate, so no variant always runs first
+        order = list(times)
+        order = order[r % len(order):] + order[:r % len(order)]  # rotate, so no variant always runs first
         for v in order:
             tag = f"{v}-{r}"
             t0 = time.perf_counter()
             if v == "bare":
                 res = train(cfg_for(tag), progress=False)
                 acc = res.final_metrics["val/accuracy"]
-            elif v == "mlflow":
-                run = tracked_train(cfg_for(tag), tracking_uri=uri)
+            elif v.startswith("mlflow"):
+                cfg = cfg_for(tag.replace("/", "-"))
+                if v == "mlflow/10":
+                    cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"log_every_steps": 10})})
+                run = tracked_train(cfg, tracking_uri=uri)
                 acc = run.result.final_metrics["val/accuracy"]
             else:
                 out = train_flow(config="experiments/toy-exgrpo.yaml", tracking_uri=uri,
@@ -120,7 +124,8 @@ def bench_overhead(steps: int, repeats: int, uri: str) -> None:
               + ", ".join(f"{t:.2f}" for t in ts))
     same = len(set().union(*finals.values())) == 1
     print(f"    final val/accuracy identical across variants: {'yes' if same else 'NO'} {sorted(set().union(*finals.values()))}")
-    print(f"    overhead per run: mlflow +{statistics.median(times['mlflow']) - base:.2f} s, "
+    print(f"    overhead per run: mlflow +{statistics.median(times['mlflow']) - base:.2f} s "
+          f"(every 10th step: +{statistics.median(times['mlflow/10']) - base:.2f} s), "
           f"prefect flow +{statistics.median(times['prefect']) - base:.2f} s ({load()})")
 
 

@@ -24,7 +24,8 @@ TINY_LM = {
     "policy.model.intermediate_size": 128, "policy.max_new_tokens": 24, "task.n_train": 48, "task.n_val": 16,
     "train.batch_size": 8, "algorithm.group_size": 4, "train.max_steps": 4, "train.eval_every_steps": 2, "train.eval_before_train": True, "train.lr": 1e-4,
     "task.answer_format": "boxed_or_last_number",
-    "policy.decoder": "hf",  # recorded before the static-KV decoder (stop 19) became the default
+    # recorded before the static-KV decoder and the shared-prompt forward (stop 19) became the defaults
+    "policy.decoder": "hf", "policy.share_prompt_forward": False,
 }
 RUNS = {
     "toy-grpo": ("experiments/toy-exgrpo.yaml", TOY, {"algorithm.replay": "none"}),
@@ -32,9 +33,10 @@ RUNS = {
     "toy-notebook": ("experiments/toy-exgrpo.yaml", TOY, {"algorithm.replay": "notebook", **NOTEBOOK}),
     "tiny-lm-grpo": ("experiments/tiny-lm.yaml", TINY_LM, {"algorithm.replay": "none"}),
     "tiny-lm-exgrpo": ("experiments/tiny-lm.yaml", TINY_LM, {"algorithm.replay": "buckets", **EARLY}),
-    # recorded at stop 19 with the default decoder
+    # recorded at stop 19 with the defaults of the time
     "tiny-lm-exgrpo-static-kv": (
-        "experiments/tiny-lm.yaml", TINY_LM, {"algorithm.replay": "buckets", **EARLY, "policy.decoder": "static-kv"},
+        "experiments/tiny-lm.yaml", TINY_LM,
+        {"algorithm.replay": "buckets", **EARLY, "policy.decoder": "static-kv", "policy.share_prompt_forward": True},
     ),
 }
 

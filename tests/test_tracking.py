@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+from pathlib import Path
 
 import pytest
 
@@ -170,3 +171,19 @@ def test_tracked_compare_on_a_process_pool(tmp_path):
     assert {r.data.tags.get("mlflow.parentRunId") for r in runs if r.info.run_id != res.parent_run_id} == {res.parent_run_id}
     assert parent.data.metrics["grpo/final_mean"] == pytest.approx([o.final for o in res.outcomes if o.arm == "grpo"][0])
     assert "| grpo | 1 |" in res.table
+
+
+def test_log_every_steps_thins_mlflow_not_metrics_jsonl(tmp_path):
+    """train.log_every_steps=3: MLflow gets steps 3, 6, ... and every evaluation step; metrics.jsonl
+    keeps every step."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cfg = tiny_cfg(tmp_path, **{"train.max_steps": 10, "train.log_every_steps": 3, "train.eval_every_steps": 5,
+                                "train.eval_before_train": False})
+    run = tracked_train(cfg, tracking_uri=uri, log_model=False)
+    client = mlflow.MlflowClient(uri)
+    logged = sorted(m.step for m in client.get_metric_history(run.run_id, "batch/solved"))
+    evaluated = sorted(m.step for m in client.get_metric_history(run.run_id, "val/accuracy"))
+    rows = [json.loads(x) for x in (Path(run.result.run_dir) / "metrics.jsonl").read_text().splitlines()]
+    assert sorted(int(r["step"]) for r in rows if "batch/solved" in r) == list(range(1, 11))
+    assert evaluated == [5, 10]
+    assert logged == [3, 5, 6, 9, 10]

@@ -71,6 +71,8 @@ class TrainConfig(_Strict):
     a torn newest one leaves one to resume from."""
     threads: int = Field(1, ge=1)
     """torch intra-op threads of one training process."""
+    log_every_steps: int = Field(1, ge=1)
+    """Send per-step metrics to MLflow every this many steps (evaluation steps always); metrics.jsonl keeps every step."""
 
     @field_validator("grad_clip")
     @classmethod

@@ -73,6 +73,8 @@ class LMPolicyConfig(_Strict):
     """Nucleus sampling mass (1: plain sampling; <1 makes behaviour log-probs approximate, see engine)."""
     decoder: Decoder = Field(Decoder.STATIC_KV, json_schema_extra=MLFLOW_PARAM)
     """Decode loop of the rollout engine: static-kv (fast, Llama-family models) or hf (the model's own forward)."""
+    share_prompt_forward: bool = Field(True, json_schema_extra=MLFLOW_PARAM)
+    """Score a group's K rows on one forward of their shared prompt (same numbers up to rounding; false: one packed forward)."""
     model: TinyLMConfig = TinyLMConfig()
     """The tiny LM (architecture + SFT warm start; cached by a hash of this section)."""
 
@@ -90,3 +92,5 @@ class SmolLM2PolicyConfig(_Strict):
     """Nucleus sampling mass (1: plain sampling)."""
     decoder: Decoder = Field(Decoder.STATIC_KV, json_schema_extra=MLFLOW_PARAM)
     """Decode loop of the rollout engine: static-kv (fast, Llama-family models) or hf (the model's own forward)."""
+    share_prompt_forward: bool = Field(True, json_schema_extra=MLFLOW_PARAM)
+    """Score a group's K rows on one forward of their shared prompt (same numbers up to rounding; false: one packed forward)."""

@@ -405,7 +405,7 @@ def tracked_train(
 
             monitor = SystemMetricsMonitor(run_id, sampling_interval=2, tracking_uri=tracker.uri)
             monitor.start()
-        logger = MLflowStepLogger(client, run_id, background=True)
+        logger = MLflowStepLogger(client, run_id, every=cfg.train.log_every_steps)
         live = get_backend(cfg.backend.name).reports_to_mlflow  # the job logs its steps by itself
         try:
             result = train(cfg, callbacks=list(callbacks) if live else [logger, *callbacks], resume=resume,

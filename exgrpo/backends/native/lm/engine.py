@@ -337,23 +337,59 @@ class RolloutEngine:
         response_mask: torch.Tensor,
         full: bool = False,
         temperature: float | None = None,
+        share_prompts: bool = False,
     ) -> ScoreOutput:
         """Per-token log-probs and entropies of given right-padded responses (N, T), from ONE
         forward over the packed [prompt; response] batch. Differentiable (call under
         ``torch.no_grad`` when no gradient is wanted). ``temperature`` defaults to the sampling
-        temperature, so a rollout's behaviour log-probs are reproduced."""
+        temperature, so a rollout's behaviour log-probs are reproduced.
+
+        ``share_prompts``: when rows repeat a prompt (a GRPO group's K samples), run each distinct
+        prompt once and its K responses on top of its key/value cache (two forwards, the same
+        numbers up to float rounding; gradients flow through the shared prompt once)."""
         temp = self.params.temperature if temperature is None else float(temperature)
-        batch = build_packed_batch(prompt_ids, response_tokens, response_mask, self.pad_id)
         t = response_tokens.shape[1]
-        out = self.model(
-            input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
-            use_cache=False, logits_to_keep=t + 1,
-        )
-        # logits_to_keep=T+1 keeps columns P-1 .. P+T-1; column P-1+t predicts response token t
-        logits = out.logits[:, :t, :]  # (N, T, V)
+        rows = _as_lists(prompt_ids)
+        distinct = {tuple(r): None for r in rows}
+        if share_prompts and t > 0 and len(distinct) < len(rows):
+            logits = self._logits_shared_prompts(rows, list(distinct), response_tokens, response_mask)
+        else:
+            batch = build_packed_batch(rows, response_tokens, response_mask, self.pad_id)
+            out = self.model(
+                input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
+                use_cache=False, logits_to_keep=t + 1,
+            )
+            # logits_to_keep=T+1 keeps columns P-1 .. P+T-1; column P-1+t predicts response token t
+            logits = out.logits[:, :t, :]  # (N, T, V)
         mask = response_mask.bool()
         safe_tokens = torch.where(mask, response_tokens.long(), torch.zeros_like(response_tokens, dtype=torch.long))
         log_prob, entropy, log_prob_all = token_log_prob_entropy(logits, safe_tokens, temp)
         log_prob = torch.where(mask, log_prob, torch.zeros_like(log_prob))
         entropy = torch.where(mask, entropy, torch.zeros_like(entropy))
         return ScoreOutput(log_prob, entropy, log_prob_all if full else None)
+
+    def _logits_shared_prompts(
+        self, rows: list[list[int]], distinct: list[tuple[int, ...]], response_tokens: torch.Tensor,
+        response_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """(N, T, V) logits predicting each response token: the U distinct prompts (left-padded to
+        P) in one forward with a cache, the cache gathered to the N rows, the responses on top."""
+        from transformers import DynamicCache
+
+        index = {p: i for i, p in enumerate(distinct)}
+        inv = torch.tensor([index[tuple(r)] for r in rows])  # (N,) row -> its distinct prompt
+        prefix = build_packed_batch([list(p) for p in distinct], None, None, self.pad_id)  # (U, P)
+        cache = DynamicCache(config=getattr(self.model, "config", None))
+        head = self.model(
+            input_ids=prefix.input_ids, attention_mask=prefix.attention_mask, position_ids=prefix.position_ids,
+            past_key_values=cache, use_cache=True, logits_to_keep=1,
+        ).logits  # (U, 1, V): predicts response token 0
+        cache.batch_select_indices(inv)  # (N, Hkv, P, D) per layer, differentiable
+        full = build_packed_batch(rows, response_tokens, response_mask, self.pad_id)  # the packed layout's masks
+        p = prefix.input_ids.shape[1]
+        t = response_tokens.shape[1]
+        tail = self.model(
+            input_ids=full.input_ids[:, p:], attention_mask=full.attention_mask, position_ids=full.position_ids[:, p:],
+            past_key_values=cache, use_cache=True, logits_to_keep=t,
+        ).logits  # (N, T, V): column t predicts response token t+1
+        return torch.cat([head[inv], tail[:, : t - 1]], dim=1)

@@ -51,7 +51,7 @@ class LMPolicy(nn.Module):
         self, prompts: Sequence[Sequence[int]], tokens: torch.Tensor, mask: torch.Tensor, full: bool = False
     ) -> Scores:
         """(N, T) log-probs/entropies of right-padded responses (one forward), differentiable."""
-        out = self.engine.score(prompts, tokens, mask, full=full)
+        out = self.engine.score(prompts, tokens, mask, full=full, share_prompts=self.cfg.share_prompt_forward)
         return Scores(log_prob=out.log_prob, entropy=out.entropy, full_log_prob=out.full_log_prob)
 
     def forward(self, prompts, tokens, mask):  # noqa: D102 - nn.Module convention
