@@ -14,7 +14,9 @@ counted; the median of the rest is printed with the ratio. Responses stop at EOS
 so the step times include each side's own sampled lengths (printed as mean tokens per row).
 
 The native side also prints the share of its step spent in each part (``time/<phase>_seconds``,
-METRICS.md): rollout, reward, forward, backward (+ clip + AdamW), replay bookkeeping.
+METRICS.md): rollout, reward, forward, backward (+ clip + AdamW), replay bookkeeping; and, with
+``--exgrpo-steps``, the same for ExGRPO with replay on from step 1 (the pool's bookkeeping and the
+forward that scores stored trajectories for selection).
 """
 
 from __future__ import annotations
@@ -41,22 +43,22 @@ import torch  # noqa: E402
 PROMPTS, SAMPLES, NEW_TOKENS, LR = 4, 4, 64, 1e-5
 
 
-def native_config(steps: int, threads: int, out: Path):
+def native_config(steps: int, threads: int, out: Path, replay: str = "none"):
     from exgrpo.config import load_experiment
 
     return load_experiment(str(REPO / "experiments" / "smollm2-arith.yaml"), {
-        "algorithm.replay": "none", "algorithm.group_size": SAMPLES, "train.batch_size": PROMPTS,
+        "algorithm.replay": replay, **({"algorithm.replay_start_pass_rate": 0.0} if replay != "none" else {}), "algorithm.group_size": SAMPLES, "train.batch_size": PROMPTS,
         "policy.max_new_tokens": NEW_TOKENS, "train.mini_batches": 1, "train.lr": LR, "train.threads": threads,
         "train.max_steps": steps, "train.eval_before_train": False, "train.eval_every_steps": 10_000,
         "train.checkpoint_every": 0, "output_dir": str(out), "seed": 0,
     })
 
 
-def run_native(steps: int, threads: int, out: Path) -> tuple[list[float], dict[str, float], float]:
+def run_native(steps: int, threads: int, out: Path, replay: str = "none") -> tuple[list[float], dict[str, float], float]:
     """Per-step seconds (warm-up dropped), each phase's share of the counted steps, mean tokens per row."""
     from exgrpo.backends.native.trainer import PHASES, Trainer
 
-    trainer = Trainer(native_config(steps, threads, out))
+    trainer = Trainer(native_config(steps, threads, out, replay))
     rows = []
     for _ in range(steps):
         rows.append(trainer.train_step())
@@ -126,6 +128,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4, help="steps per side per round (the first is a warm-up)")
     ap.add_argument("--rounds", type=int, default=1, help="native/TRL rounds, alternating which goes first")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--exgrpo-steps", type=int, default=4,
+                    help="also time the native ExGRPO step's parts (replay from step 1); 0 skips")
     args = ap.parse_args()
     try:
         import trl
@@ -159,6 +163,11 @@ def main() -> None:
     share = {p: statistics.mean(s[p] for s in shares) for p in shares[0]}
     print("    native step parts: " + ", ".join(f"{p} {100 * v:.1f}%" for p, v in share.items())
           + f", other {100 * (1 - sum(share.values())):.1f}%")
+    if args.exgrpo_steps:
+        with tempfile.TemporaryDirectory() as d:
+            t, share, _ = run_native(args.exgrpo_steps, args.threads, Path(d), replay="buckets")
+        print(f"    native ExGRPO (replay from step 1), {statistics.median(t):.2f} s/step, parts: "
+              + ", ".join(f"{p} {100 * v:.2f}%" for p, v in share.items()))
 
 
 if __name__ == "__main__":
