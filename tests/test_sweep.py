@@ -112,6 +112,11 @@ def test_repo_sweep_file_is_valid():
     assert d["algorithm.shaping"] == "policy_shaping" and d["algorithm.shaping_gamma"] == 0.1
 
 
+def test_repo_lm_sweep_file_is_valid_and_uses_the_wilcoxon_pruner():
+    sc = load_sweep("experiments/tiny-lm-sweep.yaml")
+    assert sc.study.pruner == "wilcoxon" and str(sc.base).endswith("tiny-lm.yaml")
+
+
 def test_existing_study_with_other_space_is_an_error(tmp_path):
     storage = f"sqlite:///{tmp_path}/optuna.db"
     sc = load_sweep(sweep_dict(tmp_path))
@@ -166,6 +171,44 @@ def test_trial_is_pruned_from_the_worker_side(tmp_path):
     assert list(ft.intermediate_values) == [4]
     run = mlflow.MlflowClient(uri).get_run(out["run_id"])
     assert run.info.status == "KILLED" and run.data.tags["pruned"] == "true"
+
+
+def test_wilcoxon_pruner_compares_per_question_results_with_the_best_trial(tmp_path):
+    """pruner: wilcoxon: the trial reports each evaluation's held-out result per question and is
+    pruned when it is significantly worse, question by question, than the best trial."""
+    from exgrpo.backends.native.trainer import build_task_and_policy
+    from exgrpo.sweep.runner import INSTANCE_STRIDE
+    from exgrpo.sweep.space import base_config
+
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    d = sweep_dict(tmp_path)
+    d["study"].update(pruner="wilcoxon", enqueue_defaults=False)
+    sc = load_sweep(d, TINY_BASE)
+    n_val = len(build_task_and_policy(base_config(sc))[0].val_ids)
+    study, url, _ = open_study(sc, storage)
+    assert type(study.pruner).__name__ == "WilcoxonPruner"
+    dists = {k: v.distribution() for k, v in sc.space.items()}
+    strong = study.ask(dists)  # a finished trial that solved every held-out question at every evaluation
+    for step in (4, 8):
+        for i in range(n_val):
+            strong.report(1.0, step * INSTANCE_STRIDE + i)
+    study.tell(strong, 1.0)
+    trial = study.ask(dists)
+    out = run_trial({"sweep": sc.model_dump(mode="json"), "number": trial.number, "trial_id": trial._trial_id,
+                     "params": trial.params, "storage": url, "tracking_uri": uri, "experiment": "tiny-sweep",
+                     "parent_run_id": None})
+    assert out["state"] == "PRUNED", out
+    assert "pruned at step 4" in out["error"] and "Wilcoxon" in out["error"]
+    reported = study.get_trials()[trial.number].intermediate_values
+    assert sorted(reported) == [4 * INSTANCE_STRIDE + i for i in range(n_val)]
+    assert set(reported.values()) <= {0.0, 1.0} and 0.0 in reported.values()
+    # a veRL sweep cannot use it (the veRL backend reports aggregates only): an error before any work
+    d = sweep_dict(tmp_path)
+    d["base"] = "experiments/verl-tiny-exgrpo.yaml"
+    d["study"].update(pruner="wilcoxon")
+    with pytest.raises(SweepError, match="study.pruner: wilcoxon needs per-question"):
+        load_sweep(d)
 
 
 # ------------------------------------------------------------------ the whole loop on Ray

@@ -38,6 +38,10 @@ def ensure_ray(address: str | None = None, num_cpus: int = 2) -> None:
 # --------------------------------------------------------------------------------------------
 # One trial (runs in a Ray worker)
 # --------------------------------------------------------------------------------------------
+INSTANCE_STRIDE = 1_000_000
+"""Instance steps per training step in the wilcoxon pruner's reports (more than any validation set)."""
+
+
 def run_trial(payload: dict[str, Any]) -> dict[str, Any]:
     """Train one trial with MLflow logging and Optuna pruning; never raises (the outcome says)."""
     import optuna
@@ -62,6 +66,21 @@ def run_trial(payload: dict[str, Any]) -> dict[str, Any]:
             if trial.should_prune():
                 raise optuna.TrialPruned(f"pruned at step {step}: {metric}={metrics[metric]:.4f}")
 
+    class PerQuestion:
+        """The wilcoxon pruner's reports: each evaluation's held-out result per question, at
+        instance step ``train step * INSTANCE_STRIDE + question position`` (the same instances in every
+        trial of the study: same task, same evaluation schedule), then a paired test against the best trial."""
+
+        def __call__(self, step: int, metrics: dict[str, float]) -> None:
+            pass
+
+        def on_evaluation(self, step: int, correct: list[float]) -> None:
+            for i, value in enumerate(correct):
+                trial.report(float(value), step * INSTANCE_STRIDE + i)
+            if correct and trial.should_prune():
+                raise optuna.TrialPruned(f"pruned at step {step}: held-out results per question are worse than "
+                                         f"the best trial's (Wilcoxon signed-rank, p < {sc.study.pruner_p_threshold})")
+
     def on_start(run_id: str) -> None:
         out["run_id"] = run_id
         trial.set_user_attr("mlflow_run_id", run_id)
@@ -71,7 +90,7 @@ def run_trial(payload: dict[str, Any]) -> dict[str, Any]:
     tags = {"trial_number": number, "kind": "trial"}
     try:
         cfg = trial_config(sc, params, number)
-        callbacks = [prune_cb]
+        callbacks = [PerQuestion() if sc.study.pruner == "wilcoxon" else prune_cb]
         if payload.get("progress_board") is not None:
             from exgrpo.live_progress import ProgressReporter
 

@@ -113,11 +113,15 @@ class StudySpec(_Strict):
     """tpe: multivariate TPE (constant liar for parallel trials); grid: every combination of the space."""
     n_startup_trials: int = Field(5, ge=0)
     """Random trials before TPE starts modelling."""
-    pruner: Literal["median", "successive_halving", "none"] = "median"
+    pruner: Literal["median", "successive_halving", "wilcoxon", "none"] = "median"
+    """median: against the median of finished trials at the same step; wilcoxon: a paired signed-rank test of
+    the held-out result per question against the best trial (the one for LM tiers; native backend)."""
     pruner_startup_trials: int = Field(3, ge=0)
     """median: trials that finish before pruning starts."""
     pruner_warmup_steps: int = Field(0, ge=0)
-    """median: steps of a trial before it can be pruned."""
+    """median: steps of a trial before it can be pruned; wilcoxon: per-question results before it can be."""
+    pruner_p_threshold: float = Field(0.1, gt=0.0, lt=1.0)
+    """wilcoxon: prune when the one-sided p-value of 'worse than the best trial' is below this."""
     seed: int | None = 0
     """Sampler seed."""
     enqueue_defaults: bool = True
@@ -195,6 +199,9 @@ def load_sweep(path: str | Path | dict[str, Any], overrides: dict[str, Any] | No
         if unknown:
             raise SweepError(f"study.enqueue[{i}]: {unknown} not in the search space {sorted(sc.space)}")
     check_bounds(sc)  # the shared base, and each bound of each field, must be valid on its own
+    if sc.study.pruner == "wilcoxon" and base_config(sc).backend.name != "native":
+        raise SweepError("study.pruner: wilcoxon needs per-question held-out results, which only the native backend "
+                         "reports; use pruner: median (or none) for a veRL sweep")
     return sc
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,11 @@ def make_pruner(study: StudySpec):
                                            n_warmup_steps=study.pruner_warmup_steps)
     if study.pruner == "successive_halving":
         return optuna.pruners.SuccessiveHalvingPruner()
+    if study.pruner == "wilcoxon":
+        with warnings.catch_warnings():  # "experimental" since Optuna 3.6; the interface used here is stable
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.pruners.WilcoxonPruner(p_threshold=study.pruner_p_threshold,
+                                                 n_startup_steps=study.pruner_warmup_steps)
     return optuna.pruners.NopPruner()
 
 

@@ -42,7 +42,9 @@ from exgrpo.core.replay import make_replay_strategy
 
 StepCallback = Callable[[int, dict[str, float]], None]
 """(step, metrics) -> None; called after every step and every evaluation. A callback with an
-``on_start(total_steps)`` method is told the run's planned step count first (e.g. a progress ETA)."""
+``on_start(total_steps)`` method is told the run's planned step count first (e.g. a progress ETA);
+one with ``on_evaluation(step, correct)`` gets each evaluation's held-out result per question
+(a list of 0/1 in the fixed order of the task's validation ids; e.g. a paired pruning test)."""
 
 
 @dataclass
@@ -130,6 +132,7 @@ class Trainer:
         self.step = 0
         self.history: list[dict[str, float]] = []
         self._seconds: dict[str, float] = {}  # wall time per phase of the current step (time/<phase>_seconds)
+        self.val_correct: list[float] = []  # the last evaluation's held-out reward per validation question
 
     # ------------------------------------------------------------------ the step
     @property
@@ -240,8 +243,16 @@ class Trainer:
         out = {}
         for name, ids in (("val/accuracy", self.task.val_ids), ("train/accuracy", self._train_probe)):
             ro = self.policy.generate(self.task.prompts(ids), self.generator, greedy=True)
-            out[name] = float(self.task.rewards(ids, ro.tokens, ro.mask).mean())
+            rewards = self.task.rewards(ids, ro.tokens, ro.mask)
+            out[name] = float(rewards.mean())
+            if name == "val/accuracy":
+                self.val_correct = [float(r) for r in rewards]
         return out
+
+    def _evaluated(self, callbacks: list, step: int) -> None:
+        for cb in callbacks:
+            if hasattr(cb, "on_evaluation"):
+                cb.on_evaluation(step, self.val_correct)
 
     @functools.cached_property
     def _train_probe(self) -> list[int]:
@@ -296,6 +307,7 @@ class Trainer:
         with StepProgress(self.total_steps, self.step, enabled=progress, title=self.cfg.name) as bar:
             if self.step == 0 and self.cfg.train.eval_before_train:
                 m0 = {"step": 0.0, **self.evaluate()}
+                self._evaluated(callbacks, 0)
                 bar.epoch_summary(0, 0, m0)
                 self.history.append(m0)
                 with metrics_path.open("a") as f:
@@ -308,6 +320,7 @@ class Trainer:
                 m["step"] = float(self.step)
                 if self.step % eval_every == 0 or self.step == self.total_steps:
                     m.update(self.evaluate())
+                    self._evaluated(callbacks, self.step)
                     bar.epoch_summary(self.step // self.steps_per_epoch, self.step, m)
                 self.history.append(m)
                 with metrics_path.open("a") as f:
