@@ -8,8 +8,8 @@ embedding) with:
 
 * one key/value buffer per layer, allocated once for prompt + response, written a column per step;
 * the attention mask built once and updated in place (one column per step);
-* rows dropping out of the batch once they have finished (the cache is compacted when a quarter
-  of its rows are done), so a batch whose answers are short stops paying for its longest one.
+* rows dropping out of the batch once they have finished (:meth:`StaticKVDecoder.drop` compacts the
+  cache; the engine calls it as rows end), so a batch of short answers stops paying for its longest.
 
 It reads the model's parameters directly (no copy), so it always decodes the current weights.
 Only the batch layout differs from a full forward, so its log-probs equal a re-score of the same
@@ -76,11 +76,11 @@ class StaticKVDecoder:
         width = p + max_new_tokens
         dtype = model.model.embed_tokens.weight.dtype
         self.input_ids, self.position_ids = input_ids, position_ids
-        # (N, width) bool: keys a query may attend to; response columns turn on as tokens are written
-        self.key_mask = torch.zeros((n, width), dtype=torch.bool)
-        self.key_mask[:, :p] = attention_mask.bool()
-        # the same as an additive score bias (0 / -inf), what a decode step adds to q.k
-        self.key_bias = torch.zeros((n, width), dtype=dtype).masked_fill_(~self.key_mask, float("-inf"))
+        self.prompt_mask = attention_mask.bool()  # (N, P) real prompt tokens (the prefill's keys)
+        # (N, width) additive score bias over the cache columns: 0 where a query may attend (real prompt
+        # tokens, response columns as they are written), -inf elsewhere
+        self.key_bias = torch.full((n, width), float("-inf"), dtype=dtype)
+        self.key_bias[:, :p].masked_fill_(self.prompt_mask, 0.0)
         # keys stored transposed, so a decode step's q @ k^T reads them contiguously
         self.k = [torch.zeros((n, self.n_kv, self.head_dim, width), dtype=dtype) for _ in self.layers]  # (N, Hkv, D, width)
         self.v = [torch.zeros((n, self.n_kv, width, self.head_dim), dtype=dtype) for _ in self.layers]  # (N, Hkv, width, D)
@@ -136,14 +136,13 @@ class StaticKVDecoder:
         p = self.input_ids.shape[1]
         causal = torch.ones((p, p), dtype=torch.bool).tril()
         # a padding query attends to itself only (keeps its row finite; nothing real attends to it)
-        mask = (causal[None] & self.key_mask[:, None, :p]) | torch.eye(p, dtype=torch.bool)[None]
+        mask = (causal[None] & self.prompt_mask[:, None, :]) | torch.eye(p, dtype=torch.bool)[None]
         x = self.model.model.embed_tokens(self.input_ids)
         return self._forward(x, self.position_ids, mask[:, None])
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Append one token per current row (n,) -> (n, V) next-token logits."""
-        self.key_mask[:, self.col] = True
         self.key_bias[:, self.col] = 0.0
         self.pos = self.pos + 1
         mask = self.key_bias[:, None, None, : self.col + 1]  # (n, 1, 1, C) additive
@@ -155,7 +154,6 @@ class StaticKVDecoder:
         idx = keep.nonzero().squeeze(1)
         self.rows = self.rows[idx]
         self.pos = self.pos[idx]
-        self.key_mask = self.key_mask[idx]
         self.key_bias = self.key_bias[idx]
         self.k = [t.index_select(0, idx) for t in self.k]
         self.v = [t.index_select(0, idx) for t in self.v]
