@@ -38,15 +38,21 @@ test: $(STAMP) services
 ui: $(STAMP)   # Prefect :4200, MLflow :5000, optuna-dashboard :8080 on 127.0.0.1; Ctrl-C stops all
 	.venv/bin/exgrpo ui
 
-bench: $(STAMP)
-	$(PY) -c "import trl" 2>/dev/null || .venv/bin/pip install -q "trl==1.16.0"  # pyproject's [bench] extra
+# TRL is the baseline of bench_vs_trl.py only. It lives in .bench-deps/ (its own dependencies are
+# already in .venv), never in .venv itself: veRL imports a TRL symbol that TRL 1.x removed as soon as
+# TRL is importable, so the two cannot share one environment.
+TRL_PIN := trl==1.16.0
+.bench-deps/trl:
+	.venv/bin/pip install -q --no-deps --target .bench-deps "$(TRL_PIN)"
+
+bench: $(STAMP) .bench-deps/trl
 	$(PY) bench/bench_toy_step.py
 	$(PY) bench/bench_rollout.py
 	$(PY) bench/bench_rollout.py --model smollm2 --repeats 2 --cases eos,greedy
-	$(PY) bench/bench_vs_trl.py
+	PYTHONPATH=.bench-deps $(PY) bench/bench_vs_trl.py
 	$(PY) bench/bench_orchestration.py
 	$(PY) bench/bench_verl.py
 	$(PY) bench/bench_pool.py
 
 clean:
-	rm -rf .venv runs
+	rm -rf .venv .bench-deps runs

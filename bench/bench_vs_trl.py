@@ -1,7 +1,11 @@
 """One GRPO step: the native trainer vs TRL's ``GRPOTrainer``, same model, batch and threads, one process.
 
-    .venv/bin/pip install -e '.[bench]'          # TRL, bench-only (never in the default install)
-    .venv/bin/python bench/bench_vs_trl.py [--steps 4] [--rounds 1] [--threads 2]
+    make bench                                    # installs TRL into .bench-deps/ and runs this among the others
+    PYTHONPATH=.bench-deps .venv/bin/python bench/bench_vs_trl.py [--steps 4] [--rounds 1] [--threads 2]
+
+TRL (pinned in the Makefile) is installed with ``pip --target .bench-deps``, never into .venv: veRL
+imports ``trl.AutoModelForCausalLMWithValueHead``, which TRL 1.x removed, whenever TRL is importable,
+so an environment with both cannot run veRL.
 
 Both sides train SmolLM2-135M-Instruct (fp32, the project's converted weights, a fresh copy each)
 on the same reasoning-gym questions of ``experiments/smollm2-arith.yaml`` (the ones the native
@@ -134,7 +138,9 @@ def main() -> None:
     try:
         import trl
     except ImportError:
-        sys.exit("bench_vs_trl: TRL is not installed; it is a bench-only extra: .venv/bin/pip install -e '.[bench]'")
+        sys.exit("bench_vs_trl: TRL is not importable; run `make bench` (it installs TRL into .bench-deps/, never .venv) "
+                 "or: .venv/bin/pip install --no-deps --target .bench-deps trl==1.16.0; "
+                 "PYTHONPATH=.bench-deps .venv/bin/python bench/bench_vs_trl.py")
     torch.set_num_threads(args.threads)
     print(f"native vs TRL {trl.__version__} GRPOTrainer: SmolLM2-135M-Instruct fp32, {PROMPTS} prompts x {SAMPLES} "
           f"samples x <= {NEW_TOKENS} new tokens, {args.threads} threads, {args.steps - 1} counted steps per side "
