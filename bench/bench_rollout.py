@@ -1,16 +1,20 @@
 """Rollout throughput: the native LM engine vs HF ``generate`` on the same model, one process.
 
     .venv/bin/python bench/bench_rollout.py [--model tiny-lm|smollm2] [--prompts N] [--new-tokens T] \
-        [--repeats 5] [--threads 2] [--cases fixed,eos,greedy]
+        [--group-size K] [--repeats 5] [--threads 2] [--cases fixed,eos,greedy]
 
 Defaults are the training batch of each tier: tiny-lm 256 rows (32 questions x K=8) x 40 new
 tokens, 1 thread (a sweep/compare worker's setting); SmolLM2-135M 16 rows (4 x 4) x 64 new tokens,
-2 threads (``experiments/smollm2-arith.yaml``). Two engine decoders are timed against HF
-``generate``: ``static-kv`` (the default) and ``hf`` (the engine's loop over the model's own
-forward, the decoder before stop 19).
+2 threads (``experiments/smollm2-arith.yaml``). Three engine variants are timed against HF
+``generate``: ``static-kv`` (the default: oneDNN-packed weights), ``unpacked`` (the same decoder on
+the model's own weights, ``policy.prepack_weights: false``) and ``hf`` (the engine's loop over the
+model's own forward, the decoder before stop 19).
 
 Before timing it checks what the speed must not cost: greedy tokens equal to HF ``generate``'s,
 and the sampled rows' log-probs equal to a full-forward re-score (max |difference| printed).
+
+The batch is laid out as the trainer's: N / K distinct questions, each K times in a row (the
+engine prefills each distinct prompt once; HF ``generate`` prefills every row).
 
 Three cases on the same model and the same batch of task prompts (left-padded identically):
 
@@ -48,14 +52,17 @@ def main() -> None:
     ap.add_argument("--model", choices=["tiny-lm", "smollm2"], default="tiny-lm")
     ap.add_argument("--prompts", type=int, default=None, help="rows (default: the tier's training batch)")
     ap.add_argument("--new-tokens", type=int, default=None)
+    ap.add_argument("--group-size", type=int, default=None, help="K rows per question (default: the tier's)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--cases", default="fixed,eos,greedy")
     args = ap.parse_args()
-    defaults = {"tiny-lm": (256, 40, 1), "smollm2": (16, 64, 2)}[args.model]
+    defaults = {"tiny-lm": (256, 40, 1, 8), "smollm2": (16, 64, 2, 4)}[args.model]
     args.prompts = args.prompts or defaults[0]
     args.new_tokens = args.new_tokens or defaults[1]
     args.threads = args.threads or defaults[2]
+    k = args.group_size or defaults[3]
+    questions = -(-args.prompts // k)
     torch.set_num_threads(args.threads)
 
     if args.model == "smollm2":
@@ -64,20 +71,22 @@ def main() -> None:
         model, hf_tok = load_smollm2()
         model = model.eval()
         pad_id, eos_id, label = hf_tok.pad_token_id, hf_tok.eos_token_id, smollm2_dir()
-        prompts = [chat_prompt_ids(hf_tok, f"What is {3 * i % 50} + {7 * i % 40}?") for i in range(args.prompts)]
+        prompts = [chat_prompt_ids(hf_tok, f"What is {3 * i % 50} + {7 * i % 40}?") for i in range(questions)]
     else:
         tiny = load_tiny_lm(progress=True)
         model, tok = tiny.model.eval(), tiny.tokenizer
         pad_id, eos_id, label = tok.pad_id, tok.eos_id, tiny.path
         task = TextArithmetic()
-        qids = (task.val_ids * (args.prompts // len(task.val_ids) + 1))[: args.prompts]
-        prompts = task.prompts(qids)
+        prompts = task.prompts(list(task.val_ids[:questions]))
+    prompts = [p for p in prompts for _ in range(k)][: args.prompts]  # each question K times in a row
     batch = build_packed_batch(prompts, None, None, pad_id)
     n, t = args.prompts, args.new_tokens
     params = SamplingParams(max_new_tokens=t, temperature=1.0, top_p=1.0)
-    decoders = ("static-kv", "hf")
-    eng_stop = {d: RolloutEngine(model, pad_id, eos_id, params, decoder=d) for d in decoders}
-    eng_fixed = {d: RolloutEngine(model, pad_id, None, params, decoder=d) for d in decoders}
+    # engine variant -> (decoder, prepack_weights)
+    variants = {"static-kv": ("static-kv", True), "unpacked": ("static-kv", False), "hf": ("hf", False)}
+    decoders = tuple(variants)
+    eng_stop = {d: RolloutEngine(model, pad_id, eos_id, params, decoder=v[0], prepack=v[1]) for d, v in variants.items()}
+    eng_fixed = {d: RolloutEngine(model, pad_id, None, params, decoder=v[0], prepack=v[1]) for d, v in variants.items()}
     gen = torch.Generator().manual_seed(0)
     hf_common = dict(
         input_ids=batch.input_ids, attention_mask=batch.attention_mask, max_new_tokens=t,
@@ -107,7 +116,7 @@ def main() -> None:
     }
     runners = {"HF generate": hf_cases, **{f"engine {d}": engine_cases(d) for d in decoders}}
     print(f"model: {label}  params {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M  "
-          f"batch {n} prompts x {t} new tokens  threads {args.threads}  repeats {args.repeats} (median)")
+          f"batch {n} rows ({questions} questions x K {k}) x {t} new tokens  threads {args.threads}  repeats {args.repeats} (median)")
     with torch.no_grad():
         hf_greedy_out = model.generate(**hf_greedy, do_sample=False)[:, batch.prompt_width :]
         for d in decoders:
@@ -117,9 +126,9 @@ def main() -> None:
             sc = eng_stop[d].score(prompts, ro.tokens, ro.mask)
             gap = float((sc.log_prob - ro.log_prob).abs().max())
             print(f"check {d:9s}: greedy tokens equal to HF generate: {same}; "
-                  f"sampled log-probs vs full-forward re-score: max |diff| {gap:.1e}")
+                  f"sampled log-probs vs full-forward re-score: max |diff| {gap:.2e}")
         print(f"{'case':8s} " + " ".join(f"{r + ' tok/s':>22s}" for r in runners)
-              + "   ratios vs HF generate (static-kv, hf)")
+              + "   ratios vs HF generate (" + ", ".join(decoders) + ")")
         for name in args.cases.split(","):
             calls = {r: c[name] for r, c in runners.items()}
             for call in calls.values():
@@ -134,7 +143,7 @@ def main() -> None:
             rate = {r: tokens[r] / statistics.median(times[r]) for r in calls}
             base = rate["HF generate"]
             print(f"{name:8s} " + " ".join(f"{rate[r]:22.0f}" for r in calls)
-                  + f"   {rate['engine static-kv'] / base:5.2f}x {rate['engine hf'] / base:5.2f}x")
+                  + "   " + " ".join(f"{rate[f'engine {d}'] / base:5.2f}x" for d in decoders))
 
 
 if __name__ == "__main__":

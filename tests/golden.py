@@ -15,6 +15,7 @@ FIXTURES = Path(__file__).parent / "fixtures" / "golden_metrics.json"
 TOY = {
     "task.max_operand": 6, "policy.hidden": 32, "policy.layers": 2, "algorithm.group_size": 4,
     "train.batch_size": 16, "train.epochs": 4, "train.lr": 1e-2, "train.mini_batches": 2,
+    "train.fused_optimizer": False,  # recorded with the for-loop optimiser (the default before stop 20)
 }
 EARLY = {"algorithm.replay_start_pass_rate": 0.0}
 NOTEBOOK = {"algorithm.notebook.warm": 1, "algorithm.notebook.peak": 2, "algorithm.notebook.per": 8,
@@ -25,7 +26,8 @@ TINY_LM = {
     "train.batch_size": 8, "algorithm.group_size": 4, "train.max_steps": 4, "train.eval_every_steps": 2, "train.eval_before_train": True, "train.lr": 1e-4,
     "task.answer_format": "boxed_or_last_number",
     # recorded before the static-KV decoder and the shared-prompt forward (stop 19) became the defaults
-    "policy.decoder": "hf", "policy.share_prompt_forward": False,
+    "policy.decoder": "hf", "policy.share_prompt_forward": False, "policy.prepack_weights": False,
+    "train.fused_optimizer": False,  # ... and the for-loop optimiser (stop 20)
 }
 RUNS = {
     "toy-grpo": ("experiments/toy-exgrpo.yaml", TOY, {"algorithm.replay": "none"}),
@@ -36,7 +38,8 @@ RUNS = {
     # recorded at stop 19 with the defaults of the time
     "tiny-lm-exgrpo-static-kv": (
         "experiments/tiny-lm.yaml", TINY_LM,
-        {"algorithm.replay": "buckets", **EARLY, "policy.decoder": "static-kv", "policy.share_prompt_forward": True},
+        {"algorithm.replay": "buckets", **EARLY, "policy.decoder": "static-kv", "policy.share_prompt_forward": True,
+         "policy.prepack_weights": False},
     ),
 }
 

@@ -72,3 +72,18 @@ def test_backfill_logs_only_the_steps_that_never_arrived_and_says_so(tmp_path, c
     assert client.get_run(run_id).data.tags["live_metrics"] == "partial"
     assert "logged 1 of 3 steps to MLflow" in capsys.readouterr().out
     assert backfill_steps(client, run_id, history, logger) == 0  # nothing twice
+
+
+def test_step_logger_writes_every_flush_every_steps_or_once_flush_seconds_have_passed(tmp_path):
+    uri, client, run_id = _run(tmp_path)
+    by_count = MLflowStepLogger(client, run_id, flush_every=3, flush_seconds=3600)
+    for step in (1, 2):
+        by_count(step, {"batch/solved": step / 4, "val/accuracy": 0.5})  # evaluation steps wait too
+    assert client.get_metric_history(run_id, "batch/solved") == []
+    by_count(3, {"batch/solved": 0.75})
+    assert [m.step for m in client.get_metric_history(run_id, "batch/solved")] == [1, 2, 3]
+
+    run2 = client.create_run(client.get_run(run_id).info.experiment_id).info.run_id
+    by_time = MLflowStepLogger(client, run2, flush_every=1000, flush_seconds=0.0)
+    by_time(1, {"batch/solved": 0.25})
+    assert [m.step for m in client.get_metric_history(run2, "batch/solved")] == [1]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -40,12 +42,14 @@ def model():
     return m
 
 
-DECODERS = pytest.mark.parametrize("decoder", ["static-kv", "hf"])
+DECODERS = pytest.mark.parametrize("decoder", ["static-kv", "static-kv-unpacked", "hf"])
 
 
 def engine(model, decoder="static-kv", **kw) -> RolloutEngine:
+    """``static-kv-unpacked``: the static-KV decoder on the model's own weights (no oneDNN packing)."""
     params = SamplingParams(**{"max_new_tokens": 14, "temperature": TEMP, **kw})
-    return RolloutEngine(model, PAD, EOS, params, decoder=decoder)
+    prepack = decoder != "static-kv-unpacked"
+    return RolloutEngine(model, PAD, EOS, params, decoder=decoder.removesuffix("-unpacked"), prepack=prepack)
 
 
 def reference_row(model, prompt, response, temperature):
@@ -201,13 +205,34 @@ def test_static_kv_equals_hf_decoder_on_qwen2_with_biases():
             layer.self_attn.q_proj.bias.normal_(0, 0.5)
             layer.self_attn.k_proj.bias.normal_(0, 0.5)
     assert supports_static_kv(qwen)
-    fast, slow = engine(qwen, "static-kv"), engine(qwen, "hf")
-    assert torch.equal(fast.generate(PROMPTS, greedy=True).tokens, slow.generate(PROMPTS, greedy=True).tokens)
-    ro = fast.generate(PROMPTS, torch.Generator().manual_seed(2))
+    slow = engine(qwen, "hf")
+    for fast in (engine(qwen, "static-kv"), engine(qwen, "static-kv-unpacked")):
+        assert torch.equal(fast.generate(PROMPTS, greedy=True).tokens, slow.generate(PROMPTS, greedy=True).tokens)
+        ro = fast.generate(PROMPTS, torch.Generator().manual_seed(2))
+        with torch.no_grad():
+            sc = fast.score(PROMPTS, ro.tokens, ro.mask)
+        torch.testing.assert_close(sc.log_prob, ro.log_prob, atol=1e-5, rtol=0)
+        torch.testing.assert_close(sc.entropy, ro.entropy, atol=1e-5, rtol=0)
+
+
+def test_prepacked_weights_are_used_and_follow_each_update(model):
+    """The packed copy is taken per rollout: after an optimizer-like update the next rollout decodes
+    the new weights (as the unpacked decoder does), not a stale copy."""
+    from exgrpo.backends.native.lm import static_kv
+
+    assert static_kv.can_prepack(), "this torch build has no oneDNN packed linear: the fast path is off"
+    model = copy.deepcopy(model)
+    dec = static_kv.StaticKVDecoder(model, torch.tensor([[BOS, 3, 4]]), torch.ones(1, 3, dtype=torch.long),
+                                    torch.arange(3)[None], 4, prepack=True)
+    assert dec.head.prepack and all(p["qkv"].prepack and p["gate_up"].prepack for p in dec.proj)
+    packed, unpacked = engine(model, "static-kv"), engine(model, "static-kv-unpacked")
+    before = packed.generate(PROMPTS, greedy=True).tokens
     with torch.no_grad():
-        sc = fast.score(PROMPTS, ro.tokens, ro.mask)
-    torch.testing.assert_close(sc.log_prob, ro.log_prob, atol=1e-5, rtol=0)
-    torch.testing.assert_close(sc.entropy, ro.entropy, atol=1e-5, rtol=0)
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.5)
+    after = packed.generate(PROMPTS, greedy=True).tokens
+    assert not torch.equal(before, after)
+    assert torch.equal(after, unpacked.generate(PROMPTS, greedy=True).tokens)
 
 
 def test_static_kv_drops_finished_rows_from_the_batch(model, monkeypatch):
@@ -226,6 +251,34 @@ def test_static_kv_drops_finished_rows_from_the_batch(model, monkeypatch):
     # every row that finished before the last step left the batch; the rest ran on
     lengths = ro.mask.sum(1)
     assert sizes[-1] >= int((lengths == lengths.max()).sum())
+
+
+@pytest.mark.parametrize("decoder", ["static-kv", "static-kv-unpacked"])
+def test_static_kv_prefills_each_distinct_prompt_once(model, monkeypatch, decoder):
+    """A GRPO batch (each prompt K times, the trainer's layout): the prefill runs the distinct
+    prompts only, and every row decodes as if it had its own (greedy = the hf decoder's tokens,
+    sampled log-probs = a full-forward re-score)."""
+    from exgrpo.backends.native.lm import static_kv
+
+    prompts = [p for p in PROMPTS[:5] for _ in range(3)]  # 15 rows, 5 distinct
+    widths = []
+    real_forward = static_kv.StaticKVDecoder._forward
+
+    def forward(self, x, pos, mask):  # the real method, with the rows of each call recorded
+        widths.append((x.shape[0], x.shape[1]))
+        return real_forward(self, x, pos, mask)
+
+    monkeypatch.setattr(static_kv.StaticKVDecoder, "_forward", forward)
+    fast = engine(model, decoder)
+    greedy = fast.generate(prompts, greedy=True)
+    assert widths[0][0] == 5, widths[:2]  # the prefill ran 5 rows, not 15
+    assert torch.equal(greedy.tokens, engine(model, "hf").generate(prompts, greedy=True).tokens)
+    ro = fast.generate(prompts, torch.Generator().manual_seed(5))
+    assert len({tuple(r) for r in ro.tokens[:3].tolist()}) > 1, "rows of one prompt must sample apart"
+    with torch.no_grad():
+        sc = fast.score(prompts, ro.tokens, ro.mask)
+    torch.testing.assert_close(sc.log_prob, ro.log_prob, atol=1e-5, rtol=0)
+    torch.testing.assert_close(sc.entropy, ro.entropy, atol=1e-5, rtol=0)
 
 
 def test_static_kv_falls_back_to_hf_for_other_architectures():

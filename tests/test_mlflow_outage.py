@@ -76,7 +76,10 @@ def _history(uri: str, run_id: str, key: str) -> list[int]:
     return sorted(m.step for m in MlflowClient(uri).get_metric_history(run_id, key))
 
 
-def test_mlflow_killed_mid_run_and_restarted_loses_no_metric(server, tmp_path, caplog):
+def test_mlflow_killed_mid_run_and_restarted_loses_no_metric(server, tmp_path, caplog, monkeypatch):
+    from exgrpo.tracking import step_logger
+
+    monkeypatch.setattr(step_logger, "FLUSH_SECONDS", 0.0)  # write every step, so writes hit the outage
     cfg = load_experiment("experiments/toy-exgrpo.yaml", {**TOY, "output_dir": str(tmp_path / "runs")})
 
     def outage(step: int, _metrics: dict) -> None:

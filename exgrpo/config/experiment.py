@@ -52,6 +52,8 @@ class TrainConfig(_Strict):
     """Learning rate (constant)."""
     weight_decay: float = Field(0.0, ge=0.0, json_schema_extra=MLFLOW_PARAM)
     """Weight decay (AdamW only)."""
+    fused_optimizer: bool = Field(True, json_schema_extra=MLFLOW_PARAM)
+    """One fused kernel per optimiser step (torch's fused Adam/AdamW; same update up to float rounding)."""
     mini_batches: int = Field(1, ge=1, json_schema_extra=MLFLOW_PARAM)
     """Optimiser steps per training step (the batch is split into this many mini-batches)."""
     grad_clip: float | None = Field(1.0, json_schema_extra=MLFLOW_PARAM)

@@ -73,6 +73,8 @@ class LMPolicyConfig(_Strict):
     """Nucleus sampling mass (1: plain sampling; <1 makes behaviour log-probs approximate, see engine)."""
     decoder: Decoder = Field(Decoder.STATIC_KV, json_schema_extra=MLFLOW_PARAM)
     """Decode loop of the rollout engine: static-kv (fast, Llama-family models) or hf (the model's own forward)."""
+    prepack_weights: bool = Field(False, json_schema_extra=MLFLOW_PARAM)
+    """static-kv decoder: reorder weights once per rollout for oneDNN's GEMM (off: this model's weights fit in cache, measured no gain)."""
     share_prompt_forward: bool = Field(True, json_schema_extra=MLFLOW_PARAM)
     """Score a group's K rows on one forward of their shared prompt (same numbers up to rounding; false: one packed forward)."""
     model: TinyLMConfig = TinyLMConfig()
@@ -92,5 +94,7 @@ class SmolLM2PolicyConfig(_Strict):
     """Nucleus sampling mass (1: plain sampling)."""
     decoder: Decoder = Field(Decoder.STATIC_KV, json_schema_extra=MLFLOW_PARAM)
     """Decode loop of the rollout engine: static-kv (fast, Llama-family models) or hf (the model's own forward)."""
+    prepack_weights: bool = Field(True, json_schema_extra=MLFLOW_PARAM)
+    """static-kv decoder: reorder weights once per rollout for oneDNN's fp32 GEMM (same math; ~2x faster decode on CPU)."""
     share_prompt_forward: bool = Field(True, json_schema_extra=MLFLOW_PARAM)
     """Score a group's K rows on one forward of their shared prompt (same numbers up to rounding; false: one packed forward)."""

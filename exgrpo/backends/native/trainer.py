@@ -114,10 +114,11 @@ class Trainer:
         algo, train = cfg.algorithm, cfg.train
         self.algo = algo
         params = list(policy.parameters())
+        fused = {"fused": True} if train.fused_optimizer else {}
         if train.optimizer == OptimizerKind.ADAMW:
-            self.optimizer = torch.optim.AdamW(params, lr=train.lr, weight_decay=train.weight_decay)
+            self.optimizer = torch.optim.AdamW(params, lr=train.lr, weight_decay=train.weight_decay, **fused)
         else:
-            self.optimizer = torch.optim.Adam(params, lr=train.lr)
+            self.optimizer = torch.optim.Adam(params, lr=train.lr, **fused)
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.rng = np.random.default_rng(cfg.seed)
         self.fresh = FreshSampler(task.train_ids, np.random.default_rng(cfg.seed + 1))

@@ -200,7 +200,8 @@ class RolloutEngine:
 
     ``eos_id=None`` never stops early (every row runs to ``max_new_tokens``; for benchmarks).
     ``decoder``: :class:`~exgrpo.config.options.Decoder`; ``static-kv`` falls back to ``hf`` for a
-    model outside the Llama family."""
+    model outside the Llama family. ``prepack``: the static-kv decoder reorders the weights once per
+    rollout for oneDNN's GEMM (same fp32 math, another kernel; see :mod:`.static_kv`)."""
 
     def __init__(
         self,
@@ -209,9 +210,11 @@ class RolloutEngine:
         eos_id: int | None,
         params: SamplingParams | None = None,
         decoder: Decoder | str = Decoder.STATIC_KV,
+        prepack: bool = True,
     ) -> None:
         self.model = model
         self.decoder = Decoder(decoder)
+        self.prepack = bool(prepack)
         self.pad_id = int(pad_id)
         self.eos_id = None if eos_id is None else int(eos_id)
         self.params = params or SamplingParams()
@@ -272,7 +275,8 @@ class RolloutEngine:
 
     def _decode_static_kv(self, batch: PackedBatch, steps: int, generator, greedy: bool, out: GenerationOutput) -> int:
         """Preallocated KV cache; finished rows leave the batch once an eighth of it is done."""
-        dec = StaticKVDecoder(self.model, batch.input_ids, batch.attention_mask, batch.position_ids, steps)
+        dec = StaticKVDecoder(self.model, batch.input_ids, batch.attention_mask, batch.position_ids, steps,
+                              prepack=self.prepack)
         logits = dec.prefill()
         alive = torch.ones(batch.input_ids.shape[0], dtype=torch.bool)  # (n,) over the decoder's rows
         t = 0
