@@ -189,3 +189,26 @@ def test_replay_added_to_the_batch_keeps_grpos_fresh_budget(tmp_path):
             assert h["compute/rollout_tokens"] == groups * k - h["replay/questions"]
     with pytest.raises(ConfigError, match="replay_adds_to_batch=true has no veRL backend"):
         load_experiment("experiments/verl-tiny-exgrpo.yaml", {"algorithm.replay_adds_to_batch": True})
+
+
+def test_keep_freed_memory_keeps_a_freed_large_tensor_in_the_process():
+    """glibc hands a 200 MB tensor back to the system on free unless told otherwise (then every step
+    page-faults its large tensors afresh); with the setting the pages stay for the next step."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import os, torch\n"
+        "from exgrpo.backends.native.memory import keep_freed_memory\n"
+        "applied = keep_freed_memory() if os.environ['KEEP'] == '1' else None\n"
+        "rss = lambda: int(open('/proc/self/statm').read().split()[1]) * os.sysconf('SC_PAGE_SIZE')\n"
+        "before = rss(); x = torch.ones(50_000_000); del x\n"
+        "print(applied, (rss() - before) // 2**20)\n"
+    )
+    kept = {}
+    for keep in ("0", "1"):
+        out = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "KEEP": keep}, capture_output=True,
+                             text=True, check=True).stdout.split()
+        kept[keep] = (out[0], int(out[1]))
+    assert kept["1"][0] == "True" and kept["1"][1] >= 150, kept  # the freed 191 MB stays resident
+    assert kept["0"][1] < 50, kept  # default glibc: returned at once

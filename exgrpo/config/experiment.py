@@ -73,6 +73,8 @@ class TrainConfig(_Strict):
     a torn newest one leaves one to resume from."""
     threads: int = Field(1, ge=1)
     """torch intra-op threads of one training process."""
+    keep_freed_memory: bool = True
+    """Native trainer: malloc keeps freed memory (no per-step page faults on large tensors; RSS stays at its peak)."""
     log_every_steps: int = Field(1, ge=1)
     """Send per-step metrics to MLflow every this many steps (evaluation steps always); metrics.jsonl keeps every step."""
 

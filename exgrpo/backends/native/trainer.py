@@ -26,6 +26,7 @@ import torch
 
 from exgrpo.backends.base import MLflowRun
 from exgrpo.backends.native.interfaces import Policy, Task
+from exgrpo.backends.native.memory import keep_freed_memory
 from exgrpo.core.fresh import FreshSampler
 from exgrpo.backends.verl.loss import get_exgrpo_loss_fn
 from exgrpo.config import (
@@ -108,6 +109,8 @@ class Trainer:
     ) -> None:
         self.cfg = cfg
         torch.set_num_threads(cfg.train.threads)
+        if cfg.train.keep_freed_memory:
+            keep_freed_memory()
         if task is None or policy is None:
             task, policy = build_task_and_policy(cfg, progress=progress)
         self.task, self.policy = task, policy
