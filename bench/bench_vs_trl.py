@@ -21,6 +21,9 @@ The native side also prints the share of its step spent in each part (``time/<ph
 METRICS.md): rollout, reward, forward, backward (+ clip + AdamW), replay bookkeeping; and, with
 ``--exgrpo-steps``, the same for ExGRPO with replay on from step 1 (the pool's bookkeeping and the
 forward that scores stored trajectories for selection).
+
+The native trainer's ``train.keep_freed_memory`` (default on) is a process-wide malloc setting, so it
+is applied before either side runs and TRL gets it too; ``--default-malloc`` runs both without it.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 PROMPTS, SAMPLES, NEW_TOKENS, LR = 4, 4, 64, 1e-5
+KEEP_FREED = [True]  # train.keep_freed_memory of the native side; set for the whole process, so TRL's too
 
 
 def native_config(steps: int, threads: int, out: Path, replay: str = "none"):
@@ -54,7 +58,7 @@ def native_config(steps: int, threads: int, out: Path, replay: str = "none"):
         "algorithm.replay": replay, **({"algorithm.replay_start_pass_rate": 0.0} if replay != "none" else {}), "algorithm.group_size": SAMPLES, "train.batch_size": PROMPTS,
         "policy.max_new_tokens": NEW_TOKENS, "train.mini_batches": 1, "train.lr": LR, "train.threads": threads,
         "train.max_steps": steps, "train.eval_before_train": False, "train.eval_every_steps": 10_000,
-        "train.checkpoint_every": 0, "output_dir": str(out), "seed": 0,
+        "train.checkpoint_every": 0, "output_dir": str(out), "seed": 0, "train.keep_freed_memory": KEEP_FREED[0],
     })
 
 
@@ -132,6 +136,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4, help="steps per side per round (the first is a warm-up)")
     ap.add_argument("--rounds", type=int, default=1, help="native/TRL rounds, alternating which goes first")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--default-malloc", action="store_true",
+                    help="leave glibc's malloc as it is (native train.keep_freed_memory false) for both sides")
     ap.add_argument("--exgrpo-steps", type=int, default=4,
                     help="also time the native ExGRPO step's parts (replay from step 1); 0 skips")
     args = ap.parse_args()
@@ -142,9 +148,14 @@ def main() -> None:
                  "or: .venv/bin/pip install --no-deps --target .bench-deps trl==1.16.0; "
                  "PYTHONPATH=.bench-deps .venv/bin/python bench/bench_vs_trl.py")
     torch.set_num_threads(args.threads)
+    KEEP_FREED[0] = not args.default_malloc
+    if KEEP_FREED[0]:  # process-wide: applied before either side runs, so both get it
+        from exgrpo.backends.native.memory import keep_freed_memory
+
+        KEEP_FREED[0] = keep_freed_memory()
     print(f"native vs TRL {trl.__version__} GRPOTrainer: SmolLM2-135M-Instruct fp32, {PROMPTS} prompts x {SAMPLES} "
           f"samples x <= {NEW_TOKENS} new tokens, {args.threads} threads, {args.steps - 1} counted steps per side "
-          f"x {args.rounds} round(s), load {os.getloadavg()[0]:.2f}")
+          f"x {args.rounds} round(s), load {os.getloadavg()[0]:.2f}; malloc keeps freed memory (both sides): {KEEP_FREED[0]}")
     native_t, trl_t, shares, tok_native, tok_trl = [], [], [], [], []
     with tempfile.TemporaryDirectory() as d:
         for r in range(args.rounds):
