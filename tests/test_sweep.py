@@ -148,6 +148,14 @@ def test_grid_sampler_enumerates_the_space(tmp_path):
 
 
 # ------------------------------------------------------------------ pruning path (in process)
+def _run_next_trial(study, dists, sc, storage_url, tracking_uri):
+    """Ask the study for a trial and run it as a sweep worker would -> (trial, run_trial's result)."""
+    trial = study.ask(dists)
+    return trial, run_trial({"sweep": sc.model_dump(mode="json"), "number": trial.number, "trial_id": trial._trial_id,
+                             "params": trial.params, "storage": storage_url, "tracking_uri": tracking_uri,
+                             "experiment": "tiny-sweep", "parent_run_id": None})
+
+
 def test_trial_is_pruned_from_the_worker_side(tmp_path):
     """run_trial loads the study by name, reports val/accuracy at eval steps and prunes itself."""
     storage = f"sqlite:///{tmp_path}/optuna.db"
@@ -161,10 +169,7 @@ def test_trial_is_pruned_from_the_worker_side(tmp_path):
     for step in (4, 8):
         strong.report(1.0, step)
     study.tell(strong, 1.0)
-    trial = study.ask(dists)
-    out = run_trial({"sweep": sc.model_dump(mode="json"), "number": trial.number, "trial_id": trial._trial_id,
-                     "params": trial.params, "storage": url, "tracking_uri": uri, "experiment": "tiny-sweep",
-                     "parent_run_id": None})
+    trial, out = _run_next_trial(study, dists, sc, url, uri)
     assert out["state"] == "PRUNED", out
     assert "pruned at step 4" in out["error"]
     ft = study.get_trials()[trial.number]
@@ -194,10 +199,7 @@ def test_wilcoxon_pruner_compares_per_question_results_with_the_best_trial(tmp_p
         for i in range(n_val):
             strong.report(1.0, step * INSTANCE_STRIDE + i)
     study.tell(strong, 1.0)
-    trial = study.ask(dists)
-    out = run_trial({"sweep": sc.model_dump(mode="json"), "number": trial.number, "trial_id": trial._trial_id,
-                     "params": trial.params, "storage": url, "tracking_uri": uri, "experiment": "tiny-sweep",
-                     "parent_run_id": None})
+    trial, out = _run_next_trial(study, dists, sc, url, uri)
     assert out["state"] == "PRUNED", out
     assert "pruned at step 4" in out["error"] and "Wilcoxon" in out["error"]
     reported = study.get_trials()[trial.number].intermediate_values
