@@ -129,6 +129,14 @@ def test_tracked_toy_run_reads_back(tmp_path):
     model = mlflow_pytorch.load_model(r.data.tags["model_uri"])  # the final model as an MLflow model
     feats = torch.zeros(3, 4)
     assert model.log_probs(feats).shape[0] == 3
+    (output,) = r.outputs.model_outputs  # the LoggedModel is the run's output at its last step
+    assert output.step == 8
+    logged = client.get_logged_model(output.model_id)
+    assert logged.source_run_id == run.run_id and logged.params["train.max_steps"] == "8"
+    model_metrics = {m.key: m for m in logged.metrics}
+    assert model_metrics["final/val/accuracy"].value == pytest.approx(run.result.final_metrics["val/accuracy"])
+    assert model_metrics["batch/solved"].value == pytest.approx(run.result.history[-1]["batch/solved"])
+    assert {m.step for m in logged.metrics} == {8}
     inputs = {d.dataset.name: d for d in r.inputs.dataset_inputs}
     assert set(inputs) == {"toy_arithmetic-train", "toy_arithmetic-val"}
     assert [t.value for t in inputs["toy_arithmetic-train"].tags] == ["training"]

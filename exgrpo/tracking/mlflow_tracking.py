@@ -241,7 +241,8 @@ class Tracker:
         for i in range(0, len(items), 100):
             self.client.log_batch(run_id, params=items[i:i + 100])
 
-    def log_metrics(self, run_id: str, metrics: Mapping[str, float], step: int = 0) -> None:
+    def log_metrics(self, run_id: str, metrics: Mapping[str, float], step: int = 0) -> list[Any]:
+        """Log ``metrics`` at ``step``; returns the ``mlflow.entities.Metric`` values written."""
         from mlflow.entities import Metric
 
         ts = int(time.time() * 1000)
@@ -249,6 +250,7 @@ class Tracker:
                  if isinstance(v, (int, float))]
         for i in range(0, len(items), 1000):
             self.client.log_batch(run_id, metrics=items[i:i + 1000])
+        return items
 
     def end_run(self, run_id: str, status: str = "FINISHED") -> None:
         self.client.set_terminated(run_id, status)
@@ -313,25 +315,40 @@ MAX_LOGGED_MODEL_PARAMS = 20_000_000
 artifact plus a ``model_uri`` tag (a 135M-parameter fp32 model would be ~540 MB per run)."""
 
 
-def log_final_model(tracking_uri: str, run_id: str, policy: Any, step: int) -> None:
+def log_final_model(tracking_uri: str, run_id: str, policy: Any, step: int, metrics: Iterable[Any] = ()) -> None:
     """Log the trained policy as an MLflow PyTorch model (``name="model"``, a LoggedModel linked to
-    the run at ``step``), or, above :data:`MAX_LOGGED_MODEL_PARAMS`, tag where its checkpoint is."""
+    the run at ``step``, with the run's params and those of ``metrics`` (the run's logged
+    ``mlflow.entities.Metric`` values) that are at ``step``), or, above
+    :data:`MAX_LOGGED_MODEL_PARAMS`, tag where its checkpoint is.
+
+    The LoggedModel is created here and linked to the run explicitly: ``log_model`` inside the run
+    would read the whole history of every metric to find the values at ``step`` (one query per
+    metric, every row of it: 0.1-0.2 s on a 100-step toy run, growing with the run's length), where
+    the caller already has them. Each value is logged again with the model's id and its original
+    timestamp, so the run's history gains no row (MLflow does the same)."""
     import mlflow
     import mlflow.pytorch
+    from mlflow.entities import LoggedModelOutput, Metric
 
     n_params = sum(p.numel() for p in policy.parameters())
     client = mlflow.MlflowClient(tracking_uri)
+    run = client.get_run(run_id)
     if n_params > MAX_LOGGED_MODEL_PARAMS:
-        client.set_tag(run_id, "model_uri", client.get_run(run_id).data.tags.get("checkpoint", ""))
+        client.set_tag(run_id, "model_uri", run.data.tags.get("checkpoint", ""))
         return
     mlflow.set_tracking_uri(tracking_uri)
+    model = client.create_logged_model(run.info.experiment_id, name="model", source_run_id=run_id,
+                                       params=dict(run.data.params))
     # mlflow.pytorch warns on every pickled save; the trade-off is stated once, in the README
     logging.getLogger("mlflow.pytorch").setLevel(logging.ERROR)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with mlflow.start_run(run_id=run_id, log_system_metrics=False):
-            info = mlflow.pytorch.log_model(policy, name="model", step=step, serialization_format="pickle",
-                                            pip_requirements=["torch==2.13.0", "exgrpo-lab"])
+        info = mlflow.pytorch.log_model(policy, model_id=model.model_id, serialization_format="pickle",
+                                        pip_requirements=["torch==2.13.0", "exgrpo-lab"])
+    client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step=step)])
+    values = [Metric(m.key, m.value, m.timestamp, m.step, model_id=model.model_id) for m in metrics if m.step == step]
+    for i in range(0, len(values), 1000):
+        client.log_batch(run_id, metrics=values[i:i + 1000])
     client.set_tag(run_id, "model_uri", info.model_uri)
 
 
@@ -425,7 +442,8 @@ def tracked_train(
             if monitor is not None:
                 monitor.finish()
             return TrackedRun(result, run_id, exp_id, tracker.uri, synced=False)
-        tracker.log_metrics(run_id, final, step=int(result.final_metrics.get("step", 0)))
+        step = int(result.final_metrics.get("step", 0))
+        final_logged = tracker.log_metrics(run_id, final, step=step)
         if result.task is not None:
             log_task_datasets(client, run_id, cfg, result.task)
         metrics_file = Path(result.run_dir) / "metrics.jsonl" if result.run_dir else None
@@ -436,7 +454,7 @@ def tracked_train(
                 client.log_artifact(run_id, str(result.checkpoint), "checkpoints")
             client.set_tag(run_id, "checkpoint", str(result.checkpoint))
         if log_model and result.policy is not None:
-            log_final_model(tracker.uri, run_id, result.policy, int(result.final_metrics.get("step", 0)))
+            log_final_model(tracker.uri, run_id, result.policy, step, [*logger.last_logged, *final_logged])
     except BaseException as e:
         status = _status_for(e)
         try:

@@ -46,6 +46,8 @@ class MLflowStepLogger:
         self._last_attempt = -float("inf")
         self._last_flush = time.monotonic()
         self.logged_steps = 0
+        self.last_logged: list[Any] = []
+        """The ``Metric`` values of the last logged step (as written, timestamps included)."""
         self.offline = False
         """True while the last write failed."""
         self.dropped = 0
@@ -65,10 +67,9 @@ class MLflowStepLogger:
         if int(step) % self.every and not evaluated:
             return
         ts = int(time.time() * 1000)
-        for k, v in metrics.items():
-            if k == "step" or not isinstance(v, (int, float)):
-                continue
-            self._buf.append(Metric(self._name(k), float(v), ts, int(step)))
+        self.last_logged = [Metric(self._name(k), float(v), ts, int(step)) for k, v in metrics.items()
+                            if k != "step" and isinstance(v, (int, float))]
+        self._buf.extend(self.last_logged)
         self.logged_steps += 1
         if self.logged_steps % self.flush_every == 0 or time.monotonic() - self._last_flush >= self.flush_seconds:
             self.flush()
