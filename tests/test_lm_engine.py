@@ -297,7 +297,7 @@ def test_static_kv_falls_back_to_hf_for_other_architectures():
 def test_inverse_cdf_sampling_follows_the_distribution():
     from scipy.stats import chisquare
 
-    from exgrpo.backends.native.lm.engine import _sample_inverse_cdf
+    from exgrpo.backends.native.lm.engine import _inverse_cdf_index, _sample_inverse_cdf
 
     probs = torch.tensor([0.0, 0.5, 0.0, 0.2, 0.25, 0.05, 0.0])
     draws = _sample_inverse_cdf(probs.expand(200_000, -1), torch.Generator().manual_seed(0))
@@ -308,6 +308,9 @@ def test_inverse_cdf_sampling_follows_the_distribution():
     # unnormalised input (a nucleus-truncated row) samples the renormalised distribution
     draws = _sample_inverse_cdf((probs * 3.0).expand(50_000, -1), torch.Generator().manual_seed(1))
     assert torch.bincount(draws, minlength=probs.numel())[probs == 0].sum() == 0
+    # the ends: u = 0 takes the first token of nonzero mass, u * total rounding up to the total the last
+    u = torch.tensor([[0.0], [0.6], [1.0]], dtype=torch.float64)
+    assert _inverse_cdf_index(probs.expand(3, -1), u).tolist() == [1, 3, 5]
 
 
 def test_shared_prompt_scoring_equals_one_packed_forward_with_gradients(model):

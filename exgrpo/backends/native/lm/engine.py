@@ -185,14 +185,23 @@ def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 def _sample_inverse_cdf(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """(n, V) unnormalised probabilities -> (n,) token ids, one uniform draw per row: the first
-    token whose cumulative mass exceeds u * total (a zero-probability token is never chosen).
-    ``torch.multinomial`` draws V exponentials per row, which dominates a large-vocabulary step."""
+    """(n, V) unnormalised probabilities -> (n,) token ids, one uniform draw per row
+    (:func:`_inverse_cdf_index`). ``torch.multinomial`` draws V exponentials per row, which
+    dominates a large-vocabulary step."""
+    u = torch.rand((probs.shape[0], 1), generator=generator, dtype=torch.float64)
+    return _inverse_cdf_index(probs, u)
+
+
+def _inverse_cdf_index(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """(n, V) unnormalised probabilities, (n, 1) float64 u in [0, 1) -> (n,) the first token whose
+    cumulative mass exceeds u * total. That token has nonzero mass (cdf[i] > u * total >= cdf[i - 1]);
+    where u * total rounds up to the total, the row's last token of nonzero mass."""
     cdf = probs.double().cumsum(-1)  # (n, V)
-    u = torch.rand((probs.shape[0], 1), generator=generator, dtype=torch.float64) * cdf[:, -1:]
-    idx = torch.searchsorted(cdf, u, right=True).squeeze(1)  # (n,)
-    last_nonzero = probs.shape[1] - 1 - (probs.flip(-1) > 0).int().argmax(-1)  # guards u rounding up to the total
-    return torch.minimum(idx, last_nonzero)
+    idx = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(1)  # (n,)
+    if bool((idx == probs.shape[1]).any()):
+        last_nonzero = probs.shape[1] - 1 - (probs.flip(-1) > 0).int().argmax(-1)
+        idx = torch.minimum(idx, last_nonzero)
+    return idx
 
 
 class RolloutEngine:
@@ -259,7 +268,8 @@ class RolloutEngine:
         ``inverse_cdf``: one uniform draw per row (:func:`_sample_inverse_cdf`) instead of
         ``torch.multinomial``'s V draws per row (what the ``hf`` decoder keeps, for reproducibility)."""
         sp = self.params
-        log_prob_all = torch.log_softmax(logits.float() / sp.temperature, dim=-1)
+        scaled = logits.float() if sp.temperature == 1.0 else logits.float() / sp.temperature  # x / 1 == x
+        log_prob_all = torch.log_softmax(scaled, dim=-1)
         probs = log_prob_all.exp()
         if greedy:
             nxt = logits.argmax(-1)

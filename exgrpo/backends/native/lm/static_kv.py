@@ -68,12 +68,20 @@ class _Projection:
                 [b.detach() if b is not None else weight.new_zeros(lin.out_features) for b, lin in zip(biases, linears)])
             self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, rows)
 
-    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """x (..., d_in) -> one (..., d_out_i) per linear."""
-        if not self.prepack:
-            return tuple(lin(x) for lin in self.linears)
-        y = torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
-        return (y,) if len(self.sizes) == 1 else y.split(self.sizes, dim=-1)
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., d_in) -> (..., sum of d_out_i): the linears' outputs side by side."""
+        if self.prepack:
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        ys = [lin(x) for lin in self.linears]
+        return ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
+
+
+def _rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A Llama-family RMSNorm (``weight * x / sqrt(mean(x^2) + eps)``) through torch's fused kernel
+    for float32 (one op instead of the module's six; same values); other dtypes run the module."""
+    if x.dtype != torch.float32 or norm.weight.dtype != torch.float32:
+        return norm(x)
+    return F.rms_norm(x, norm.weight.shape, norm.weight, norm.variance_epsilon)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -147,13 +155,13 @@ class StaticKVDecoder:
         (n, 1, S, C) bool, decode (n, 1, 1, C) additive float -> (n, S, d)."""
         attn = layer.self_attn
         n, s, _ = h.shape
-        q, k, v = self.proj[i]["qkv"](h)
-        q = q.reshape(n, s, self.n_heads, self.head_dim).transpose(1, 2)  # (n, H, S, D)
-        k = k.reshape(n, s, self.n_kv, self.head_dim).transpose(1, 2)  # (n, Hkv, S, D)
-        v = v.reshape(n, s, self.n_kv, self.head_dim).transpose(1, 2)
+        qkv = self.proj[i]["qkv"](h)  # (n, S, (H + 2 Hkv) D): queries, keys, values side by side
+        heads = self.n_heads + self.n_kv
+        qk = qkv[..., : heads * self.head_dim].reshape(n, s, heads, self.head_dim).transpose(1, 2)  # (n, H+Hkv, S, D)
+        v = qkv[..., heads * self.head_dim:].reshape(n, s, self.n_kv, self.head_dim).transpose(1, 2)  # (n, Hkv, S, D)
         cos, sin = rope
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        qk = qk * cos + _rotate_half(qk) * sin  # queries and keys rotated together
+        q, k = qk[:, : self.n_heads], qk[:, self.n_heads:]  # (n, H, S, D), (n, Hkv, S, D)
         c0, c1 = self.col, self.col + s
         self.k[i][..., c0:c1] = k.transpose(-1, -2)
         self.v[i][:, :, c0:c1] = v
@@ -167,21 +175,21 @@ class StaticKVDecoder:
             values = values.repeat_interleave(self.groups, dim=1)
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling)
             out = out.transpose(1, 2).reshape(n, s, self.n_heads * self.head_dim)
-        return self.proj[i]["o"](out)[0]
+        return self.proj[i]["o"](out)
 
     def _mlp(self, i: int, layer: nn.Module, h: torch.Tensor) -> torch.Tensor:
         """The gated MLP of Llama-family blocks: down(act(gate(h)) * up(h))."""
-        gate, up = self.proj[i]["gate_up"](h)
-        return self.proj[i]["down"](layer.mlp.act_fn(gate) * up)[0]
+        gate, up = self.proj[i]["gate_up"](h).split(self.proj[i]["gate_up"].sizes, dim=-1)
+        return self.proj[i]["down"](layer.mlp.act_fn(gate) * up)
 
     def _forward(self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Embedded tokens x (n, S, d) at positions pos (n, S) -> last position's logits (n, V)."""
         rope = (self.cos[pos][:, None], self.sin[pos][:, None])  # (n, 1, S, D) each
         for i, layer in enumerate(self.layers):
-            x = x + self._attend(i, layer, layer.input_layernorm(x), rope, mask)
-            x = x + self._mlp(i, layer, layer.post_attention_layernorm(x))
+            x = x + self._attend(i, layer, _rms_norm(layer.input_layernorm, x), rope, mask)
+            x = x + self._mlp(i, layer, _rms_norm(layer.post_attention_layernorm, x))
         self.col += x.shape[1]
-        return self.head(self.model.model.norm(x[:, -1]))[0]
+        return self.head(_rms_norm(self.model.model.norm, x[:, -1]))
 
     # ------------------------------------------------------------------ public steps
     @torch.no_grad()
