@@ -24,6 +24,7 @@ Numbers are wall-clock on whatever else the machine is doing: the load average i
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import shutil
 import statistics
@@ -99,6 +100,8 @@ def bench_overhead(steps: int, repeats: int, uri: str) -> None:
         order = order[r % len(order):] + order[:r % len(order)]  # rotate, so no variant always runs first
         for v in order:
             tag = f"{v}-{r}"
+            gc.collect()  # every variant starts from an empty GC backlog: a full pass walks the process's
+            # ~700k objects (~0.4 s here) and would otherwise land in whichever run crosses the threshold
             t0 = time.perf_counter()
             if v == "bare":
                 res = train(cfg_for(tag), progress=False)

@@ -1,6 +1,7 @@
 """Live MLflow metrics of a veRL job: the tailer of veRL's metric file, and the caller's backfill."""
 
 import json
+import threading
 
 import mlflow
 
@@ -76,7 +77,7 @@ def test_backfill_logs_only_the_steps_that_never_arrived_and_says_so(tmp_path, c
 
 def test_step_logger_writes_every_flush_every_steps_or_once_flush_seconds_have_passed(tmp_path):
     uri, client, run_id = _run(tmp_path)
-    by_count = MLflowStepLogger(client, run_id, flush_every=3, flush_seconds=3600)
+    by_count = MLflowStepLogger(client, run_id, flush_every=3, flush_seconds=3600, background=False)
     for step in (1, 2):
         by_count(step, {"batch/solved": step / 4, "val/accuracy": 0.5})  # evaluation steps wait too
     assert client.get_metric_history(run_id, "batch/solved") == []
@@ -84,6 +85,57 @@ def test_step_logger_writes_every_flush_every_steps_or_once_flush_seconds_have_p
     assert [m.step for m in client.get_metric_history(run_id, "batch/solved")] == [1, 2, 3]
 
     run2 = client.create_run(client.get_run(run_id).info.experiment_id).info.run_id
-    by_time = MLflowStepLogger(client, run2, flush_every=1000, flush_seconds=0.0)
+    by_time = MLflowStepLogger(client, run2, flush_every=1000, flush_seconds=0.0, background=False)
     by_time(1, {"batch/solved": 0.25})
     assert [m.step for m in client.get_metric_history(run2, "batch/solved")] == [1]
+
+
+class _Recording:
+    """The real client, noting the thread of each ``log_batch`` and holding it until ``go`` is set."""
+
+    def __init__(self, client):
+        self.client, self.threads, self.go = client, [], threading.Event()
+
+    def log_batch(self, run_id, metrics):
+        self.threads.append(threading.current_thread().name)
+        assert self.go.wait(20)
+        return self.client.log_batch(run_id, metrics=metrics)
+
+
+def test_step_logger_writes_on_a_helper_thread_and_the_final_flush_waits_for_it(tmp_path):
+    uri, client, run_id = _run(tmp_path)
+    rec = _Recording(client)
+    logger = MLflowStepLogger(rec, run_id, flush_every=1, flush_seconds=3600)
+    logger(1, {"batch/solved": 0.25})  # handed over: the helper blocks in log_batch, training goes on
+    for step in (2, 3):  # buffered while the helper is busy
+        logger(step, {"batch/solved": step / 4})
+    assert rec.threads == ["exgrpo-mlflow-steps_0"] and client.get_metric_history(run_id, "batch/solved") == []
+    rec.go.set()
+    assert logger.flush(force=True)
+    assert [m.step for m in client.get_metric_history(run_id, "batch/solved")] == [1, 2, 3]
+    assert rec.threads[1:] == [threading.current_thread().name]  # what was left: written by the final flush
+    assert logger._writer is None  # the helper is gone with the run
+
+
+def test_a_failed_helper_write_goes_back_to_the_front_of_the_buffer(tmp_path, monkeypatch):
+    """A real MLflow client of a port nothing listens on: the helper's write fails, its metrics are
+    buffered again ahead of the newer ones, one warning; the server's store later gets all in order."""
+    from netutil import free_port
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    dead = mlflow.MlflowClient(f"http://127.0.0.1:{free_port()}")
+    said = []
+    logger = MLflowStepLogger(dead, "0" * 32, flush_every=1, flush_seconds=3600, retry_seconds=3600, warn=said.append)
+    logger(1, {"batch/solved": 0.25})
+    logger._in_flight[0].result(timeout=60)  # the helper's write has failed
+    logger(2, {"batch/solved": 0.5})  # settles the failure; offline now: no new attempt before retry_seconds
+    assert logger.offline and len(said) == 1 and "MLflow is unreachable" in said[0]
+    assert [m.step for m in logger._buf] == [1, 2] and logger._in_flight is None
+    assert not logger.flush(force=True)  # still unreachable: nothing lost, nothing delivered
+    assert [m.step for m in logger._buf] == [1, 2] and len(said) == 1
+    uri, client, run_id = _run(tmp_path)  # the store answers again
+    logger.client, logger.run_id = client, run_id
+    assert logger.flush(force=True) and not logger.offline
+    assert [m.step for m in client.get_metric_history(run_id, "batch/solved")] == [1, 2]
+    assert said[-1].startswith("MLflow is reachable again")

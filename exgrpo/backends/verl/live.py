@@ -47,8 +47,8 @@ class LiveMetrics:
         from exgrpo.tracking.step_logger import MLflowStepLogger
 
         self.path, self.poll_seconds = Path(path), poll_seconds
-        self.logger = MLflowStepLogger(mlflow.MlflowClient(tracking_uri), run_id, flush_every=1,
-                                       warn=lambda msg: print(f"exgrpo live metrics: {msg}", flush=True))
+        self.logger = MLflowStepLogger(mlflow.MlflowClient(tracking_uri), run_id, flush_every=1, background=False,
+                                       warn=lambda msg: print(f"exgrpo live metrics: {msg}", flush=True))  # its own thread
         self._offset = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="exgrpo-live-metrics", daemon=True)
