@@ -212,3 +212,22 @@ def test_keep_freed_memory_keeps_a_freed_large_tensor_in_the_process():
         kept[keep] = (out[0], int(out[1]))
     assert kept["1"][0] == "True" and kept["1"][1] >= 150, kept  # the freed 191 MB stays resident
     assert kept["0"][1] < 50, kept  # default glibc: returned at once
+
+
+@pytest.mark.parametrize("experiment,steps", [("experiments/toy-exgrpo.yaml", 4), ("experiments/tiny-lm.yaml", 3)])
+def test_two_threads_reproduce_a_run_bit_for_bit(tmp_path, experiment, steps):
+    """Same seed, 2 torch threads, twice: the same metrics and parameters. (Gathering a shared
+    prompt's key/value cache to its K rows with x[idx] made the tiny-lm case fail: on a CPU with more
+    than one thread its backward adds the K gradients in a varying order.)"""
+    from exgrpo.backends.native.trainer import train
+
+    runs = []
+    for i in range(2):
+        cfg = load_experiment(experiment, {"train.max_steps": steps, "seed": 0, "train.threads": 2,
+                                           "output_dir": str(tmp_path / str(i))})
+        res = train(cfg, progress=False)
+        runs.append(([{k: v for k, v in row.items() if not k.startswith("time/")} for row in res.history],
+                     [p.detach().clone() for p in res.policy.parameters()]))
+    (h0, p0), (h1, p1) = runs
+    assert h0 == h1
+    assert all(torch.equal(a, b) for a, b in zip(p0, p1))

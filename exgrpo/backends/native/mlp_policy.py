@@ -31,7 +31,9 @@ class MLPPolicy(nn.Module):
         A GRPO batch repeats each prompt K times, so the MLP runs once per distinct row and the
         result is gathered back (identical values, ~K times less compute)."""
         unique, inverse = torch.unique(prompts, dim=0, return_inverse=True)
-        return torch.log_softmax(self.net(unique), dim=-1)[inverse]
+        # index_select, not x[inverse]: its backward adds the K rows in order, x[inverse]'s does not on
+        # a CPU with more than one thread (runs of the same seed would differ)
+        return torch.log_softmax(self.net(unique), dim=-1).index_select(0, inverse)
 
     def generate(self, prompts: torch.Tensor, generator: torch.Generator, greedy: bool = False) -> Rollout:
         log_prob_all = self.log_probs(prompts)  # (N, V)

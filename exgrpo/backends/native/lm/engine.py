@@ -398,7 +398,12 @@ class RolloutEngine:
             input_ids=prefix.input_ids, attention_mask=prefix.attention_mask, position_ids=prefix.position_ids,
             past_key_values=cache, use_cache=True, logits_to_keep=1,
         ).logits  # (U, 1, V): predicts response token 0
-        cache.batch_select_indices(inv)  # (N, Hkv, P, D) per layer, differentiable
+        # gathered to the N rows, (N, Hkv, P, D) per layer, with index_select rather than HF's
+        # batch_select_indices (x[idx]): the backward of x[idx] on a CPU tensor, index_put_ with
+        # accumulate, sums a prompt's K row gradients in an order that varies with the threads (a
+        # 2-thread run was not reproducible); index_select's backward, index_add_, adds them in order
+        for layer in cache.layers:
+            layer.keys, layer.values = layer.keys.index_select(0, inv), layer.values.index_select(0, inv)
         full = build_packed_batch(rows, response_tokens, response_mask, self.pad_id)  # the packed layout's masks
         p = prefix.input_ids.shape[1]
         t = response_tokens.shape[1]
@@ -406,4 +411,4 @@ class RolloutEngine:
             input_ids=full.input_ids[:, p:], attention_mask=full.attention_mask, position_ids=full.position_ids[:, p:],
             past_key_values=cache, use_cache=True, logits_to_keep=t,
         ).logits  # (N, T, V): column t predicts response token t+1
-        return torch.cat([head[inv], tail[:, : t - 1]], dim=1)
+        return torch.cat([head.index_select(0, inv), tail[:, : t - 1]], dim=1)
