@@ -98,8 +98,15 @@ def jobs(cc: CompareConfig) -> list[tuple[ExperimentConfig, str]]:
 def run_local(cc: CompareConfig, workers: int = 2, on_done: Callable[[RunOutcome], None] | None = None,
               runner: Runner | None = None) -> list[RunOutcome]:
     """Run every (arm, seed) in ``workers`` spawned processes (1: in this process), each through
-    ``runner`` (default :func:`run_one`)."""
+    ``runner`` (default :func:`run_one`). Workers x ``train.threads`` never exceeds this process's
+    cores: fewer workers run, and a line says so."""
     todo = [(cfg, arm, cc.metric, runner) for cfg, arm in jobs(cc)]
+    threads = max((cfg.train.threads for cfg, *_ in todo), default=1)
+    fit = max(1, len(os.sched_getaffinity(0)) // threads)
+    if workers > fit:
+        print(f"compare: {fit} worker(s) instead of {workers}: each run uses train.threads={threads} "
+              f"of {len(os.sched_getaffinity(0))} cores", flush=True)
+        workers = fit
     out: list[RunOutcome] = []
     if workers <= 1:
         for job in todo:

@@ -221,3 +221,18 @@ def test_completed_fraction_counts_finished_runs_and_steps_of_running_ones():
               "grpo seed 1": {"step": 5, "total": None}}
     assert completed_fraction(states, {"exgrpo seed 0": ""}, 4) == pytest.approx((1 + 0.5) / 4)
     assert completed_fraction({}, {}, 4) == 0.0 and completed_fraction(states, {k: "" for k in states}, 3) == 1.0
+
+
+def test_local_compare_runs_no_more_workers_than_the_cores_hold(tmp_path, capsys):
+    """2 workers of 2-thread runs on 2 cores would oversubscribe them: one worker runs, and says so."""
+    from exgrpo.compare import CompareConfig, run_local
+
+    cc = CompareConfig.model_validate({
+        "base": {"name": "cap", "output_dir": str(tmp_path / "runs"), "task": {"max_operand": 5},
+                 "policy": {"hidden": 16, "layers": 1}, "train": {"max_steps": 2, "batch_size": 8, "threads": 2}},
+        "arms": {"grpo": {"algorithm.replay": "none"}}, "seeds": [0, 1]})
+    cores = len(os.sched_getaffinity(0))
+    outcomes = run_local(cc, workers=cores)
+    assert sorted(o.seed for o in outcomes) == [0, 1]
+    said = capsys.readouterr().out
+    assert f"compare: {max(1, cores // 2)} worker(s) instead of {cores}" in said

@@ -284,3 +284,19 @@ def test_sweep_on_ray_with_a_crashing_trial_then_resume(tmp_path):
     assert client.get_model_version_by_alias("exgrpo-s", "champion").run_id == best_run  # moved if it changed
     versions = client.search_model_versions("name='exgrpo-s'")
     assert len({v.run_id for v in versions}) == len(versions)  # no version registered twice for one run
+
+
+def test_trials_of_two_threads_each_do_not_share_two_cores(tmp_path):
+    """A trial's Ray task asks for its torch threads: on the 2-CPU local Ray, two 2-thread trials with
+    parallel 2 run one after the other (their MLflow runs do not overlap), not both at once."""
+    d = sweep_dict(tmp_path)
+    d["study"].update(n_trials=2, pruner="none")
+    sc = load_sweep(d, {**TINY_BASE, "base.train.threads": 2})
+    uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"
+    res = run_sweep(sc, storage=f"sqlite:///{tmp_path}/optuna.db", tracking_uri=uri)
+    assert res.counts["COMPLETE"] == 2
+    client = mlflow.MlflowClient(uri)
+    runs = sorted((r.info.start_time, r.info.end_time) for r in client.search_runs(
+        [client.get_experiment_by_name("tiny-sweep").experiment_id], "tags.mlflow.parentRunId != ''")
+        if r.info.run_id != res.parent_run_id)
+    assert len(runs) == 2 and runs[0][1] <= runs[1][0], runs

@@ -35,6 +35,18 @@ def ensure_ray(address: str | None = None, num_cpus: int = 2) -> None:
         init_local_ray(num_cpus, **kwargs)
 
 
+def task_cpus(cfg: Any) -> int:
+    """CPUs the Ray task of a run of ``cfg`` (a sweep trial, a compare run) asks for: a native run's
+    torch threads (``train.threads``), so Ray never runs more of them at once than the cluster has
+    cores for (2 runs x 2 threads on 2 cores ran each far below its speed alone), capped by the
+    cluster's CPUs; a veRL run 1 (its job's actors ask for their own)."""
+    import ray
+
+    if cfg.backend.name != "native":
+        return 1
+    return max(1, min(int(cfg.train.threads), int(ray.cluster_resources().get("CPU", 1))))
+
+
 # --------------------------------------------------------------------------------------------
 # One trial (runs in a Ray worker)
 # --------------------------------------------------------------------------------------------
@@ -234,7 +246,7 @@ def run_sweep(
 
         ensure_ray(ray_address)
         board = ray.remote(num_cpus=0)(ProgressBoard).remote()
-        remote = ray.remote(num_cpus=1, max_retries=0)(run_trial)
+        remote = ray.remote(num_cpus=task_cpus(base), max_retries=0)(run_trial)
         sweep_json = sc.model_dump(mode="json")
         if isinstance(sc.base, str):
             sweep_json["base"] = str(Path(sc.base).resolve())

@@ -108,7 +108,7 @@ class StudySpec(_Strict):
     n_trials: int = Field(20, ge=1)
     """Total finished trials of the study (a re-run adds only the missing ones)."""
     parallel: int = Field(2, ge=1)
-    """Trials in flight (Ray tasks with 1 CPU each)."""
+    """Trials in flight (Ray tasks of ``train.threads`` CPUs each: Ray runs as many as the cores allow)."""
     sampler: Literal["tpe", "grid", "random"] = "tpe"
     """tpe: multivariate TPE (constant liar for parallel trials); grid: every combination of the space."""
     n_startup_trials: int = Field(5, ge=0)

@@ -1,8 +1,8 @@
 """A comparison logged to MLflow: one parent run with the statistics, one child run per (arm, seed).
 
 No Prefect import: ``flows/compare.py`` calls :func:`run_tracked_compare` and publishes its table.
-Runs go to Ray tasks (1 CPU each; ``ray.init(num_cpus=2)`` locally or a cluster address) or to the
-spawned process pool of :func:`exgrpo.compare.run_local`.
+Runs go to Ray tasks (``train.threads`` CPUs each; ``ray.init(num_cpus=2)`` locally or a cluster
+address) or to the spawned process pool of :func:`exgrpo.compare.run_local`.
 """
 
 from __future__ import annotations
@@ -143,15 +143,16 @@ def run_tracked_compare(
         if executor == "ray":
             import ray
 
-            from exgrpo.sweep import ensure_ray
+            from exgrpo.sweep import ensure_ray, task_cpus
 
             from exgrpo.live_progress import ProgressBoard, progress_display
 
             ensure_ray(ray_address)
             board = ray.remote(num_cpus=0)(ProgressBoard).remote()
-            remote = ray.remote(num_cpus=1, max_retries=0)(tracked_run_one)
-            refs = {remote.remote(cfg, arm, cc.metric, tracking_uri=tracker.uri, experiment=experiment,
-                                  parent_run_id=parent, progress_board=board): (arm, cfg.seed) for cfg, arm in todo}
+            remote = ray.remote(max_retries=0)(tracked_run_one)
+            refs = {remote.options(num_cpus=task_cpus(cfg)).remote(
+                        cfg, arm, cc.metric, tracking_uri=tracker.uri, experiment=experiment, parent_run_id=parent,
+                        progress_board=board): (arm, cfg.seed) for cfg, arm in todo}
             with progress_display(board, len(todo)) as printer:
                 while refs:
                     ready, _ = ray.wait(list(refs), num_returns=1, timeout=1.0)
