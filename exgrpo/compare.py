@@ -102,10 +102,11 @@ def run_local(cc: CompareConfig, workers: int = 2, on_done: Callable[[RunOutcome
     cores: fewer workers run, and a line says so."""
     todo = [(cfg, arm, cc.metric, runner) for cfg, arm in jobs(cc)]
     threads = max((cfg.train.threads for cfg, *_ in todo), default=1)
-    fit = max(1, len(os.sched_getaffinity(0)) // threads)
+    cores = len(os.sched_getaffinity(0))
+    fit = max(1, cores // threads)
     if workers > fit:
         print(f"compare: {fit} worker(s) instead of {workers}: each run uses train.threads={threads} "
-              f"of {len(os.sched_getaffinity(0))} cores", flush=True)
+              f"of {cores} cores", flush=True)
         workers = fit
     out: list[RunOutcome] = []
     if workers <= 1:

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from exgrpo.backends.native.lm.static_kv import StaticKVDecoder, supports_static_kv
+from exgrpo.backends.native.lm.static_kv import StaticKVDecoder, distinct_rows, supports_static_kv
 from exgrpo.config.options import Decoder
 
 __all__ = [
@@ -390,8 +390,7 @@ class RolloutEngine:
         P) in one forward with a cache, the cache gathered to the N rows, the responses on top."""
         from transformers import DynamicCache
 
-        index = {p: i for i, p in enumerate(distinct)}
-        inv = torch.tensor([index[tuple(r)] for r in rows])  # (N,) row -> its distinct prompt
+        _, inv = distinct_rows([tuple(r) for r in rows])  # (N,) row -> its distinct prompt (in ``distinct``'s order)
         prefix = build_packed_batch([list(p) for p in distinct], None, None, self.pad_id)  # (U, P)
         cache = DynamicCache(config=getattr(self.model, "config", None))
         head = self.model(

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["StaticKVDecoder", "can_prepack", "supports_static_kv"]
+__all__ = ["StaticKVDecoder", "can_prepack", "distinct_rows", "supports_static_kv"]
 
 _FAMILIES = frozenset({"llama", "qwen2", "mistral"})
 
@@ -82,6 +82,19 @@ def _rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
     if x.dtype != torch.float32 or norm.weight.dtype != torch.float32:
         return norm(x)
     return F.rms_norm(x, norm.weight.shape, norm.weight, norm.variance_epsilon)
+
+
+def distinct_rows(rows: list[tuple]) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (first, inverse): ``first`` (U,) the index of each distinct row's first occurrence, in
+    order of appearance; ``inverse`` (N,) the position in ``first`` of each row's distinct row."""
+    slot: dict[tuple, int] = {}
+    first, inverse = [], []
+    for i, r in enumerate(rows):
+        if r not in slot:
+            slot[r] = len(first)
+            first.append(i)
+        inverse.append(slot[r])
+    return torch.tensor(first, dtype=torch.long), torch.tensor(inverse, dtype=torch.long)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -199,14 +212,9 @@ class StaticKVDecoder:
         Each distinct prompt runs once (a GRPO batch holds every prompt K times); its cache columns
         and logits are then copied to the rows that share it."""
         n, p = self.input_ids.shape
-        rows = torch.cat([self.input_ids, self.prompt_mask.long()], dim=1)
-        distinct, inverse = torch.unique(rows, dim=0, return_inverse=True)  # (U, 2P), (N,)
-        u = distinct.shape[0]
-        first = torch.full((u,), n).scatter_reduce_(0, inverse, torch.arange(n), "amin")  # (U,) first row of each
-        order = first.argsort()  # distinct prompts in order of appearance: all distinct -> the identity
-        rank = torch.empty_like(order)
-        rank[order] = torch.arange(u)
-        first, inverse = first[order], rank[inverse]
+        rows = torch.cat([self.input_ids, self.prompt_mask.long()], dim=1).tolist()  # a prompt with its padding
+        first, inverse = distinct_rows([tuple(r) for r in rows])  # (U,), (N,): all distinct -> the identity
+        u = len(first)
         full_k, full_v = self.k, self.v
         self.k, self.v = [t[:u] for t in full_k], [t[:u] for t in full_v]  # views: the prefill writes rows 0..U-1
         causal = torch.ones((p, p), dtype=torch.bool).tril()
