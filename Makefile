@@ -49,6 +49,8 @@ bench: $(STAMP) .bench-deps/trl
 	$(PY) bench/bench_toy_step.py
 	$(PY) bench/bench_rollout.py
 	$(PY) bench/bench_rollout.py --model smollm2 --repeats 2 --cases eos,greedy
+	$(PY) bench/bench_scoring.py
+	$(PY) bench/bench_scoring.py --model tiny-lm
 	PYTHONPATH=.bench-deps $(PY) bench/bench_vs_trl.py
 	$(PY) bench/bench_orchestration.py
 	$(PY) bench/bench_verl.py

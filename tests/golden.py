@@ -28,6 +28,7 @@ TINY_LM = {
     # recorded before the static-KV decoder and the shared-prompt forward (stop 19) became the defaults
     "policy.decoder": "hf", "policy.share_prompt_forward": False, "policy.prepack_weights": False,
     "train.fused_optimizer": False,  # ... and the for-loop optimiser (stop 20)
+    "policy.unpadded_scoring": False,  # ... and the padded training forward (stop 22)
 }
 RUNS = {
     "toy-grpo": ("experiments/toy-exgrpo.yaml", TOY, {"algorithm.replay": "none"}),

@@ -77,6 +77,8 @@ class LMPolicyConfig(_Strict):
     """static-kv decoder: reorder weights once per rollout for oneDNN's GEMM (off: this model's weights fit in cache, measured no gain)."""
     share_prompt_forward: bool = Field(True, json_schema_extra=MLFLOW_PARAM)
     """Score a group's K rows on one forward of their shared prompt (same numbers up to rounding; false: one packed forward)."""
+    unpadded_scoring: bool = Field(True, json_schema_extra=MLFLOW_PARAM)
+    """Training forward over the responses' real tokens only, not their right padding (Llama-family models; same numbers up to rounding)."""
     model: TinyLMConfig = TinyLMConfig()
     """The tiny LM (architecture + SFT warm start; cached by a hash of this section)."""
 
@@ -98,3 +100,5 @@ class SmolLM2PolicyConfig(_Strict):
     """static-kv decoder: reorder weights once per rollout for oneDNN's fp32 GEMM (same math; ~2x faster decode on CPU)."""
     share_prompt_forward: bool = Field(True, json_schema_extra=MLFLOW_PARAM)
     """Score a group's K rows on one forward of their shared prompt (same numbers up to rounding; false: one packed forward)."""
+    unpadded_scoring: bool = Field(True, json_schema_extra=MLFLOW_PARAM)
+    """Training forward over the responses' real tokens only, not their right padding (Llama-family models; same numbers up to rounding)."""

@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from exgrpo.backends.native.lm.static_kv import StaticKVDecoder, distinct_rows, supports_static_kv
+from exgrpo.backends.native.lm.unpadded import forward_responses, supports_unpadded
 from exgrpo.config.options import Decoder
 
 __all__ = [
@@ -210,7 +211,8 @@ class RolloutEngine:
     ``eos_id=None`` never stops early (every row runs to ``max_new_tokens``; for benchmarks).
     ``decoder``: :class:`~exgrpo.config.options.Decoder`; ``static-kv`` falls back to ``hf`` for a
     model outside the Llama family. ``prepack``: the static-kv decoder reorders the weights once per
-    rollout for oneDNN's GEMM (same fp32 math, another kernel; see :mod:`.static_kv`)."""
+    rollout for oneDNN's GEMM (same fp32 math, another kernel; see :mod:`.static_kv`). ``unpadded``:
+    shared-prompt scoring runs the responses without their padding (see :mod:`.unpadded`)."""
 
     def __init__(
         self,
@@ -220,8 +222,10 @@ class RolloutEngine:
         params: SamplingParams | None = None,
         decoder: Decoder | str = Decoder.STATIC_KV,
         prepack: bool = True,
+        unpadded: bool = False,
     ) -> None:
         self.model = model
+        self.unpadded = bool(unpadded)
         self.decoder = Decoder(decoder)
         self.prepack = bool(prepack)
         self.pad_id = int(pad_id)
@@ -360,13 +364,21 @@ class RolloutEngine:
 
         ``share_prompts``: when rows repeat a prompt (a GRPO group's K samples), run each distinct
         prompt once and its K responses on top of its key/value cache (two forwards, the same
-        numbers up to float rounding; gradients flow through the shared prompt once)."""
+        numbers up to float rounding; gradients flow through the shared prompt once). With the
+        engine's ``unpadded`` on (and ``full`` off, a Llama-family model), the responses run without
+        their padding on top of the prompts' cache (:mod:`.unpadded`; the same numbers up to
+        rounding)."""
         temp = self.params.temperature if temperature is None else float(temperature)
         t = response_tokens.shape[1]
         rows = _as_lists(prompt_ids)
         distinct = {tuple(r): None for r in rows}
+        mask = response_mask.bool()
+        safe_tokens = torch.where(mask, response_tokens.long(), torch.zeros_like(response_tokens, dtype=torch.long))
+        if self.unpadded and not full and t > 0 and supports_unpadded(self.model):
+            log_prob, entropy = self._score_unpadded(rows, safe_tokens, mask, temp, share_prompts)
+            return ScoreOutput(log_prob, entropy)
         if share_prompts and t > 0 and len(distinct) < len(rows):
-            logits = self._logits_shared_prompts(rows, list(distinct), response_tokens, response_mask)
+            logits = self._logits_shared_prompts(rows, safe_tokens, mask)
         else:
             batch = build_packed_batch(rows, response_tokens, response_mask, self.pad_id)
             out = self.model(
@@ -375,39 +387,74 @@ class RolloutEngine:
             )
             # logits_to_keep=T+1 keeps columns P-1 .. P+T-1; column P-1+t predicts response token t
             logits = out.logits[:, :t, :]  # (N, T, V)
-        mask = response_mask.bool()
-        safe_tokens = torch.where(mask, response_tokens.long(), torch.zeros_like(response_tokens, dtype=torch.long))
         log_prob, entropy, log_prob_all = token_log_prob_entropy(logits, safe_tokens, temp)
         log_prob = torch.where(mask, log_prob, torch.zeros_like(log_prob))
         entropy = torch.where(mask, entropy, torch.zeros_like(entropy))
         return ScoreOutput(log_prob, entropy, log_prob_all if full else None)
 
-    def _logits_shared_prompts(
-        self, rows: list[list[int]], distinct: list[tuple[int, ...]], response_tokens: torch.Tensor,
-        response_mask: torch.Tensor,
-    ) -> torch.Tensor:
-        """(N, T, V) logits predicting each response token: the U distinct prompts (left-padded to
-        P) in one forward with a cache, the cache gathered to the N rows, the responses on top."""
+    def _prompt_forward(self, rows: list[list[int]], share: bool = True):
+        """Each distinct prompt once (``share``; else every row's), left-padded to P, through the
+        model with a cache.
+
+        -> (inv (N,) each row's prompt among the U run, prefix (U, P) batch, logits (U, V)
+        predicting response token 0, cache with per layer keys/values (U, Hkv, P, D))."""
         from transformers import DynamicCache
 
-        _, inv = distinct_rows([tuple(r) for r in rows])  # (N,) row -> its distinct prompt (in ``distinct``'s order)
-        prefix = build_packed_batch([list(p) for p in distinct], None, None, self.pad_id)  # (U, P)
+        if share:
+            first, inv = distinct_rows([tuple(r) for r in rows])
+        else:
+            first = inv = torch.arange(len(rows))
+        prefix = build_packed_batch([rows[i] for i in first.tolist()], None, None, self.pad_id)  # (U, P)
         cache = DynamicCache(config=getattr(self.model, "config", None))
         head = self.model(
             input_ids=prefix.input_ids, attention_mask=prefix.attention_mask, position_ids=prefix.position_ids,
             past_key_values=cache, use_cache=True, logits_to_keep=1,
-        ).logits  # (U, 1, V): predicts response token 0
+        ).logits[:, 0]  # (U, V)
+        return inv, prefix, head, cache
+
+    def _logits_shared_prompts(self, rows: list[list[int]], tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """(N, T, V) logits predicting each response token: the U distinct prompts in one forward
+        with a cache, the cache gathered to the N rows, the padded responses on top."""
+        inv, prefix, head, cache = self._prompt_forward(rows)
         # gathered to the N rows, (N, Hkv, P, D) per layer, with index_select rather than HF's
         # batch_select_indices (x[idx]): the backward of x[idx] on a CPU tensor, index_put_ with
         # accumulate, sums a prompt's K row gradients in an order that varies with the threads (a
         # 2-thread run was not reproducible); index_select's backward, index_add_, adds them in order
         for layer in cache.layers:
             layer.keys, layer.values = layer.keys.index_select(0, inv), layer.values.index_select(0, inv)
-        full = build_packed_batch(rows, response_tokens, response_mask, self.pad_id)  # the packed layout's masks
+        full = build_packed_batch(rows, tokens, mask, self.pad_id)  # the packed layout's masks
         p = prefix.input_ids.shape[1]
-        t = response_tokens.shape[1]
+        t = tokens.shape[1]
         tail = self.model(
             input_ids=full.input_ids[:, p:], attention_mask=full.attention_mask, position_ids=full.position_ids[:, p:],
             past_key_values=cache, use_cache=True, logits_to_keep=t,
         ).logits  # (N, T, V): column t predicts response token t+1
-        return torch.cat([head.index_select(0, inv), tail[:, : t - 1]], dim=1)
+        return torch.cat([head.index_select(0, inv)[:, None], tail[:, : t - 1]], dim=1)
+
+    def _score_unpadded(
+        self, rows: list[list[int]], tokens: torch.Tensor, mask: torch.Tensor, temp: float, share: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(N, T) log-probs and entropies (0 on padding): the prompts (each distinct one once with
+        ``share``), then the responses' real tokens without padding
+        (:func:`.unpadded.forward_responses`). Token 0 is predicted by the prompt's last position,
+        token t + 1 by response token t, so the inputs are the tokens whose successor is real:
+        ``mask[:, 1:]`` (M of them)."""
+        inv, prefix, head, cache = self._prompt_forward(rows, share)
+        log_prob_0, entropy_0, _ = token_log_prob_entropy(head.index_select(0, inv), tokens[:, 0], temp)  # (N,)
+        follows = mask[:, 1:]  # (N, T - 1): token t + 1 is real, so token t is an input
+        log_prob, entropy = log_prob_0.new_zeros(follows.shape), entropy_0.new_zeros(follows.shape)
+        if bool(follows.any()):
+            hidden = forward_responses(
+                self.model,
+                [layer.keys.index_select(0, inv) for layer in cache.layers],
+                [layer.values.index_select(0, inv) for layer in cache.layers],
+                prefix.attention_mask.bool().index_select(0, inv),
+                tokens[:, :-1], follows,
+                start=prefix.position_ids[:, -1].index_select(0, inv) + 1,
+            )  # (M, d)
+            lp, ent, _ = token_log_prob_entropy(self.model.lm_head(hidden), tokens[:, 1:][follows], temp)  # (M,)
+            log_prob, entropy = log_prob.masked_scatter(follows, lp), entropy.masked_scatter(follows, ent)
+        first = mask[:, 0]
+        log_prob = torch.cat([torch.where(first, log_prob_0, 0.0)[:, None], log_prob], dim=1)
+        entropy = torch.cat([torch.where(first, entropy_0, 0.0)[:, None], entropy], dim=1)
+        return log_prob, entropy

@@ -31,7 +31,7 @@ class LMPolicy(nn.Module):
         self.pad_id, self.eos_id = int(pad_id), int(eos_id)
         params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p)
         self._engine = RolloutEngine(model, self.pad_id, self.eos_id, params, decoder=cfg.decoder,
-                                     prepack=cfg.prepack_weights)
+                                     prepack=cfg.prepack_weights, unpadded=cfg.unpadded_scoring)
 
     @property
     def engine(self) -> RolloutEngine:

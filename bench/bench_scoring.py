@@ -1,0 +1,93 @@
+"""The training forward + backward over a rollout: padded vs unpadded responses, one process.
+
+    .venv/bin/python bench/bench_scoring.py [--model smollm2|tiny-lm] [--repeats 5] [--threads N]
+
+One sampled rollout at the tier's training batch (SmolLM2-135M: 16 rows = 4 questions x K 4,
+<= 64 tokens, 2 threads; tiny-lm: 256 rows = 32 x 8, <= 40 tokens, 1 thread), then the policy's
+``score`` of it with a backward of a loss over every log-prob and entropy, timed for:
+
+* ``padded``:   each distinct prompt once, the responses right-padded to the longest on top
+  (``policy.unpadded_scoring: false``, the default before this bench);
+* ``unpadded``: the same prompts, then only the responses' real tokens
+  (:mod:`exgrpo.backends.native.lm.unpadded`, ``policy.unpadded_scoring: true``).
+
+The malloc setting is the trainer's default (``train.keep_freed_memory``). Before timing it prints the largest log-prob / entropy / gradient difference between the two.
+Timings are medians over ``--repeats``, the two interleaved, after a warm-up of each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+
+from exgrpo.backends.native.lm.engine import RolloutEngine, SamplingParams  # noqa: E402
+from exgrpo.backends.native.memory import keep_freed_memory  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", choices=["tiny-lm", "smollm2"], default="smollm2")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--default-malloc", action="store_true", help="glibc's default (not train.keep_freed_memory)")
+    args = ap.parse_args()
+    if not args.default_malloc:
+        keep_freed_memory()  # as the trainer does by default
+    rows, new_tokens, threads, k = {"tiny-lm": (256, 40, 1, 8), "smollm2": (16, 64, 2, 4)}[args.model]
+    torch.set_num_threads(args.threads or threads)
+    if args.model == "smollm2":
+        from exgrpo.backends.native.lm.smollm2 import chat_prompt_ids, load_smollm2
+
+        model, hf_tok = load_smollm2()
+        pad_id, eos_id = hf_tok.pad_token_id, hf_tok.eos_token_id
+        questions = [chat_prompt_ids(hf_tok, f"What is {3 * i % 50} + {7 * i % 40}?") for i in range(rows // k)]
+    else:
+        from exgrpo.backends.native.lm.tiny_lm import load_tiny_lm
+        from exgrpo.tasks.text_arithmetic import TextArithmetic
+
+        tiny = load_tiny_lm(progress=True)
+        model, pad_id, eos_id = tiny.model, tiny.tokenizer.pad_id, tiny.tokenizer.eos_id
+        task = TextArithmetic()
+        questions = task.prompts(list(task.train_ids[: rows // k]))
+    prompts = [p for p in questions for _ in range(k)]  # each question K times in a row, as the trainer
+    model.train()
+    params = SamplingParams(max_new_tokens=new_tokens, temperature=1.0)
+    engines = {name: RolloutEngine(model, pad_id, eos_id, params, unpadded=name == "unpadded")
+               for name in ("padded", "unpadded")}
+    ro = engines["padded"].generate(prompts, torch.Generator().manual_seed(0))
+    weights = torch.linspace(-1, 1, ro.mask.numel()).view_as(ro.mask)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+
+    def step(name: str) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        sc = engines[name].score(prompts, ro.tokens, ro.mask, share_prompts=True)
+        grads = torch.autograd.grad((sc.log_prob * weights).sum() + 0.01 * sc.entropy.sum(), trainable)
+        return sc.log_prob.detach(), sc.entropy.detach(), grads
+
+    real = int(ro.mask.sum())
+    print(f"model: {args.model}  batch {len(prompts)} rows x {ro.mask.shape[1]} columns  real response tokens "
+          f"{real} ({real / ro.mask.numel():.0%} of the grid)  threads {torch.get_num_threads()}  "
+          f"repeats {args.repeats} (median)")
+    (lp_a, ent_a, g_a), (lp_b, ent_b, g_b) = step("padded"), step("unpadded")  # also the warm-up
+    g_gap = max(float((a - b).abs().max()) for a, b in zip(g_a, g_b, strict=True))
+    print(f"check: max |diff| log-prob {float((lp_a - lp_b).abs().max()):.2e}  entropy "
+          f"{float((ent_a - ent_b).abs().max()):.2e}  gradient {g_gap:.2e}")
+    times: dict[str, list[float]] = {name: [] for name in engines}
+    for _ in range(args.repeats):  # interleaved, so drift hits both alike
+        for name in engines:
+            t0 = time.perf_counter()
+            step(name)
+            times[name].append(time.perf_counter() - t0)
+    med = {name: statistics.median(ts) for name, ts in times.items()}
+    print(f"forward + backward: padded {med['padded']:.3f} s  unpadded {med['unpadded']:.3f} s  "
+          f"ratio {med['padded'] / med['unpadded']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
