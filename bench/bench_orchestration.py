@@ -158,7 +158,8 @@ def cpu_ceiling(n: int = 3_000_000) -> float:
 
 
 def bench_sweep(trials: int, budget_steps: int, uri: str, storage: str) -> None:
-    from exgrpo.sweep import ensure_ray, load_sweep, run_sweep
+    from exgrpo.raylocal import ensure_ray
+    from exgrpo.sweep import load_sweep, run_sweep
 
     def sweep(parallel: int, n: int, tag: str):
         name = f"bench-{tag}-{uuid.uuid4().hex[:6]}"

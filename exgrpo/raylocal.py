@@ -8,7 +8,8 @@ the token (another user, another host) is refused by the GCS and the job server.
 and job server bind to 127.0.0.1.
 
 A configured cluster (``ray_address``) is joined as it is: its operator secures it (README,
-team mode).
+team mode). :func:`ensure_ray` is the one entry point of sweeps and comparisons; :func:`task_cpus`
+is what each of their runs asks Ray for.
 """
 
 from __future__ import annotations
@@ -64,3 +65,30 @@ def init_local_ray(num_cpus: int, **kwargs: Any):
     runtime_env = dict(kwargs.pop("runtime_env", None) or {})
     runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **env}
     return ray.init(address="local", num_cpus=num_cpus, _temp_dir=local_temp_dir(), runtime_env=runtime_env, **kwargs)
+
+
+def ensure_ray(address: str | None = None, num_cpus: int = 2) -> None:
+    """``ray.init`` once per process: a cluster only when ``address`` is given; otherwise always a
+    private local Ray with token authentication (:func:`init_local_ray`)."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True,
+                              "runtime_env": {"env_vars": {"OMP_NUM_THREADS": "1"}}}
+    if address:
+        ray.init(address=address, **kwargs)
+    else:
+        init_local_ray(num_cpus, **kwargs)
+
+
+def task_cpus(cfg: Any) -> int:
+    """CPUs the Ray task of a run of ``cfg`` (a sweep trial, a compare run) asks for: a native run's
+    torch threads (``train.threads``), so Ray never runs more of them at once than the cluster has
+    cores for (2 runs x 2 threads on 2 cores ran each far below its speed alone), capped by the
+    cluster's CPUs; a veRL run 1 (its job's actors ask for their own)."""
+    import ray
+
+    if cfg.backend.name != "native":
+        return 1
+    return max(1, min(int(cfg.train.threads), int(ray.cluster_resources().get("CPU", 1))))

@@ -14,7 +14,7 @@ def test_dead_ray_cluster_file_does_not_break_local_runs():
     and num_gpus must not be provided")."""
     code = (
         "import ray\n"
-        "from exgrpo.sweep.runner import ensure_ray\n"
+        "from exgrpo.raylocal import ensure_ray\n"
         "ensure_ray()\n"
         "print(ray.get(ray.remote(lambda: 41 + 1).remote()))\n"
         "ray.shutdown()\n"
@@ -35,7 +35,7 @@ def test_dead_ray_cluster_file_does_not_break_local_runs():
 
 _DRIVER = (
     "import os, sys, ray\n"
-    "from exgrpo.sweep.runner import ensure_ray\n"
+    "from exgrpo.raylocal import ensure_ray\n"
     "ensure_ray()\n"
     "print(ray.get_runtime_context().gcs_address, os.environ['RAY_AUTH_TOKEN'], flush=True)\n"
     "sys.stdin.read()\n"  # stay up until the test closes stdin

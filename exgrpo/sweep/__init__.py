@@ -21,7 +21,7 @@ Design (ask-and-tell):
   (or direction/metric) is an error, not a silent mix.
 """
 
-from exgrpo.sweep.runner import SweepResult, ensure_ray, run_sweep, run_trial, safe_tell, task_cpus
+from exgrpo.sweep.runner import SweepResult, run_sweep, run_trial, safe_tell
 from exgrpo.sweep.space import (
     ParamSpec,
     StudySpec,
@@ -40,7 +40,7 @@ from exgrpo.sweep.study import make_pruner, make_sampler, open_study, paper_defa
 
 __all__ = [
     "ParamSpec", "StudySpec", "SweepConfig", "SweepError", "SweepResult", "base_config", "config_fields",
-    "default_storage", "ensure_ray", "load_sweep", "make_pruner", "make_sampler", "open_study", "paper_defaults",
-    "resolve_storage", "run_sweep", "run_trial", "safe_tell", "space_signature", "task_cpus", "trial_config",
+    "default_storage", "load_sweep", "make_pruner", "make_sampler", "open_study", "paper_defaults",
+    "resolve_storage", "run_sweep", "run_trial", "safe_tell", "space_signature", "trial_config",
     "validate_space",
 ]

@@ -11,40 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from exgrpo.raylocal import ensure_ray, task_cpus
 from exgrpo.sweep.space import SweepConfig, base_config, space_signature, trial_config
 from exgrpo.sweep.study import make_pruner, open_study
-
-
-# --------------------------------------------------------------------------------------------
-# Ray
-# --------------------------------------------------------------------------------------------
-def ensure_ray(address: str | None = None, num_cpus: int = 2) -> None:
-    """``ray.init`` once per process: a cluster only when ``address`` is given; otherwise always a
-    private local Ray with token authentication (:func:`exgrpo.raylocal.init_local_ray`)."""
-    import ray
-
-    if ray.is_initialized():
-        return
-    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True,
-                              "runtime_env": {"env_vars": {"OMP_NUM_THREADS": "1"}}}
-    if address:
-        ray.init(address=address, **kwargs)
-    else:
-        from exgrpo.raylocal import init_local_ray
-
-        init_local_ray(num_cpus, **kwargs)
-
-
-def task_cpus(cfg: Any) -> int:
-    """CPUs the Ray task of a run of ``cfg`` (a sweep trial, a compare run) asks for: a native run's
-    torch threads (``train.threads``), so Ray never runs more of them at once than the cluster has
-    cores for (2 runs x 2 threads on 2 cores ran each far below its speed alone), capped by the
-    cluster's CPUs; a veRL run 1 (its job's actors ask for their own)."""
-    import ray
-
-    if cfg.backend.name != "native":
-        return 1
-    return max(1, min(int(cfg.train.threads), int(ray.cluster_resources().get("CPU", 1))))
 
 
 # --------------------------------------------------------------------------------------------

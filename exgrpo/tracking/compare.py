@@ -143,9 +143,8 @@ def run_tracked_compare(
         if executor == "ray":
             import ray
 
-            from exgrpo.sweep import ensure_ray, task_cpus
-
             from exgrpo.live_progress import ProgressBoard, progress_display
+            from exgrpo.raylocal import ensure_ray, task_cpus
 
             ensure_ray(ray_address)
             board = ray.remote(num_cpus=0)(ProgressBoard).remote()

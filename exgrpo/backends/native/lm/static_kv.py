@@ -75,6 +75,13 @@ class _Projection:
         ys = [lin(x) for lin in self.linears]
         return ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
 
+    def parts(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """x (..., d_in) -> each linear's output (..., d_out_i): views of one product when packed,
+        the modules' own outputs otherwise (no concatenation to split again)."""
+        if self.prepack:
+            return list(self(x).split(self.sizes, dim=-1))
+        return [lin(x) for lin in self.linears]
+
 
 def _rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """A Llama-family RMSNorm (``weight * x / sqrt(mean(x^2) + eps)``) through torch's fused kernel
@@ -192,7 +199,7 @@ class StaticKVDecoder:
 
     def _mlp(self, i: int, layer: nn.Module, h: torch.Tensor) -> torch.Tensor:
         """The gated MLP of Llama-family blocks: down(act(gate(h)) * up(h))."""
-        gate, up = self.proj[i]["gate_up"](h).split(self.proj[i]["gate_up"].sizes, dim=-1)
+        gate, up = self.proj[i]["gate_up"].parts(h)
         return self.proj[i]["down"](layer.mlp.act_fn(gate) * up)
 
     def _forward(self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
