@@ -212,7 +212,7 @@ class RolloutEngine:
     ``decoder``: :class:`~exgrpo.config.options.Decoder`; ``static-kv`` falls back to ``hf`` for a
     model outside the Llama family. ``prepack``: the static-kv decoder reorders the weights once per
     rollout for oneDNN's GEMM (same fp32 math, another kernel; see :mod:`.static_kv`). ``unpadded``:
-    shared-prompt scoring runs the responses without their padding (see :mod:`.unpadded`)."""
+    ``score`` runs the responses without their padding (Llama-family models; see :mod:`.unpadded`)."""
 
     def __init__(
         self,
@@ -371,13 +371,12 @@ class RolloutEngine:
         temp = self.params.temperature if temperature is None else float(temperature)
         t = response_tokens.shape[1]
         rows = _as_lists(prompt_ids)
-        distinct = {tuple(r): None for r in rows}
         mask = response_mask.bool()
         safe_tokens = torch.where(mask, response_tokens.long(), torch.zeros_like(response_tokens, dtype=torch.long))
         if self.unpadded and not full and t > 0 and supports_unpadded(self.model):
             log_prob, entropy = self._score_unpadded(rows, safe_tokens, mask, temp, share_prompts)
             return ScoreOutput(log_prob, entropy)
-        if share_prompts and t > 0 and len(distinct) < len(rows):
+        if share_prompts and t > 0 and len(set(map(tuple, rows))) < len(rows):
             logits = self._logits_shared_prompts(rows, safe_tokens, mask)
         else:
             batch = build_packed_batch(rows, response_tokens, response_mask, self.pad_id)

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["StaticKVDecoder", "can_prepack", "distinct_rows", "supports_static_kv"]
+__all__ = ["StaticKVDecoder", "can_prepack", "distinct_rows", "rms_norm", "rotate_half", "supports_static_kv"]
 
 _FAMILIES = frozenset({"llama", "qwen2", "mistral"})
 
@@ -83,9 +83,10 @@ class _Projection:
         return [lin(x) for lin in self.linears]
 
 
-def _rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """A Llama-family RMSNorm (``weight * x / sqrt(mean(x^2) + eps)``) through torch's fused kernel
-    for float32 (one op instead of the module's six; same values); other dtypes run the module."""
+def rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A Llama-family RMSNorm (``weight * x / sqrt(mean(x^2) + eps)``) through ``F.rms_norm`` for
+    float32 (the module's values; one call, though on CPU torch still runs it as several kernels:
+    profiled, no faster); other dtypes run the module."""
     if x.dtype != torch.float32 or norm.weight.dtype != torch.float32:
         return norm(x)
     return F.rms_norm(x, norm.weight.shape, norm.weight, norm.variance_epsilon)
@@ -104,7 +105,8 @@ def distinct_rows(rows: list[tuple]) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.tensor(first, dtype=torch.long), torch.tensor(inverse, dtype=torch.long)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """(..., D) -> (-x[D/2:], x[:D/2]) side by side: the rotary embedding's half turn (as HF's)."""
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
@@ -180,7 +182,7 @@ class StaticKVDecoder:
         qk = qkv[..., : heads * self.head_dim].reshape(n, s, heads, self.head_dim).transpose(1, 2)  # (n, H+Hkv, S, D)
         v = qkv[..., heads * self.head_dim:].reshape(n, s, self.n_kv, self.head_dim).transpose(1, 2)  # (n, Hkv, S, D)
         cos, sin = rope
-        qk = qk * cos + _rotate_half(qk) * sin  # queries and keys rotated together
+        qk = qk * cos + rotate_half(qk) * sin  # queries and keys rotated together
         q, k = qk[:, : self.n_heads], qk[:, self.n_heads:]  # (n, H, S, D), (n, Hkv, S, D)
         c0, c1 = self.col, self.col + s
         self.k[i][..., c0:c1] = k.transpose(-1, -2)
@@ -206,10 +208,10 @@ class StaticKVDecoder:
         """Embedded tokens x (n, S, d) at positions pos (n, S) -> last position's logits (n, V)."""
         rope = (self.cos[pos][:, None], self.sin[pos][:, None])  # (n, 1, S, D) each
         for i, layer in enumerate(self.layers):
-            x = x + self._attend(i, layer, _rms_norm(layer.input_layernorm, x), rope, mask)
-            x = x + self._mlp(i, layer, _rms_norm(layer.post_attention_layernorm, x))
+            x = x + self._attend(i, layer, rms_norm(layer.input_layernorm, x), rope, mask)
+            x = x + self._mlp(i, layer, rms_norm(layer.post_attention_layernorm, x))
         self.col += x.shape[1]
-        return self.head(_rms_norm(self.model.model.norm, x[:, -1]))
+        return self.head(rms_norm(self.model.model.norm, x[:, -1]))
 
     # ------------------------------------------------------------------ public steps
     @torch.no_grad()

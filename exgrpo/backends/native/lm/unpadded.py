@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from exgrpo.backends.native.lm.static_kv import _rms_norm, _rotate_half, supports_static_kv
+from exgrpo.backends.native.lm.static_kv import rms_norm, rotate_half, supports_static_kv
 
 __all__ = ["forward_responses", "supports_unpadded"]
 
@@ -51,7 +51,7 @@ def _attention(
     k = attn.k_proj(h).view(m, -1, hd)  # (M, Hkv, D)
     v = attn.v_proj(h).view(m, -1, hd)  # (M, Hkv, D)
     cos, sin = rope
-    q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+    q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
     keys = torch.cat([prompt_k, _to_grid(k, slots, n, s)], dim=2)  # (N, Hkv, P + S, D)
     values = torch.cat([prompt_v, _to_grid(v, slots, n, s)], dim=2)
     groups = q.shape[1] // keys.shape[1]  # query heads per key/value head (HF's repeat_kv order)
@@ -92,6 +92,6 @@ def forward_responses(
         [prompt_mask[:, None, :].expand(n, s, -1), causal[None] & mask[:, None, :]], dim=-1
     )[:, None]  # (N, 1, S, P + S)
     for layer, k_p, v_p in zip(inner.layers, prompt_keys, prompt_values, strict=True):
-        x = x + _attention(layer.self_attn, _rms_norm(layer.input_layernorm, x), rope, k_p, v_p, attn_mask, slots, n, s)
-        x = x + layer.mlp(_rms_norm(layer.post_attention_layernorm, x))
-    return _rms_norm(inner.norm, x)
+        x = x + _attention(layer.self_attn, rms_norm(layer.input_layernorm, x), rope, k_p, v_p, attn_mask, slots, n, s)
+        x = x + layer.mlp(rms_norm(layer.post_attention_layernorm, x))
+    return rms_norm(inner.norm, x)
