@@ -288,29 +288,37 @@ class RolloutEngine:
         return nxt, log_prob, entropy
 
     def _decode_static_kv(self, batch: PackedBatch, steps: int, generator, greedy: bool, out: GenerationOutput) -> int:
-        """Preallocated KV cache; finished rows leave the batch once an eighth of it is done."""
+        """Preallocated KV cache; finished rows leave the batch once an eighth of it is done. Each
+        step's picks are kept as they are and written to ``out`` once, after the loop (a step costs
+        a handful of kernels less)."""
         dec = StaticKVDecoder(self.model, batch.input_ids, batch.attention_mask, batch.position_ids, steps,
                               prepack=self.prepack)
         logits = dec.prefill()
         alive = torch.ones(batch.input_ids.shape[0], dtype=torch.bool)  # (n,) over the decoder's rows
+        picks = []  # per step: (original row, live, token, log-prob, entropy), each (n,) over the decoder's rows
         t = 0
         for t in range(steps):
             nxt, log_prob, entropy = self._pick(logits, generator, greedy, inverse_cdf=True)
-            rows = dec.rows[alive]
-            out.tokens[rows, t] = nxt[alive]
-            out.mask[rows, t] = True
-            out.log_prob[rows, t] = log_prob[alive]
-            out.entropy[rows, t] = entropy[alive]
+            picks.append((dec.rows, alive, nxt, log_prob, entropy))
             if self.eos_id is not None:
-                ended = alive & (nxt == self.eos_id)
-                out.finished[dec.rows[ended]] = True
-                alive = alive & ~ended
-            if t == steps - 1 or not bool(alive.any()):
+                alive = alive & (nxt != self.eos_id)
+            live = int(alive.sum())
+            if t == steps - 1 or live == 0:
                 break
-            if 8 * int((~alive).sum()) >= alive.numel():
+            if 8 * (alive.numel() - live) >= alive.numel():
                 dec.drop(alive)
                 nxt, alive = nxt[alive], alive[alive]
             logits = dec.step(torch.where(alive, nxt, self.pad_id))
+        rows, live, tokens, log_prob, entropy = (torch.cat(x) for x in zip(*picks))
+        col = torch.cat([torch.full_like(p[0], i) for i, p in enumerate(picks)])
+        rows, col = rows[live], col[live]
+        tokens = tokens[live]
+        out.tokens[rows, col] = tokens
+        out.mask[rows, col] = True
+        out.log_prob[rows, col] = log_prob[live]
+        out.entropy[rows, col] = entropy[live]
+        if self.eos_id is not None:
+            out.finished[rows[tokens == self.eos_id]] = True
         return t + 1
 
     def _decode_hf(self, batch: PackedBatch, steps: int, generator, greedy: bool, out: GenerationOutput) -> int:
