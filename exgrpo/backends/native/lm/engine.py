@@ -302,10 +302,10 @@ class RolloutEngine:
             picks.append((dec.rows, alive, nxt, log_prob, entropy))
             if self.eos_id is not None:
                 alive = alive & (nxt != self.eos_id)
-            live = int(alive.sum())
-            if t == steps - 1 or live == 0:
+            n_alive = int(alive.sum())
+            if t == steps - 1 or n_alive == 0:
                 break
-            if 8 * (alive.numel() - live) >= alive.numel():
+            if 8 * (alive.numel() - n_alive) >= alive.numel():
                 dec.drop(alive)
                 nxt, alive = nxt[alive], alive[alive]
             logits = dec.step(torch.where(alive, nxt, self.pad_id))
