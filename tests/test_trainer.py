@@ -231,3 +231,23 @@ def test_two_threads_reproduce_a_run_bit_for_bit(tmp_path, experiment, steps):
     (h0, p0), (h1, p1) = runs
     assert h0 == h1
     assert all(torch.equal(a, b) for a, b in zip(p0, p1))
+
+
+@pytest.mark.parametrize("layout", ["grouped", "shuffled", "replay_mixed", "one_row", "all_same", "empty"])
+def test_unique_rows_equals_torch_unique_on_every_batch_layout(layout):
+    """The toy policy's fast dedupe gives torch.unique(dim=0)'s exact rows and inverse, whether each
+    prompt's K copies sit together (the trainer's layout), are scattered, or are mixed with replays."""
+    from exgrpo.backends.native.mlp_policy import unique_rows
+
+    g = torch.Generator().manual_seed(0)
+    table = torch.randint(0, 3, (40, 4), generator=g).float() / 2  # few values: many equal columns
+    table[5, 0] = -0.0  # -0.0 and 0.0 are equal rows to torch.unique
+    qids = {"grouped": torch.randint(0, 40, (12,), generator=g).repeat_interleave(8),
+            "shuffled": torch.randint(0, 40, (96,), generator=g),
+            "one_row": torch.tensor([3]), "all_same": torch.full((16,), 7), "empty": torch.zeros(0, dtype=torch.long)}
+    qids["replay_mixed"] = torch.cat([qids["grouped"][:40], torch.tensor([1, 5, 1]), qids["grouped"][40:]])
+    x = table[qids[layout]]
+    want_rows, want_inverse = torch.unique(x, dim=0, return_inverse=True)
+    rows, inverse = unique_rows(x)
+    assert torch.equal(rows, want_rows) and torch.equal(inverse, want_inverse)
+    assert torch.equal(rows[inverse], x)
