@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from exgrpo.config import ExGRPOConfig, ReplayKind, UniformReplayConfig
-from exgrpo.core.batch import Replays, assemble_batch, batch_metrics, generation_qids, rewarded_groups
+from exgrpo.core.batch import Replays, StepBatch, assemble_batch, batch_metrics, generation_qids, rewarded_groups
 from exgrpo.core.pool import Trajectory
 from exgrpo.core.replay import REPLAY_STRATEGIES, BucketReplay, ReplayStrategy, make_replay_strategy
 
@@ -120,3 +120,38 @@ def test_uniform_strategy_ignores_buckets(seed):
             counts[q] += 1
     # buckets would give q19 (alone in bucket 2) about half the mass; uniform gives it ~1/20
     assert counts[19] < 60 and counts[:19].sum() > 340
+
+
+def test_rewarded_groups_keeps_each_groups_distinct_correct_responses_in_batch_order():
+    """Against a plain per-row reading of the batch: duplicates dropped within a group only, each kept
+    response cut to its length, with its behaviour log-probs and mean entropy over its tokens."""
+    g_, k, t = 6, 4, 5
+    gen = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, 3, (g_ * k, t), generator=gen)  # few token values: many duplicate responses
+    lengths = torch.randint(1, t + 1, (g_ * k,), generator=gen)
+    mask = torch.arange(t)[None, :] < lengths[:, None]
+    tokens[3], mask[3] = tokens[8], mask[8]  # the same response in two groups: kept in both
+    tokens[2], mask[2] = tokens[1], mask[1]  # a duplicate inside group 0
+    batch = StepBatch(list(range(10, 10 + g_)), [q for q in range(10, 10 + g_) for _ in range(k)], tokens, mask,
+                      torch.randn(g_ * k, t, generator=gen), torch.rand(g_ * k, t, generator=gen),
+                      torch.zeros(g_ * k, dtype=torch.bool), 0)
+    rewards = (torch.rand(g_, k, generator=gen) < 0.6).float()
+    rewards[0, :] = 1.0
+    rewards[2, 0] = 1.0
+    groups = rewarded_groups(batch, rewards, step=9)
+    for g, group in enumerate(groups):
+        want, seen = [], set()
+        for r in range(g * k, (g + 1) * k):
+            n = int(mask[r].sum())
+            tok = tuple(tokens[r, :n].tolist())
+            if rewards[g, r % k] and tok not in seen:
+                seen.add(tok)
+                want.append((tok, tuple(batch.old_log_prob[r, :n].tolist()), float(batch.behaviour_entropy[r, :n].mean())))
+        assert group.qid == 10 + g and group.num_correct == int(rewards[g].sum())
+        got = [(c.tokens, c.behaviour_log_prob, c.entropy) for c in group.correct]
+        assert [x[:2] for x in got] == [x[:2] for x in want]
+        assert [x[2] for x in got] == pytest.approx([x[2] for x in want])
+        assert all(c.step == 9 for c in group.correct)
+    assert len(groups[0].correct) < groups[0].num_correct  # rows 1 and 2: one response, kept once
+    shared = tuple(tokens[8, :int(mask[8].sum())].tolist())  # row 3's response is row 8's (in group 2)
+    assert shared in {c.tokens for c in groups[0].correct} and shared in {c.tokens for c in groups[2].correct}

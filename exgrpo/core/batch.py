@@ -136,22 +136,21 @@ class RewardedGroup:
 def rewarded_groups(batch: StepBatch, rewards: torch.Tensor, step: int) -> list[RewardedGroup]:
     """Group the step's binary rewards (G, K) by question and keep the distinct correct responses."""
     k = rewards.shape[1]
-    lengths = batch.mask.sum(1).tolist()
-    ent_mean = ((batch.behaviour_entropy * batch.mask).sum(1) / batch.mask.sum(1).clamp_min(1)).tolist()
-    tokens = batch.tokens.tolist()
-    behaviour = batch.old_log_prob.tolist()
-    correct = rewards.reshape(-1).bool().tolist()
-    out: list[RewardedGroup] = []
-    for g, q in enumerate(batch.group_qids):
-        trajs, seen = [], set()
-        for r in range(g * k, (g + 1) * k):
-            if correct[r]:
-                tok = tuple(tokens[r][: lengths[r]])
-                if tok not in seen:
-                    seen.add(tok)
-                    trajs.append(Trajectory(tok, tuple(behaviour[r][: lengths[r]]), ent_mean[r], step))
-        out.append(RewardedGroup(q, int(rewards[g].sum()), trajs))
-    return out
+    num_correct = rewards.sum(1).long().tolist()  # (G,)
+    rows = rewards.reshape(-1).nonzero().squeeze(1)  # (C,) the correct rows, in batch order
+    mask = batch.mask.index_select(0, rows)  # (C, T): only correct rows are read (Python lists are slow)
+    lengths = mask.sum(1).tolist()
+    ent_mean = ((batch.behaviour_entropy.index_select(0, rows) * mask).sum(1) / mask.sum(1).clamp_min(1)).tolist()
+    tokens = batch.tokens.index_select(0, rows).tolist()
+    behaviour = batch.old_log_prob.index_select(0, rows).tolist()
+    trajs: list[list[Trajectory]] = [[] for _ in batch.group_qids]
+    seen: list[set[tuple]] = [set() for _ in batch.group_qids]
+    for i, r in enumerate(rows.tolist()):
+        g, tok = r // k, tuple(tokens[i][: lengths[i]])
+        if tok not in seen[g]:
+            seen[g].add(tok)
+            trajs[g].append(Trajectory(tok, tuple(behaviour[i][: lengths[i]]), ent_mean[i], step))
+    return [RewardedGroup(q, num_correct[g], trajs[g]) for g, q in enumerate(batch.group_qids)]
 
 
 def batch_metrics(rewards: torch.Tensor, batch: StepBatch) -> dict[str, float]:

@@ -14,16 +14,21 @@ from exgrpo.config import MLPPolicyConfig
 
 def unique_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x (N, F) -> (unique (U, F), inverse (N,)): exactly ``torch.unique(x, dim=0, return_inverse=True)``
-    (distinct rows in sorted order), ~10x faster on a GRPO batch.
+    (the distinct rows in lexicographic order), ~10x faster for a toy batch's few columns.
 
-    A batch holds each prompt K times in a row, so runs of equal neighbours are collapsed first (one
-    comparison per element) and the sort runs on the U-ish rows left, not on all N
-    (``torch.unique(dim=0)`` sorts rows lexicographically: 2.4 ms of a ~19 ms toy step here)."""
-    starts = torch.ones(x.shape[0], dtype=torch.bool)  # (N,) True where a run of equal rows begins
-    starts[1:] = (x[1:] != x[:-1]).any(1)
-    run = starts.cumsum(0) - 1  # (N,) each row's run
-    unique, run_inverse = torch.unique(x[starts], dim=0, return_inverse=True)
-    return unique, run_inverse.index_select(0, run)
+    The rows are put in lexicographic order by F stable 1-D sorts, last column first (an LSD radix
+    sort), and runs of equal neighbours become the distinct rows. ``torch.unique(dim=0)`` sorts with a
+    row comparator instead: ~2.4 ms per 2048 x 4 batch here, 10-20 % of a toy step."""
+    n, f = x.shape
+    order = torch.arange(n)  # (N,) rows in sorted order so far
+    for c in reversed(range(f)):
+        order = order.index_select(0, x[order, c].argsort(stable=True))
+    ranked = x.index_select(0, order)  # (N, F) sorted rows
+    starts = torch.ones(n, dtype=torch.bool)  # (N,) True where a run of equal sorted rows begins
+    starts[1:] = (ranked[1:] != ranked[:-1]).any(1)
+    inverse = torch.empty(n, dtype=torch.long)
+    inverse[order] = starts.cumsum(0) - 1
+    return ranked[starts], inverse
 
 
 class MLPPolicy(nn.Module):
