@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from exgrpo.config import ExperimentConfig, flatten
+from exgrpo.sqlite_wal import ensure_wal
 from exgrpo.sweep.space import StudySpec, SweepConfig, SweepError, base_config, resolve_storage, space_signature
 
 
@@ -58,6 +59,7 @@ def open_study(sc: SweepConfig, storage: str | None = None):
     import optuna
 
     url = resolve_storage(storage or sc.study.storage)
+    ensure_wal(url)  # a sqlite file: trials writing at once and the dashboard reading do not lock each other out
     sig = space_signature(sc)
     names = optuna.study.get_all_study_names(url) if _storage_exists(url) else []
     if sc.study.name in names:

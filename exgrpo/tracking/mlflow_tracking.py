@@ -27,6 +27,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from exgrpo.config import ExperimentConfig, flatten, mlflow_param_keys
+from exgrpo.sqlite_wal import ensure_wal
 from exgrpo.tracking.step_logger import MLflowStepLogger  # noqa: F401  (re-exported)
 
 
@@ -205,6 +206,7 @@ class Tracker:
                 os.environ.setdefault(k, v)
         if check:
             check_reachable(self.uri, timeout)
+        ensure_wal(self.uri)  # a sqlite store: readers (the UI, dashboards) never block the runs writing
         from mlflow import MlflowClient
 
         self.client = MlflowClient(tracking_uri=self.uri)

@@ -1,0 +1,52 @@
+"""The embedded default's sqlite stores (MLflow's ``mlruns/mlflow.db``, Optuna's study file) in
+write-ahead-log mode.
+
+In sqlite's default rollback-journal mode a reader locks writers out: the MLflow UI or a dashboard
+reading a store while a sweep's trials write to it, or two trials writing at once, wait on each other
+and, past the busy timeout, fail with ``database is locked`` (MLflow sets a 20 s timeout; Optuna
+none). In WAL mode readers never block the one writer, and a commit appends to the log instead of
+rewriting a journal. The mode is a property of the database file, so setting it once covers every
+process that opens the file afterwards: MLflow's, Optuna's, Ray workers', ``exgrpo ui``'s. Neither
+library sets it (MLflow 3.17, Optuna 5.0). WAL needs the processes on one host: a sqlite store on a
+network filesystem is not supported in any mode; team mode uses PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+_DONE: set[Path] = set()
+
+
+def sqlite_file(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///<path>`` URI; None for other URIs and in-memory databases."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    path = uri.removeprefix("sqlite:///").split("?", 1)[0]
+    return Path(path).resolve() if path and path != ":memory:" else None
+
+
+def ensure_wal(uri: str) -> bool:
+    """Put the sqlite database of ``uri`` in WAL mode (creating an empty file if there is none; its
+    directory must exist). True when it is in WAL mode; False for other stores, or when another
+    process holds the database right now (the next call tries again). Once per file per process."""
+    path = sqlite_file(uri)
+    if path is None:
+        return False
+    if path in _DONE:
+        return True
+    try:
+        con = sqlite3.connect(path, timeout=5.0)
+        try:
+            mode = con.execute("PRAGMA journal_mode").fetchone()[0]
+            if mode.lower() != "wal":
+                mode = con.execute("PRAGMA journal_mode=WAL").fetchone()[0]  # answers the mode now in force
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return False
+    if mode.lower() != "wal":
+        return False
+    _DONE.add(path)
+    return True
