@@ -5,7 +5,7 @@ import threading
 
 import mlflow
 
-from exgrpo.backends.verl.live import LiveMetrics, verl_row
+from exgrpo.backends.verl.live import LiveMetrics, StepFeed, verl_row
 from exgrpo.tracking.mlflow_tracking import backfill_steps
 from exgrpo.tracking.step_logger import MLflowStepLogger
 
@@ -139,3 +139,30 @@ def test_a_failed_helper_write_goes_back_to_the_front_of_the_buffer(tmp_path, mo
     assert logger.flush(force=True) and not logger.offline
     assert [m.step for m in client.get_metric_history(run_id, "batch/solved")] == [1, 2]
     assert said[-1].startswith("MLflow is reachable again")
+
+
+def test_step_feed_hands_each_written_step_to_the_callbacks_once_and_keeps_the_first_error(tmp_path):
+    """The caller's side (live progress, a sweep's pruning): steps in order, once each; a callback that
+    raises stops the delivery and the feed says the job must stop."""
+    path = tmp_path / "attempt_000.jsonl"
+    seen, stop_at = [], 3
+
+    class Pruned(Exception):
+        pass
+
+    def prune(step, row):
+        seen.append((step, row["batch/solved"]))
+        if step == stop_at:
+            raise Pruned(f"pruned at step {step}")
+
+    feed = StepFeed(path, [prune])
+    assert feed.poll() and feed.steps == 0  # no file yet
+    with path.open("wb", buffering=0) as f:
+        f.write(_line(1, 0.5) + _line(2, 0.25)[:7])
+        assert feed.poll() and seen == [(1, 0.5)]
+        f.write(_line(2, 0.25)[7:] + b"not json\n" + _line(3, 0.75) + _line(4, 1.0))
+        assert not feed.poll()
+        assert isinstance(feed.error, Pruned) and feed.steps == 2
+        f.write(_line(5, 1.0))
+        assert not feed.poll()  # nothing after the error
+    assert seen == [(1, 0.5), (2, 0.25), (3, 0.75)]

@@ -389,3 +389,50 @@ def test_prefect_compare_flow_runs_grpo_and_exgrpo_on_verl_into_mlflow(tmp_path,
     off = client.get_metric_history(runs["exgrpo"].info.run_id, "actor/off_token_fraction")
     assert max(m.value for m in replayed) > 0 and max(m.value for m in off) > 0
     assert max(m.value for m in client.get_metric_history(runs["grpo"].info.run_id, "replay/questions")) == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launch", ["process", "ray_job"])
+def test_verl_callbacks_see_each_step_while_the_job_runs_and_a_pruning_callback_stops_it(tmp_path, cache, monkeypatch,
+                                                                                         launch):
+    """The caller's callbacks (live progress, a sweep's pruning) get veRL's steps as the job writes
+    them, not after it ends; one that raises Optuna's TrialPruned stops the job, whose private Ray
+    goes with it, and train() raises it (tracked_train then ends the MLflow run KILLED)."""
+    import optuna
+
+    from exgrpo.backends.base import train
+
+    monkeypatch.setenv("EXGRPO_CACHE", str(cache))
+    cfg = load_experiment(GRPO, {"output_dir": str(tmp_path), "backend.verl.launch": launch})
+    metric_file = tmp_path / "verl-tiny-grpo" / "seed0" / "verl_metrics" / "attempt_000.jsonl"
+
+    def written() -> list[int]:
+        return [json.loads(x)["step"] for x in metric_file.read_text().splitlines() if x.endswith("}")]
+
+    seen = []
+
+    def prune(step, row):
+        seen.append((step, max(written())))
+        if step == 3:
+            raise optuna.TrialPruned("pruned at step 3")
+
+    import ray
+
+    from exgrpo.backends.verl import jobs
+
+    monkeypatch.setattr(jobs, "_LOCAL_JOB_SERVER", None)  # ray_job: a job server of this test's own
+    try:
+        with pytest.raises(optuna.TrialPruned, match="pruned at step 3"):
+            train(cfg, callbacks=[prune], progress=False)
+    finally:
+        ray.shutdown()
+    assert [s for s, _ in seen] == [1, 2, 3]
+    assert seen[0][1] < 6, seen  # step 1 arrived while the job had steps left to write
+    assert max(written()) < 6  # stopped before its last step
+    spec = json.loads((tmp_path / "verl-tiny-grpo" / "seed0" / "verl_run.json").read_text())
+    ray_tmp = next(o.split("=", 1)[1] for o in spec["overrides"] if "_temp_dir=" in o)
+    deadline = time.time() + 60
+    while time.time() < deadline and subprocess.run(["pgrep", "-f", ray_tmp], capture_output=True).returncode == 0:
+        time.sleep(1)
+    left = subprocess.run(["pgrep", "-af", ray_tmp], capture_output=True, text=True).stdout
+    assert not left, f"the stopped job's Ray processes are still running:\n{left}"

@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
+from exgrpo.backends.verl.live import StepFeed
 from exgrpo.backends.verl.runner import PreparedRun, VerlRunError
 
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
@@ -41,9 +42,10 @@ def local_job_server(num_cpus: int = 4) -> str:
 
 def run_ray_job(prepared: PreparedRun, address: str, on_line: Callable[[str], None] = print,
                 poll_seconds: float = 1.0, log_tail: int = 40,
-                on_submit: Callable[[str], None] = lambda job_id: None) -> str:
+                on_submit: Callable[[str], None] = lambda job_id: None, feed: StepFeed | None = None) -> str:
     """Submit the run, stream its log to ``on_line`` (and ``verl.log``), wait; returns the job id.
-    ``on_submit(job_id)`` runs once the job is accepted."""
+    ``on_submit(job_id)`` runs once the job is accepted. ``feed`` is polled every ``poll_seconds``;
+    when one of its callbacks raises, the job is stopped and this raises VerlRunError (STOPPED)."""
     from ray.job_submission import JobStatus, JobSubmissionClient
 
     client = JobSubmissionClient(address)
@@ -61,8 +63,12 @@ def run_ray_job(prepared: PreparedRun, address: str, on_line: Callable[[str], No
     seen = 0
     log_path = Path(prepared.run_dir) / "verl.log"
     status = None
+    stopping = False
     with log_path.open("a") as log:
         while True:
+            if feed is not None and not feed.poll() and not stopping:
+                client.stop_job(job_id)
+                stopping = True
             status = client.get_job_status(job_id)
             text = client.get_job_logs(job_id)
             for line in text[seen:].splitlines():

@@ -8,6 +8,10 @@ veRL's file logger writes one JSON line per step, unbuffered, to ``VERL_FILE_LOG
 under the names of METRICS.md: the same conversion, :func:`verl_row`, that builds ``metrics.jsonl``
 after the run. veRL's own MLflow logger is not used: it starts a run of its own, names metrics its
 own way, and a failing write there goes unnoticed.
+
+The caller reads the same file while the job runs (:class:`StepFeed`): its ``train(...,
+callbacks=...)`` callbacks (live progress, a sweep's pruning) see each step as it is written, as on the
+native backend; a callback that raises (Optuna's ``TrialPruned``) stops the job.
 """
 
 from __future__ import annotations
@@ -38,6 +42,59 @@ def verl_row(record: dict[str, Any]) -> tuple[int, dict[str, float]]:
     return step, row
 
 
+class MetricTail:
+    """The steps appended to veRL's metric file since the last read (complete lines only: a line being
+    written waits for the next read; a line that is not a step is skipped)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._offset = 0
+
+    def read(self) -> list[tuple[int, dict[str, float]]]:
+        """(step, row) of every complete line written since the last call, in file order."""
+        if not self.path.is_file():  # veRL has not opened it yet
+            return []
+        with self.path.open("rb") as f:
+            f.seek(self._offset)
+            chunk = f.read()
+        end = chunk.rfind(b"\n") + 1
+        self._offset += end
+        rows = []
+        for line in chunk[:end].splitlines():
+            try:
+                rows.append(verl_row(json.loads(line)))
+            except (ValueError, KeyError, TypeError):
+                continue
+        return rows
+
+
+class StepFeed:
+    """The caller's callbacks, fed each step of a running job from its metric file.
+
+    The runner calls :meth:`poll` from its wait loop; each step reaches every callback once, in order.
+    The first exception a callback raises (e.g. ``optuna.TrialPruned``) is kept in :attr:`error`, no
+    step is delivered after it, and the runner stops the job; ``train`` then raises it."""
+
+    def __init__(self, path: str | Path, callbacks: list[Any]) -> None:
+        self.tail, self.callbacks = MetricTail(path), list(callbacks)
+        self.error: BaseException | None = None
+        self.steps = 0
+        """Steps delivered so far."""
+
+    def poll(self) -> bool:
+        """Deliver the steps written since the last poll; True while the job may go on."""
+        if self.error is None:
+            for step, row in self.tail.read():
+                try:
+                    for cb in self.callbacks:
+                        cb(step, row)
+                except BaseException as e:  # noqa: BLE001 - handed to the caller once the job is stopped
+                    self.error = e
+                    break
+                self.steps += 1
+        return self.error is None
+
+
 class LiveMetrics:
     """Tail ``path`` (veRL's metric file) on a thread; every complete line goes to MLflow run ``run_id``."""
 
@@ -46,10 +103,9 @@ class LiveMetrics:
 
         from exgrpo.tracking.step_logger import MLflowStepLogger
 
-        self.path, self.poll_seconds = Path(path), poll_seconds
+        self.tail, self.poll_seconds = MetricTail(path), poll_seconds
         self.logger = MLflowStepLogger(mlflow.MlflowClient(tracking_uri), run_id, flush_every=1, background=False,
                                        warn=lambda msg: print(f"exgrpo live metrics: {msg}", flush=True))  # its own thread
-        self._offset = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="exgrpo-live-metrics", daemon=True)
 
@@ -64,22 +120,11 @@ class LiveMetrics:
         return self
 
     def poll(self) -> int:
-        """Log every complete line written since the last poll; returns how many."""
-        if not self.path.is_file():
-            return 0
-        with self.path.open("rb") as f:
-            f.seek(self._offset)
-            chunk = f.read()
-        end = chunk.rfind(b"\n") + 1  # a line being written stays for the next poll
-        lines = chunk[:end].splitlines()
-        self._offset += end
-        for line in lines:
-            try:
-                step, row = verl_row(json.loads(line))
-            except (ValueError, KeyError, TypeError):
-                continue
+        """Log every complete line written since the last poll; returns how many steps."""
+        rows = self.tail.read()
+        for step, row in rows:
             self.logger(step, row)
-        return len(lines)
+        return len(rows)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.poll_seconds):

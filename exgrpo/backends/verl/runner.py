@@ -13,12 +13,14 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
 from exgrpo.atomic import write_text_atomic
 from exgrpo.backends.base import MLflowRun
+from exgrpo.backends.verl.live import FILE_LOGGER_ENV, StepFeed
 from exgrpo.config import ExperimentConfig
 
 SPEC_FILE = "verl_run.json"
@@ -77,12 +79,13 @@ def prepare(cfg: ExperimentConfig, resume: bool = False, progress: bool = False,
     env = {
         "VERL_PLATFORM": "cpu" if v.device == "cpu" else "",
         "VERL_ENGINE_DEVICE": "cuda",
-        "VERL_FILE_LOGGER_PATH": str(raw / f"attempt_{attempt:03d}.jsonl"),
+        FILE_LOGGER_ENV: str(raw / f"attempt_{attempt:03d}.jsonl"),
         "EXGRPO_SEED": str(cfg.seed),
         "TOKENIZERS_PARALLELISM": "false",
         "HF_HUB_OFFLINE": "1",
         "WANDB_MODE": "disabled",
         "RAY_DEDUP_LOGS": "0",
+        "PYTHONUNBUFFERED": "1",  # the driver's lines (and the steps they announce) arrive as they are printed
     }
     env = {k: val for k, val in env.items() if val}
     command = [sys.executable, "-m", "exgrpo.backends.verl.main", str(run_dir / SPEC_FILE),
@@ -107,12 +110,16 @@ def collect(run_dir: Path) -> list[dict[str, float]]:
     return rows
 
 
-def run_local(prepared: PreparedRun, progress: bool = True, log_tail: int = 40) -> None:
+def run_local(prepared: PreparedRun, progress: bool = True, log_tail: int = 40, feed: StepFeed | None = None,
+              poll_seconds: float = 1.0) -> None:
     """Run the prepared command as a child process; its output goes to ``verl.log`` (and the
-    terminal with ``progress``). A failure raises :class:`VerlRunError` with the log's last lines."""
+    terminal with ``progress``). A failure raises :class:`VerlRunError` with the log's last lines.
+    ``feed`` is polled as the job prints (at most every ``poll_seconds``); when one of its callbacks
+    raises, the job is stopped (SIGTERM, then SIGKILL after 30 s) and this raises VerlRunError."""
     env = {**os.environ, **prepared.env}
     log_path = prepared.run_dir / "verl.log"
     tail: deque[str] = deque(maxlen=log_tail)
+    last_poll = time.monotonic()
     with log_path.open("a") as log, subprocess.Popen(
         prepared.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
     ) as proc:
@@ -122,10 +129,24 @@ def run_local(prepared: PreparedRun, progress: bool = True, log_tail: int = 40) 
             tail.append(line.rstrip())
             if progress:
                 print(line, end="", flush=True)
+            if feed is not None and time.monotonic() - last_poll >= poll_seconds:
+                last_poll = time.monotonic()
+                if not feed.poll():
+                    stop_child(proc)
+                    break  # processes the job started may hold its output open: do not wait for the end
         rc = proc.wait()
     if rc != 0:
         last = "\n".join(tail)
         raise VerlRunError(f"veRL run failed (exit code {rc}); see {log_path}. Last lines:\n{last}")
+
+
+def stop_child(proc: subprocess.Popen, grace_seconds: float = 30.0) -> None:
+    """SIGTERM the job's driver (Ray's exit handler shuts its private cluster down), SIGKILL if it lingers."""
+    proc.terminate()
+    try:
+        proc.wait(grace_seconds)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 class VerlBackend:
@@ -144,25 +165,32 @@ class VerlBackend:
         if mlflow_run is not None:
             prepared.env.update({TRACKING_URI_ENV: mlflow_run.tracking_uri, RUN_ID_ENV: mlflow_run.run_id})
         v = cfg.backend.verl
-        if v.launch == "ray_job":
-            from exgrpo.backends.verl.jobs import local_job_server, run_ray_job
+        # the callbacks see each step while the job runs (live progress, a sweep's pruning), as on the native backend
+        feed = StepFeed(prepared.env[FILE_LOGGER_ENV], list(callbacks or []))
+        try:
+            if v.launch == "ray_job":
+                from exgrpo.backends.verl.jobs import local_job_server, run_ray_job
 
-            def submitted(job_id: str) -> None:
-                if mlflow_run is not None:
-                    import mlflow
+                def submitted(job_id: str) -> None:
+                    if mlflow_run is not None:
+                        import mlflow
 
-                    mlflow.MlflowClient(mlflow_run.tracking_uri).set_tag(mlflow_run.run_id, "ray_job_id", job_id)
+                        mlflow.MlflowClient(mlflow_run.tracking_uri).set_tag(mlflow_run.run_id, "ray_job_id", job_id)
 
-            run_ray_job(prepared, v.job_address or local_job_server(), on_line=print if progress else (lambda _: None),
-                        on_submit=submitted)
-        else:
-            run_local(prepared, progress=progress)
+                run_ray_job(prepared, v.job_address or local_job_server(),
+                            on_line=print if progress else (lambda _: None), on_submit=submitted, feed=feed)
+            else:
+                run_local(prepared, progress=progress, feed=feed)
+        except VerlRunError:
+            if feed.error is not None:  # a callback stopped the job (e.g. pruned): that is the outcome
+                raise feed.error from None
+            raise
+        feed.poll()  # the steps written after the runner's last poll
+        if feed.error is not None:
+            raise feed.error
         history = collect(prepared.run_dir)
         if not any("batch/solved" in r for r in history):
             raise VerlRunError(f"veRL run in {prepared.run_dir} finished but logged no training step")
-        for row in history:
-            for cb in callbacks or []:
-                cb(int(row["step"]), row)
         final = dict(history[-1])
         last_val = [r for r in history if "val/accuracy" in r]
         if last_val and "val/accuracy" not in final:
