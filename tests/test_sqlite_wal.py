@@ -53,7 +53,7 @@ def test_an_mlflow_write_goes_through_while_a_reader_holds_the_store(tmp_path):
 def test_a_sweeps_optuna_sqlite_storage_is_in_wal_mode(tmp_path):
     sc = load_sweep({"study": {"name": "wal", "n_trials": 1}, "base": "experiments/toy-exgrpo.yaml", "budget_steps": 2,
                      "space": {"algorithm.experience_ratio": {"type": "float", "low": 0.1, "high": 0.9}}})
-    study, url, created = open_study(sc, f"sqlite:///{tmp_path / 'optuna.db'}")
+    study, _, created = open_study(sc, f"sqlite:///{tmp_path / 'optuna.db'}")
     assert created and journal_mode(tmp_path / "optuna.db") == "wal"
     before = len(study.get_trials())
     study.enqueue_trial({"algorithm.experience_ratio": 0.5})

@@ -431,8 +431,11 @@ def test_verl_callbacks_see_each_step_while_the_job_runs_and_a_pruning_callback_
     assert max(written()) < 6  # stopped before its last step
     spec = json.loads((tmp_path / "verl-tiny-grpo" / "seed0" / "verl_run.json").read_text())
     ray_tmp = next(o.split("=", 1)[1] for o in spec["overrides"] if "_temp_dir=" in o)
+    def ray_processes() -> str:
+        return subprocess.run(["pgrep", "-af", ray_tmp], capture_output=True, text=True, check=False).stdout
+
     deadline = time.time() + 60
-    while time.time() < deadline and subprocess.run(["pgrep", "-f", ray_tmp], capture_output=True).returncode == 0:
+    while time.time() < deadline and ray_processes():
         time.sleep(1)
-    left = subprocess.run(["pgrep", "-af", ray_tmp], capture_output=True, text=True).stdout
+    left = ray_processes()
     assert not left, f"the stopped job's Ray processes are still running:\n{left}"

@@ -37,6 +37,9 @@ def register_champion(client: Any, study_name: str, run_id: str, checkpoint: str
     except MlflowException:  # no model or no alias yet
         pass
     path = Path(checkpoint)
+    if path.is_dir():  # veRL's global_step_N: FSDP shards, which `exgrpo eval` does not load
+        raise NotImplementedError(f"the best trial's checkpoint {path} is a veRL checkpoint directory; only native "
+                                  "checkpoints are registered (the path is the trial run's `checkpoint` tag)")
     if not path.is_file():
         raise FileNotFoundError(f"the best trial's checkpoint {path} is missing; nothing to register")
     client.log_artifact(run_id, str(path), "checkpoint")
