@@ -11,6 +11,11 @@ One sampled rollout at the tier's training batch (SmolLM2-135M: 16 rows = 4 ques
 * ``unpadded``: the same prompts, then only the responses' real tokens
   (:mod:`exgrpo.backends.native.lm.unpadded`, ``policy.unpadded_scoring: true``).
 
+``--bf16`` instead times the unpadded forward + backward in fp32 against the same under
+``torch.autocast("cpu", bfloat16)`` (fp32 weights) and prints how far the bf16 log-probs are from
+fp32's (mean, p99, max over the real tokens) and the gradients' relative difference: the price of
+that speed in importance ratios (README, Speed: not offered as an option).
+
 The malloc setting is the trainer's default (``train.keep_freed_memory``). Before timing it prints the largest log-prob / entropy / gradient difference between the two.
 Timings are medians over ``--repeats``, the two interleaved, after a warm-up of each.
 """
@@ -36,6 +41,7 @@ def main() -> None:
     ap.add_argument("--model", choices=["tiny-lm", "smollm2"], default="smollm2")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--bf16", action="store_true", help="fp32 vs bf16 autocast (unpadded) instead of padded vs unpadded")
     ap.add_argument("--default-malloc", action="store_true", help="glibc's default (not train.keep_freed_memory)")
     args = ap.parse_args()
     if not args.default_malloc:
@@ -59,14 +65,15 @@ def main() -> None:
     prompts = [p for p in questions for _ in range(k)]  # each question K times in a row, as the trainer
     model.train()
     params = SamplingParams(max_new_tokens=new_tokens, temperature=1.0)
-    engines = {name: RolloutEngine(model, pad_id, eos_id, params, unpadded=name == "unpadded")
-               for name in ("padded", "unpadded")}
-    ro = engines["padded"].generate(prompts, torch.Generator().manual_seed(0))
+    names = ("fp32", "bf16") if args.bf16 else ("padded", "unpadded")
+    engines = {name: RolloutEngine(model, pad_id, eos_id, params, unpadded=name != "padded") for name in names}
+    ro = engines[names[0]].generate(prompts, torch.Generator().manual_seed(0))
     weights = torch.linspace(-1, 1, ro.mask.numel()).view_as(ro.mask)
     trainable = [p for p in model.parameters() if p.requires_grad]
 
     def step(name: str) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
-        sc = engines[name].score(prompts, ro.tokens, ro.mask, share_prompts=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=name == "bf16"):
+            sc = engines[name].score(prompts, ro.tokens, ro.mask, share_prompts=True)
         grads = torch.autograd.grad((sc.log_prob * weights).sum() + 0.01 * sc.entropy.sum(), trainable)
         return sc.log_prob.detach(), sc.entropy.detach(), grads
 
@@ -74,10 +81,16 @@ def main() -> None:
     print(f"model: {args.model}  batch {len(prompts)} rows x {ro.mask.shape[1]} columns  real response tokens "
           f"{real} ({real / ro.mask.numel():.0%} of the grid)  threads {torch.get_num_threads()}  "
           f"repeats {args.repeats} (median)")
-    (lp_a, ent_a, g_a), (lp_b, ent_b, g_b) = step("padded"), step("unpadded")  # also the warm-up
+    (lp_a, ent_a, g_a), (lp_b, ent_b, g_b) = step(names[0]), step(names[1])  # also the warm-up
     g_gap = max(float((a - b).abs().max()) for a, b in zip(g_a, g_b, strict=True))
     print(f"check: max |diff| log-prob {float((lp_a - lp_b).abs().max()):.2e}  entropy "
           f"{float((ent_a - ent_b).abs().max()):.2e}  gradient {g_gap:.2e}")
+    if args.bf16:
+        d = (lp_b - lp_a)[ro.mask]
+        rel = max(float((b - a).norm() / a.norm()) for a, b in zip(g_a, g_b, strict=True))
+        print(f"bf16 vs fp32 log-prob |diff| mean {float(d.abs().mean()):.3f}  p99 {float(d.abs().quantile(0.99)):.3f}  "
+              f"max {float(d.abs().max()):.3f}; on-policy ratio exp(diff) in [{float(d.exp().min()):.2f}, "
+              f"{float(d.exp().max()):.2f}]; gradient relative difference up to {rel:.1%}")
     times: dict[str, list[float]] = {name: [] for name in engines}
     for _ in range(args.repeats):  # interleaved, so drift hits both alike
         for name in engines:
@@ -85,8 +98,8 @@ def main() -> None:
             step(name)
             times[name].append(time.perf_counter() - t0)
     med = {name: statistics.median(ts) for name, ts in times.items()}
-    print(f"forward + backward: padded {med['padded']:.3f} s  unpadded {med['unpadded']:.3f} s  "
-          f"ratio {med['padded'] / med['unpadded']:.2f}x")
+    a, b = names
+    print(f"forward + backward: {a} {med[a]:.3f} s  {b} {med[b]:.3f} s  ratio {med[a] / med[b]:.2f}x")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """Toy-tier step throughput: GRPO vs paper ExGRPO (replay on) vs the notebook variant, one process.
 
 Prints ms/step for each and the ratio against GRPO (the baseline measured in the same run), so the
-cost of replay (pool sampling, selection forward pass, pool update) is visible.
+cost of replay (pool sampling, selection forward pass, pool update) is visible; then GRPO's step with
+the toy policy's row dedupe done by ``torch.unique(dim=0)`` (the code before ``unique_rows``; the same
+values), as the baseline of that change.
 
     .venv/bin/python bench/bench_toy_step.py [--steps 200]
 """
@@ -12,9 +14,11 @@ import argparse
 import tempfile
 import time
 
+import torch
+
+from exgrpo.backends.native import mlp_policy
 from exgrpo.backends.native.trainer import Trainer
 from exgrpo.config import load_experiment
-
 
 REPLAY_ON = {"none": {}, "buckets": {"algorithm.replay_start_pass_rate": 0.0}, "notebook": {"algorithm.notebook.warm": 0}}
 """Each algorithm's own setting that makes it replay from the first step."""
@@ -48,6 +52,13 @@ def main() -> None:
         for replay in ("buckets", "notebook"):
             ms = ms_per_step(replay, args.steps, out)
             print(f"{replay:<10} {ms:8.2f} {ms / base:8.2f}x")
+        fast = mlp_policy.unique_rows
+        mlp_policy.unique_rows = lambda x: torch.unique(x, dim=0, return_inverse=True)
+        try:
+            old = ms_per_step("none", args.steps, out)
+        finally:
+            mlp_policy.unique_rows = fast
+        print(f"grpo with torch.unique(dim=0) as the row dedupe: {old:.2f} ms/step, unique_rows {old / base:.2f}x faster")
 
 
 if __name__ == "__main__":

@@ -23,8 +23,8 @@ def sqlite_file(uri: str) -> Path | None:
     """The database file of a ``sqlite:///<path>`` URI; None for other URIs and in-memory databases."""
     if not uri.startswith("sqlite:///"):
         return None
-    path = uri.removeprefix("sqlite:///").split("?", 1)[0]
-    return Path(path).resolve() if path and path != ":memory:" else None
+    path = uri.removeprefix("sqlite:///")
+    return Path(path) if path and path != ":memory:" else None
 
 
 def ensure_wal(uri: str) -> bool:
@@ -34,6 +34,7 @@ def ensure_wal(uri: str) -> bool:
     path = sqlite_file(uri)
     if path is None:
         return False
+    path = path.resolve()
     if path in _DONE:
         return True
     try:

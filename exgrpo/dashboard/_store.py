@@ -12,10 +12,11 @@ class DashboardError(RuntimeError):
 def open_client(tracking_uri: str | None = None) -> tuple[Any, str]:
     """An :class:`mlflow.MlflowClient` on the resolved store; a sqlite store must already exist
     (reading must not create an empty database)."""
-    from exgrpo.tracking.mlflow_tracking import TrackingError, _sqlite_path, check_reachable, resolve_tracking_uri
+    from exgrpo.sqlite_wal import sqlite_file
+    from exgrpo.tracking.mlflow_tracking import TrackingError, check_reachable, resolve_tracking_uri
 
     uri = resolve_tracking_uri(tracking_uri)
-    db = _sqlite_path(uri)
+    db = sqlite_file(uri)
     if db is not None and not db.is_file():
         raise DashboardError(f"no MLflow store at {db} (tracking URI {uri}); pass --tracking-uri or set "
                              "MLFLOW_TRACKING_URI")

@@ -27,7 +27,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from exgrpo.config import ExperimentConfig, flatten, mlflow_param_keys
-from exgrpo.sqlite_wal import ensure_wal
+from exgrpo.sqlite_wal import ensure_wal, sqlite_file
 from exgrpo.tracking.step_logger import MLflowStepLogger  # noqa: F401  (re-exported)
 
 
@@ -57,13 +57,6 @@ def resolve_tracking_uri(uri: str | None = None) -> str:
     return uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
 
 
-def _sqlite_path(uri: str) -> Path | None:
-    if not uri.startswith("sqlite:"):
-        return None
-    path = uri.split("sqlite:///", 1)[-1] if "sqlite:///" in uri else ""
-    return Path(path) if path and path != ":memory:" else None
-
-
 def artifact_root(uri: str) -> Path | None:
     """Local artifact directory of new experiments: ``EXGRPO_ARTIFACT_ROOT`` if set (any database
     store, e.g. a directory on a shared filesystem next to a PostgreSQL store), else next to a
@@ -74,7 +67,7 @@ def artifact_root(uri: str) -> Path | None:
     env = os.environ.get("EXGRPO_ARTIFACT_ROOT")
     if env:
         return Path(env).expanduser().resolve()
-    db = _sqlite_path(uri)
+    db = sqlite_file(uri)
     return db.parent / "artifacts" if db is not None else None
 
 
@@ -100,7 +93,7 @@ def check_reachable(uri: str, timeout: float = 3.0) -> None:
             raise TrackingError(f"MLflow tracking server {uri} answered {url} with HTTP {r.status_code}; {hint}")
         return
     if parsed.scheme == "sqlite":
-        db = _sqlite_path(uri)
+        db = sqlite_file(uri)
         if db is None:
             raise TrackingError(f"tracking URI {uri!r}: give a file, e.g. {default_tracking_uri()}")
         try:

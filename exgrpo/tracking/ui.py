@@ -17,7 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from exgrpo.tracking.mlflow_tracking import _sqlite_path, artifact_root, project_root, resolve_tracking_uri
+from exgrpo.sqlite_wal import sqlite_file
+from exgrpo.tracking.mlflow_tracking import artifact_root, project_root, resolve_tracking_uri
 
 
 @dataclass
@@ -65,7 +66,7 @@ def services(host: str = "127.0.0.1", prefect_port: int = 4200, mlflow_port: int
     uri = resolve_tracking_uri(tracking_uri)
     out = [Service("prefect", f"http://{host}:{prefect_port}", f"http://{host}:{prefect_port}/api/health",
                    [_exe("prefect"), "server", "start", "--host", host, "--port", str(prefect_port)])]
-    db = _sqlite_path(uri)
+    db = sqlite_file(uri)
     if db is not None:
         db.parent.mkdir(parents=True, exist_ok=True)
         out.append(Service("mlflow", f"http://{host}:{mlflow_port}", f"http://{host}:{mlflow_port}/health", [
