@@ -285,7 +285,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "sampling settings. 'val' is the run's own held-out split; gsm8k, math500, arith, ... come "
                        "from the benchmark registry (LM tiers only).")
     e.add_argument("--checkpoint", required=True,
-                   help="a runs/<name>/seed<k>/checkpoints/step_*.pt file, or a registered one: "
+                   help="a runs/<name>/seed<k>/checkpoints/step_*.pt file, a veRL run's checkpoints/global_step_N "
+                        "directory, or a registered one: "
                         "models:/exgrpo-<study>@champion (a sweep's best) or models:/<name>/<version>")
     e.add_argument("--tracking-uri", help="MLflow store for models:/ checkpoints (default: MLFLOW_TRACKING_URI, "
                                           "else <project>/mlruns/mlflow.db)")

@@ -1,8 +1,10 @@
-"""Prefect flow: evaluate a checkpoint (toy tier: greedy val accuracy) and log it to MLflow.
+"""Prefect flow: evaluate a checkpoint (greedy val accuracy, as the run evaluates) and log it to MLflow.
 
     prefect deployment run 'evaluate/evaluate' --param checkpoint=runs/toy/seed0/checkpoints/step_0000100.pt
 
-The evaluate deployment also runs by itself when a run of the train deployment completes (a
+A checkpoint is a native ``step_*.pt`` or a veRL run's ``global_step_N/`` (its FSDP shards merged:
+:mod:`exgrpo.backends.verl.actor_weights`). The evaluate deployment also runs by itself when a run of
+the train or train-verl deployment completes (a
 deployment trigger in prefect.yaml on Prefect's ``prefect.flow-run.Completed`` event): it is given
 the train flow run, finds the MLflow run that flow created (tag ``prefect_flow_run_id``) and its
 final checkpoint, and logs ``eval/*`` on that same run.
@@ -16,16 +18,15 @@ from prefect import flow, get_run_logger
 
 
 def evaluate_checkpoint(checkpoint: str) -> tuple[Any, dict[str, float]]:
-    """(config, metrics): rebuild the trainer from the config stored in the checkpoint and evaluate."""
-    from exgrpo.backends.native import checkpoint as ckpt
+    """(config, metrics): the checkpoint's policy (a native step_*.pt or a veRL global_step_N/) on a
+    native trainer built from the run's config, evaluated as the run evaluates (``Trainer.evaluate``)."""
     from exgrpo.backends.native.trainer import Trainer
-    from exgrpo.config import ExperimentConfig
+    from exgrpo.evaluation.runner import load_checkpoint_policy
 
-    state = ckpt.load_state(checkpoint)
-    cfg = ExperimentConfig.model_validate_json(state["config"])
-    trainer = Trainer(cfg)
-    trainer.load_state_dict(state)
-    return cfg, {**trainer.evaluate(), "step": float(trainer.step)}
+    loaded = load_checkpoint_policy(checkpoint)
+    trainer = Trainer(loaded.config, loaded.task, loaded.policy)
+    trainer.step = loaded.step
+    return loaded.config, {**trainer.evaluate(), "step": float(trainer.step)}
 
 
 def eval_names(metrics: dict[str, float]) -> dict[str, float]:
@@ -66,21 +67,17 @@ def evaluate_flow(checkpoint: str | None = None, run_id: str | None = None, trac
     """Evaluate ``checkpoint`` (a path or ``models:/<name>@<alias>``); log ``eval/*`` into MLflow run ``run_id`` (default: a new run
     tagged kind=evaluate in the config's experiment). With ``train_flow_run`` (what the trigger
     passes), the checkpoint and the run are those of that train flow run."""
-    from pathlib import Path
-
     from exgrpo.tracking import Tracker, run_tags
 
     if train_flow_run is not None:
         checkpoint, run_id, tracking_uri = find_train_run(train_flow_run, tracking_uri)
     if checkpoint is None:
-        raise ValueError("evaluate: give checkpoint=<path to step_N.pt> (or train_flow_run=<flow run id>)")
+        raise ValueError("evaluate: give checkpoint=<path to step_N.pt or a veRL global_step_N/> (or "
+                         "train_flow_run=<flow run id>)")
     if checkpoint.startswith("models:/"):  # a registered checkpoint, e.g. a sweep's models:/exgrpo-<study>@champion
         from exgrpo.tracking.registry import resolve_checkpoint
 
         checkpoint = str(resolve_checkpoint(checkpoint, tracking_uri))
-    if not Path(checkpoint).is_file():
-        raise ValueError(f"evaluate: {checkpoint} is not a native checkpoint file (a veRL checkpoint is a "
-                         "directory; its evaluation is not built yet)")
     tracker = Tracker(tracking_uri)
     cfg, metrics = evaluate_checkpoint(checkpoint)
     step = int(metrics.pop("step"))

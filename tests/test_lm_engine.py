@@ -391,3 +391,12 @@ def test_unpadded_scoring_equals_the_padded_forward_with_gradients(model, family
         torch.testing.assert_close(sc.log_prob, outs[0].log_prob[perm], atol=1e-5, rtol=0)
         one = eng.score(rows, tokens[:, :1], mask[:, :1], share_prompts=True)  # T = 1: the prompts alone
         torch.testing.assert_close(one.log_prob, outs[0].log_prob[:, :1], atol=1e-5, rtol=0)
+
+
+def test_every_name_the_lm_package_exports_resolves():
+    """``exgrpo.backends.native.lm`` resolves its names lazily; each one in ``__all__`` must import
+    (CharTokenizer pointed at a module that no longer existed)."""
+    import exgrpo.backends.native.lm as lm
+
+    for name in lm.__all__:
+        assert getattr(lm, name).__name__ == name

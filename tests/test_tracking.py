@@ -197,16 +197,17 @@ def test_log_every_steps_thins_mlflow_not_metrics_jsonl(tmp_path):
     assert logged == [3, 5, 6, 9, 10]
 
 
-def test_a_verl_checkpoint_directory_is_not_registered_as_a_champion_and_the_note_says_why(tmp_path):
-    """veRL's global_step_N holds FSDP shards, which `exgrpo eval` cannot load: the sweep's note says
-    so (it used to call the directory "missing")."""
+def test_a_champion_checkpoint_that_is_missing_or_a_foreign_directory_is_refused_with_its_path(tmp_path):
+    """A directory is registered only when it is a veRL step (global_step_N/ with actor/fsdp_config.json;
+    the real one: test_verl_backend.py); anything else is named in the error, nothing is logged."""
     from exgrpo.tracking.registry import register_champion
 
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     run_id = client.create_run(client.create_experiment("reg")).info.run_id
     ckpt = tmp_path / "checkpoints" / "global_step_6"
     (ckpt / "actor").mkdir(parents=True)
-    with pytest.raises(NotImplementedError, match="is a veRL checkpoint directory"):
+    with pytest.raises(FileNotFoundError, match="global_step_6 is a directory but not a veRL checkpoint"):
         register_champion(client, "study", run_id, ckpt)
     with pytest.raises(FileNotFoundError, match="is missing"):
         register_champion(client, "study", run_id, tmp_path / "step_9.pt")
+    assert not client.list_artifacts(run_id)

@@ -197,16 +197,60 @@ def test_bad_verl_config_fails_before_any_work():
 
 
 # ------------------------------------------------------------------------------------ end to end
+@pytest.fixture(scope="module")
+def grpo_run(tmp_path_factory, cache):
+    """experiments/verl-tiny-grpo.yaml through the CLI (6 steps, validation and checkpoints at 3 and 6)."""
+    out = tmp_path_factory.mktemp("verl-grpo")
+    _train(GRPO, out, cache)
+    return out / "verl-tiny-grpo" / "seed0"
+
+
 @pytest.mark.slow
-def test_verl_grpo_end_to_end_through_the_cli(tmp_path, cache):
-    _train(GRPO, tmp_path, cache)
-    run_dir = tmp_path / "verl-tiny-grpo" / "seed0"
+def test_verl_grpo_end_to_end_through_the_cli(grpo_run):
+    run_dir = grpo_run
     rows = _rows(run_dir)
     assert [r["step"] for r in rows if "batch/solved" in r] == [1, 2, 3, 4, 5, 6]
     assert all(r["replay/questions"] == 0 and r["actor/off_token_fraction"] == 0 for r in rows if "batch/solved" in r)
     assert [r["step"] for r in rows if "val/accuracy" in r] == [3, 6]
     # weight sync: the hf rollout's log-probs equal the actor's recomputed ones after every update
     assert max(r["training/rollout_probs_diff_mean"] for r in rows if "batch/solved" in r) < 0.01
+
+
+@pytest.mark.slow
+def test_a_verl_checkpoint_evaluates_as_the_run_validated_it_and_registers_as_a_champion(grpo_run, cache, tmp_path,
+                                                                                          monkeypatch):
+    """`exgrpo eval` and the evaluate flow read veRL's global_step_N (FSDP shards merged, weights_only,
+    the run's config): the policy's greedy val accuracy equals the one veRL's own validation logged
+    at that step. Registered as a sweep champion, it resolves to a file that evaluates the same."""
+    import mlflow
+
+    from exgrpo.tracking.registry import register_champion, resolve_checkpoint
+    from flows.evaluate import evaluate_checkpoint
+
+    monkeypatch.setenv("EXGRPO_CACHE", str(cache))
+    validated = {int(r["step"]): r["val/accuracy"] for r in _rows(grpo_run) if "val/accuracy" in r}
+    assert sorted(validated) == [3, 6]
+    from exgrpo.backends.verl.actor_weights import policy_state
+
+    weights = {step: policy_state(grpo_run / "checkpoints" / f"global_step_{step}")["model"] for step in validated}
+    assert any(not torch.equal(weights[3][k], weights[6][k]) for k in weights[3])  # two different policies
+    for step, acc in validated.items():
+        ckpt = grpo_run / "checkpoints" / f"global_step_{step}"
+        cfg, metrics = evaluate_checkpoint(str(ckpt))
+        assert cfg.backend.name == "verl" and metrics["step"] == step
+        assert metrics["val/accuracy"] == pytest.approx(acc, abs=1e-9)
+    cmd = [sys.executable, "-m", "exgrpo.cli", "eval", "--checkpoint", str(grpo_run / "checkpoints" / "global_step_6"),
+           "--benchmarks", "val"]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=_env(cache), timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert f"| val | avg_at_1 | {validated[6]:.4f} | 64 |" in res.stdout
+
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    run_id = client.create_run(client.create_experiment("verl-sweep")).info.run_id
+    name, version = register_champion(client, "verl-sweep", run_id, grpo_run / "checkpoints" / "global_step_6")
+    registered = resolve_checkpoint(f"models:/{name}@champion", f"sqlite:///{tmp_path}/mlflow.db")
+    assert registered.name == "verl_global_step_6.pt" and version == "1"
+    assert evaluate_checkpoint(str(registered))[1]["val/accuracy"] == pytest.approx(validated[6], abs=1e-9)
 
 
 @pytest.mark.slow
@@ -343,6 +387,15 @@ def _flow_then_failure(train_flow, uri, tmp_path):
     assert solved[0].timestamp < job.end_time and "live_metrics" not in run.data.tags
     log = (tmp_path / "runs" / "verl-tiny-exgrpo" / "seed0" / "verl.log").read_text()
     assert "Training Progress" in log
+    # what the evaluate deployment's trigger runs when a train-verl flow run completes: the run's veRL
+    # checkpoint evaluated and logged as eval/* on the same MLflow run (veRL validated step 3 itself)
+    from flows.evaluate import evaluate_flow
+
+    evaluated = evaluate_flow(train_flow_run=run.data.tags["prefect_flow_run_id"], tracking_uri=uri)
+    assert evaluated["run_id"] == run.info.run_id and evaluated["step"] == 3
+    assert run.data.tags["checkpoint"].endswith("global_step_3")
+    (validated,) = client.get_metric_history(run.info.run_id, "val/accuracy")
+    assert client.get_run(run.info.run_id).data.metrics["eval/accuracy"] == pytest.approx(validated.value, abs=1e-9)
 
     with pytest.raises(Exception, match=r"Ray Job \S+ FAILED"):
         train_flow(config=EXGRPO, overrides={"output_dir": str(tmp_path / "bad"), "name": "verl-bad",

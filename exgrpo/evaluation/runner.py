@@ -35,20 +35,48 @@ class EvalSettings:
     """Seed of the problem subset and of sampling."""
 
 
-def load_checkpoint_policy(path: str | Path):
-    """(config, task, policy) of a checkpoint written by the native trainer."""
+@dataclass
+class CheckpointPolicy:
+    """A checkpoint's policy, rebuilt: the run's config, its task, the policy with the checkpoint's weights."""
+
+    config: ExperimentConfig
+    task: Any
+    policy: Any
+    step: int
+    """The training step the weights are from."""
+
+
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    """The policy entries (``config``, ``model``, ``step``) of a checkpoint: a native ``step_*.pt``
+    file (:func:`exgrpo.backends.native.checkpoint.load_state`) or a veRL ``global_step_N``
+    directory (:func:`exgrpo.backends.verl.actor_weights.policy_state`). Both load weights_only."""
     from exgrpo.backends.native.checkpoint import load_state
-    from exgrpo.backends.native.trainer import build_task_and_policy
 
     path = Path(path)
+    if path.is_dir():
+        from exgrpo.backends.verl.actor_weights import is_step_dir, policy_state
+
+        if not is_step_dir(path):
+            raise FileNotFoundError(f"--checkpoint {path}: a directory that is not a veRL checkpoint (those are "
+                                    "runs/<name>/seed<k>/checkpoints/global_step_N/)")
+        return policy_state(path)
     if not path.is_file():
-        raise FileNotFoundError(f"--checkpoint {path}: no such file (checkpoints are runs/<name>/seed<k>/checkpoints/step_*.pt)")
-    state = load_state(path)
+        raise FileNotFoundError(f"--checkpoint {path}: no such file (checkpoints are runs/<name>/seed<k>/checkpoints/"
+                                "step_*.pt, or global_step_N/ for a veRL run)")
+    return load_state(path)
+
+
+def load_checkpoint_policy(path: str | Path) -> CheckpointPolicy:
+    """The policy of a native or veRL checkpoint (:func:`read_checkpoint`), in eval mode, on the
+    native backend's task and policy classes (a veRL run's HF actor is the native LM policy's model)."""
+    from exgrpo.backends.native.trainer import build_task_and_policy
+
+    state = read_checkpoint(path)
     cfg = ExperimentConfig.model_validate_json(state["config"])
     task, policy = build_task_and_policy(cfg)
     policy.load_state_dict(state["model"])
     policy.eval()
-    return cfg, task, policy
+    return CheckpointPolicy(cfg, task, policy, int(state.get("step", 0)))
 
 
 def _sample(policy, prompts: list, settings: EvalSettings, max_tokens: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -98,7 +126,8 @@ def evaluate_checkpoint(path: str | Path, spec: str = "val", settings: EvalSetti
     """Scores of a checkpoint on the benchmarks of ``spec`` (e.g. ``"val,arith:100,gsm8k:64"``)."""
     from exgrpo.evaluation.benchmarks import parse_benchmark_spec
 
-    cfg, task, policy = load_checkpoint_policy(path)
+    loaded = load_checkpoint_policy(path)
+    cfg, task, policy = loaded.config, loaded.task, loaded.policy
     is_lm = not isinstance(cfg.policy, MLPPolicyConfig)
     max_tokens = settings.max_tokens or policy.max_response_length
     names = [s.strip() for s in spec.split(",") if s.strip()]

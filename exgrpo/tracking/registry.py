@@ -1,7 +1,8 @@
 """The best policy of a sweep in the MLflow Model Registry, by name: ``models:/<name>@champion``.
 
 At the end of a sweep the best trial's final checkpoint is logged as an artifact of its MLflow run
-(``checkpoint/``) and registered as a version of the model ``exgrpo-<study name>``; the alias
+(``checkpoint/``; a veRL trial's ``global_step_N/`` as one file of its policy: the merged actor
+weights, the run's config and the step) and registered as a version of the model ``exgrpo-<study name>``; the alias
 ``champion`` points at it (moved when a resumed sweep finds a better trial, left alone when the
 best is unchanged). ``exgrpo eval --checkpoint models:/exgrpo-<study>@champion`` evaluates it.
 """
@@ -37,11 +38,10 @@ def register_champion(client: Any, study_name: str, run_id: str, checkpoint: str
     except MlflowException:  # no model or no alias yet
         pass
     path = Path(checkpoint)
-    if path.is_dir():  # veRL's global_step_N: FSDP shards, which `exgrpo eval` does not load
-        raise NotImplementedError(f"the best trial's checkpoint {path} is a veRL checkpoint directory; only native "
-                                  "checkpoints are registered (the path is the trial run's `checkpoint` tag)")
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"the best trial's checkpoint {path} is missing; nothing to register")
+    if path.is_dir():  # veRL's global_step_N: its policy (merged FSDP shards + the run's config) as one file
+        path = _verl_policy_file(path)
     client.log_artifact(run_id, str(path), "checkpoint")
     try:
         client.get_registered_model(name)
@@ -51,6 +51,18 @@ def register_champion(client: Any, study_name: str, run_id: str, checkpoint: str
                                           tags={"file": path.name, **(tags or {})})
     client.set_registered_model_alias(name, CHAMPION, version.version)
     return name, str(version.version)
+
+
+def _verl_policy_file(step_dir: Path) -> Path:
+    """A veRL step directory's policy as a native checkpoint file (config, model, step; no optimiser
+    or pool: it evaluates, it does not resume), written to a temporary directory."""
+    from exgrpo.atomic import torch_save_atomic
+    from exgrpo.backends.verl.actor_weights import is_step_dir, policy_state
+
+    if not is_step_dir(step_dir):
+        raise FileNotFoundError(f"the best trial's checkpoint {step_dir} is a directory but not a veRL checkpoint")
+    out = Path(tempfile.mkdtemp(prefix="exgrpo-verl-policy-")) / f"verl_{step_dir.name}.pt"
+    return torch_save_atomic(policy_state(step_dir), out)
 
 
 def resolve_checkpoint(spec: str, tracking_uri: str | None = None) -> Path:
