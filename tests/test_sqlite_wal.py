@@ -66,3 +66,16 @@ def test_ensure_wal_leaves_other_stores_alone(tmp_path):
     assert not ensure_wal(f"sqlite:///{tmp_path / 'missing-dir' / 'x.db'}")  # no directory: nothing created
     assert not (tmp_path / "missing-dir").exists()
     assert ensure_wal(f"sqlite:///{tmp_path / 'new.db'}") and journal_mode(tmp_path / "new.db") == "wal"
+
+
+def test_optuna_storage_urls_resolve_through_the_one_sqlite_parser(tmp_path, monkeypatch):
+    """A relative sqlite path becomes absolute with its directory created (Ray workers run
+    elsewhere); an in-memory database stays in memory (it used to become a file named ':memory:')."""
+    from exgrpo.sweep.space import resolve_storage
+    from exgrpo.sweep.study import _storage_exists
+
+    monkeypatch.chdir(tmp_path)
+    assert resolve_storage("sqlite:///studies/o.db") == f"sqlite:///{tmp_path.resolve()}/studies/o.db"
+    assert (tmp_path / "studies").is_dir() and not _storage_exists(resolve_storage("sqlite:///studies/o.db"))
+    assert resolve_storage("sqlite:///:memory:") == "sqlite:///:memory:" and not (tmp_path / ":memory:").exists()
+    assert resolve_storage("postgresql://u@127.0.0.1/optuna") == "postgresql://u@127.0.0.1/optuna"

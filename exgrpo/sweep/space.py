@@ -277,11 +277,15 @@ def default_storage() -> str:
 
 
 def resolve_storage(url: str | None) -> str:
+    """The argument, else ``EXGRPO_OPTUNA_STORAGE``, else :func:`default_storage`; a sqlite file's
+    path made absolute (Ray workers run elsewhere) and its directory created."""
+    from exgrpo.sqlite_wal import sqlite_file
+
     url = url or os.environ.get("EXGRPO_OPTUNA_STORAGE") or default_storage()
-    if url.startswith("sqlite:///"):
-        p = Path(url.removeprefix("sqlite:///"))
-        p = p if p.is_absolute() else p.resolve()
-        p.parent.mkdir(parents=True, exist_ok=True)
-        url = f"sqlite:///{p}"
+    db = sqlite_file(url)
+    if db is not None:
+        db = db.resolve()
+        db.parent.mkdir(parents=True, exist_ok=True)
+        url = f"sqlite:///{db}"
     return url
 

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 import warnings
-from pathlib import Path
 from typing import Any
 
 from exgrpo.config import ExperimentConfig, flatten
-from exgrpo.sqlite_wal import ensure_wal
+from exgrpo.sqlite_wal import ensure_wal, sqlite_file
 from exgrpo.sweep.space import StudySpec, SweepConfig, SweepError, base_config, resolve_storage, space_signature
 
 
@@ -87,9 +86,8 @@ def open_study(sc: SweepConfig, storage: str | None = None):
 
 
 def _storage_exists(url: str) -> bool:
-    if url.startswith("sqlite:///"):
-        return Path(url.removeprefix("sqlite:///")).is_file()
-    return True
+    db = sqlite_file(url)
+    return db.is_file() if db is not None else True
 
 
 def _space_diff(old: dict, new: dict) -> list[str]:
