@@ -254,6 +254,38 @@ def test_a_verl_checkpoint_evaluates_as_the_run_validated_it_and_registers_as_a_
 
 
 @pytest.mark.slow
+def test_a_verl_sweep_through_the_cli_registers_a_champion_that_evaluates_to_the_best_value(tmp_path, cache):
+    """`exgrpo sweep experiments/verl-tiny-sweep.yaml` (2 trials of 3 steps, the paper's defaults
+    first): each trial a veRL run in a Ray task with its own MLflow run; the best trial's
+    global_step_3 is registered as the study's champion, and `exgrpo eval` of
+    models:/exgrpo-verl-tiny-sweep@champion scores what the sweep measured for that trial."""
+    import mlflow
+    import optuna
+
+    storage, uri = f"sqlite:///{tmp_path}/optuna.db", f"sqlite:///{tmp_path}/mlflow.db"
+    cmd = [sys.executable, "-m", "exgrpo.cli", "sweep", "experiments/verl-tiny-sweep.yaml", "--n-trials", "2",
+           "--set", "budget_steps=3", "--set", f"base.output_dir={tmp_path / 'runs'}", "--storage", storage,
+           "--tracking-uri", uri, "--no-prefect"]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=_env(cache), timeout=1200)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    summary = json.loads(res.stdout[res.stdout.rindex("\n{") + 1:])
+    assert summary["counts"]["COMPLETE"] == 2 and summary["champion"] == "models:/exgrpo-verl-tiny-sweep@champion"
+    study = optuna.load_study(study_name="verl-tiny-sweep", storage=storage)
+    assert study.trials[0].params["algorithm.bucket_rbound"] == 3  # the paper's K-1 went first
+    client = mlflow.MlflowClient(uri)
+    runs = {t.number: client.get_run(t.user_attrs["mlflow_run_id"]) for t in study.trials}
+    assert all(r.info.status == "FINISHED" and r.data.tags["checkpoint"].endswith("global_step_3") for r in runs.values())
+    assert all([m.step for m in client.get_metric_history(r.info.run_id, "batch/solved")] == [1, 2, 3]
+               for r in runs.values())
+
+    cmd = [sys.executable, "-m", "exgrpo.cli", "eval", "--checkpoint", summary["champion"], "--tracking-uri", uri,
+           "--benchmarks", "val"]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=_env(cache), timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert f"| val | avg_at_1 | {study.best_value:.4f} | 64 |" in res.stdout
+
+
+@pytest.mark.slow
 def test_verl_exgrpo_replays_through_the_real_actor_loss(tmp_path, cache):
     _train(EXGRPO, tmp_path, cache)
     run_dir = tmp_path / "verl-tiny-exgrpo" / "seed0"

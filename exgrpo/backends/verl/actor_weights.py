@@ -90,15 +90,14 @@ def policy_state(step_dir: str | Path) -> dict[str, Any]:
     if not spec.is_file():
         raise FileNotFoundError(f"{step_dir}: the run's {SPEC_FILE} is not at {spec} (the config of the run that "
                                 "wrote this checkpoint)")
-    config = json.loads(spec.read_text())["config"]
-    config = config if isinstance(config, str) else json.dumps(config)
-    external = json.loads(config).get("backend", {}).get("verl", {}).get("model_path")
+    config = json.loads(spec.read_text())["config"]  # the run's ExperimentConfig, as JSON
+    external = config["backend"]["verl"].get("model_path")
     if external:
         raise ValueError(f"{step_dir} holds the actor of {external} (backend.verl.model_path), which exgrpo does not "
                          "rebuild; merge it into an HF model with `python -m verl.model_merger merge --backend fsdp "
                          f"--local_dir {step_dir / 'actor'} --target_dir <dir>` (it unpickles: your own runs only)")
     return {
-        "config": config,
+        "config": json.dumps(config),
         "model": {f"model.{k}": v for k, v in actor_state_dict(step_dir).items()},
         "step": int(_STEP_DIR.match(step_dir.name).group(1)),
         "verl_checkpoint": str(step_dir),
