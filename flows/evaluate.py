@@ -17,9 +17,10 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 
-def evaluate_checkpoint(checkpoint: str) -> tuple[Any, dict[str, float]]:
+def evaluate_as_in_training(checkpoint: str) -> tuple[Any, dict[str, float]]:
     """(config, metrics): the checkpoint's policy (a native step_*.pt or a veRL global_step_N/) on a
-    native trainer built from the run's config, evaluated as the run evaluates (``Trainer.evaluate``)."""
+    native trainer built from the run's config, evaluated as the run evaluates (``Trainer.evaluate``:
+    greedy val and train-probe accuracy; ``exgrpo eval`` scores benchmarks with sampling settings)."""
     from exgrpo.backends.native.trainer import Trainer
     from exgrpo.evaluation.runner import load_checkpoint_policy
 
@@ -79,7 +80,7 @@ def evaluate_flow(checkpoint: str | None = None, run_id: str | None = None, trac
 
         checkpoint = str(resolve_checkpoint(checkpoint, tracking_uri))
     tracker = Tracker(tracking_uri)
-    cfg, metrics = evaluate_checkpoint(checkpoint)
+    cfg, metrics = evaluate_as_in_training(checkpoint)
     step = int(metrics.pop("step"))
     if run_id is None:
         run_id = tracker.start_run(cfg.name, f"eval-seed{cfg.seed}-step{step}",

@@ -225,7 +225,7 @@ def test_a_verl_checkpoint_evaluates_as_the_run_validated_it_and_registers_as_a_
     import mlflow
 
     from exgrpo.tracking.registry import register_champion, resolve_checkpoint
-    from flows.evaluate import evaluate_checkpoint
+    from flows.evaluate import evaluate_as_in_training
 
     monkeypatch.setenv("EXGRPO_CACHE", str(cache))
     validated = {int(r["step"]): r["val/accuracy"] for r in _rows(grpo_run) if "val/accuracy" in r}
@@ -236,7 +236,7 @@ def test_a_verl_checkpoint_evaluates_as_the_run_validated_it_and_registers_as_a_
     assert any(not torch.equal(weights[3][k], weights[6][k]) for k in weights[3])  # two different policies
     for step, acc in validated.items():
         ckpt = grpo_run / "checkpoints" / f"global_step_{step}"
-        cfg, metrics = evaluate_checkpoint(str(ckpt))
+        cfg, metrics = evaluate_as_in_training(str(ckpt))
         assert cfg.backend.name == "verl" and metrics["step"] == step
         assert metrics["val/accuracy"] == pytest.approx(acc, abs=1e-9)
     cmd = [sys.executable, "-m", "exgrpo.cli", "eval", "--checkpoint", str(grpo_run / "checkpoints" / "global_step_6"),
@@ -250,7 +250,7 @@ def test_a_verl_checkpoint_evaluates_as_the_run_validated_it_and_registers_as_a_
     name, version = register_champion(client, "verl-sweep", run_id, grpo_run / "checkpoints" / "global_step_6")
     registered = resolve_checkpoint(f"models:/{name}@champion", f"sqlite:///{tmp_path}/mlflow.db")
     assert registered.name == "verl_global_step_6.pt" and version == "1"
-    assert evaluate_checkpoint(str(registered))[1]["val/accuracy"] == pytest.approx(validated[6], abs=1e-9)
+    assert evaluate_as_in_training(str(registered))[1]["val/accuracy"] == pytest.approx(validated[6], abs=1e-9)
 
 
 @pytest.mark.slow
