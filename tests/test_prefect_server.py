@@ -244,3 +244,25 @@ def test_sweep_deployment_has_two_schedules_with_their_own_parameters(deployed):
             seen[p["n_trials"]] = p["overrides"]["study.name"]
         time.sleep(1)
     assert seen == want
+
+
+def test_a_completed_train_verl_flow_run_triggers_the_evaluate_deployment(deployed):
+    """The evaluate trigger matches runs of the train-verl deployment as it matches train's: a
+    train-verl flow run set COMPLETED makes the server emit its completion event, and the evaluate
+    deployment gets a run for that flow run (the match only; the veRL run and its evaluation are
+    tests/test_verl_backend.py's). Kept last: the train test counts the evaluate runs."""
+    srv = deployed
+    queue = f"e2e-{uuid.uuid4().hex[:8]}"  # nobody works this queue: the run only has to exist
+    _cli(["work-queue", "create", queue, "--pool", "local-pool"], srv.env)
+    dep = srv.get("/deployments/name/train/train-verl")
+    ev = srv.get("/deployments/name/evaluate/evaluate")
+    run = srv.post(f"/deployments/{dep['id']}/create_flow_run", {"parameters": {}, "work_queue_name": queue})
+    srv.post(f"/flow_runs/{run['id']}/set_state", {"state": {"type": "RUNNING"}, "force": True})
+    srv.post(f"/flow_runs/{run['id']}/set_state", {"state": {"type": "COMPLETED"}, "force": True})
+    want = f"prefect.flow-run.{run['id']}"
+    triggered, deadline = [], time.monotonic() + 90
+    while not triggered and time.monotonic() < deadline:
+        runs = srv.post("/flow_runs/filter", {"flow_runs": {"deployment_id": {"any_": [ev["id"]]}}, "limit": 50})
+        triggered = [r for r in runs if r["parameters"].get("train_flow_run") == want]
+        time.sleep(1)
+    assert len(triggered) == 1, f"no evaluate run for {want}; server log:\n{(srv.tmp / 'server.log').read_text()[-4000:]}"
