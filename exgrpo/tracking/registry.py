@@ -40,9 +40,10 @@ def register_champion(client: Any, study_name: str, run_id: str, checkpoint: str
     path = Path(checkpoint)
     if not path.exists():
         raise FileNotFoundError(f"the best trial's checkpoint {path} is missing; nothing to register")
-    if path.is_dir():  # veRL's global_step_N: its policy (merged FSDP shards + the run's config) as one file
-        path = _verl_policy_file(path)
-    client.log_artifact(run_id, str(path), "checkpoint")
+    with tempfile.TemporaryDirectory(prefix="exgrpo-verl-policy-") as tmp:
+        if path.is_dir():  # veRL's global_step_N: its policy (merged FSDP shards + the run's config) as one file
+            path = _verl_policy_file(path, Path(tmp))
+        client.log_artifact(run_id, str(path), "checkpoint")
     try:
         client.get_registered_model(name)
     except MlflowException:
@@ -53,16 +54,15 @@ def register_champion(client: Any, study_name: str, run_id: str, checkpoint: str
     return name, str(version.version)
 
 
-def _verl_policy_file(step_dir: Path) -> Path:
-    """A veRL step directory's policy as a native checkpoint file (config, model, step; no optimiser
-    or pool: it evaluates, it does not resume), written to a temporary directory."""
+def _verl_policy_file(step_dir: Path, out_dir: Path) -> Path:
+    """A veRL step directory's policy as a native checkpoint file in ``out_dir`` (config, model,
+    step; no optimiser or pool: it evaluates, it does not resume)."""
     from exgrpo.atomic import torch_save_atomic
     from exgrpo.backends.verl.actor_weights import is_step_dir, policy_state
 
     if not is_step_dir(step_dir):
         raise FileNotFoundError(f"the best trial's checkpoint {step_dir} is a directory but not a veRL checkpoint")
-    out = Path(tempfile.mkdtemp(prefix="exgrpo-verl-policy-")) / f"verl_{step_dir.name}.pt"
-    return torch_save_atomic(policy_state(step_dir), out)
+    return torch_save_atomic(policy_state(step_dir), out_dir / f"verl_{step_dir.name}.pt")
 
 
 def resolve_checkpoint(spec: str, tracking_uri: str | None = None) -> Path:
