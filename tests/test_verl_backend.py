@@ -18,6 +18,10 @@ from exgrpo.config import ConfigError, load_experiment
 
 EXGRPO = "experiments/verl-tiny-exgrpo.yaml"
 GRPO = "experiments/verl-tiny-grpo.yaml"
+ONE_VAL_QUESTION = 1 / 64 + 1e-9
+"""Slack between veRL's validation and exgrpo's evaluation of the same weights: both decode greedily
+with the same engine, but veRL's agent loop batches the 64 requests its own way, and a near-tie
+argmax can round the other way in another batch layout (they were equal in every run so far)."""
 
 
 @pytest.fixture(scope="module")
@@ -220,37 +224,44 @@ def test_verl_grpo_end_to_end_through_the_cli(grpo_run):
 def test_a_verl_checkpoint_evaluates_as_the_run_validated_it_and_registers_as_a_champion(grpo_run, cache, tmp_path,
                                                                                           monkeypatch):
     """`exgrpo eval` and the evaluate flow read veRL's global_step_N (FSDP shards merged, weights_only,
-    the run's config): the policy's greedy val accuracy equals the one veRL's own validation logged
-    at that step. Registered as a sweep champion, it resolves to a file that evaluates the same."""
+    the run's config): the rebuilt policy holds exactly the actor's weights, and its greedy val
+    accuracy is the one veRL's own validation logged at that step. Registered as a sweep champion,
+    it resolves to a file with the same weights and the same scores."""
     import mlflow
 
+    from exgrpo.backends.verl.actor_weights import policy_state
+    from exgrpo.evaluation.runner import load_checkpoint_policy
     from exgrpo.tracking.registry import register_champion, resolve_checkpoint
     from flows.evaluate import evaluate_as_in_training
 
     monkeypatch.setenv("EXGRPO_CACHE", str(cache))
     validated = {int(r["step"]): r["val/accuracy"] for r in _rows(grpo_run) if "val/accuracy" in r}
     assert sorted(validated) == [3, 6]
-    from exgrpo.backends.verl.actor_weights import policy_state
-
-    weights = {step: policy_state(grpo_run / "checkpoints" / f"global_step_{step}")["model"] for step in validated}
+    steps = {step: grpo_run / "checkpoints" / f"global_step_{step}" for step in validated}
+    weights = {step: policy_state(d)["model"] for step, d in steps.items()}
     assert any(not torch.equal(weights[3][k], weights[6][k]) for k in weights[3])  # two different policies
+    scores = {}
     for step, acc in validated.items():
-        ckpt = grpo_run / "checkpoints" / f"global_step_{step}"
-        cfg, metrics = evaluate_as_in_training(str(ckpt))
-        assert cfg.backend.name == "verl" and metrics["step"] == step
-        assert metrics["val/accuracy"] == pytest.approx(acc, abs=1e-9)
-    cmd = [sys.executable, "-m", "exgrpo.cli", "eval", "--checkpoint", str(grpo_run / "checkpoints" / "global_step_6"),
-           "--benchmarks", "val"]
+        loaded = load_checkpoint_policy(steps[step]).policy.state_dict()
+        assert loaded.keys() == weights[step].keys() and all(torch.equal(loaded[k], weights[step][k]) for k in loaded)
+        cfg, scores[step] = evaluate_as_in_training(str(steps[step]))
+        assert cfg.backend.name == "verl" and scores[step]["step"] == step
+        assert scores[step]["val/accuracy"] == pytest.approx(acc, abs=ONE_VAL_QUESTION)
+    cmd = [sys.executable, "-m", "exgrpo.cli", "eval", "--checkpoint", str(steps[6]), "--benchmarks", "val"]
     res = subprocess.run(cmd, capture_output=True, text=True, env=_env(cache), timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert f"| val | avg_at_1 | {validated[6]:.4f} | 64 |" in res.stdout
+    row = next(line for line in res.stdout.splitlines() if line.startswith("| val | avg_at_1 |"))
+    assert row.split("|")[4].strip() == "64"
+    assert float(row.split("|")[3]) == pytest.approx(validated[6], abs=ONE_VAL_QUESTION)
 
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     run_id = client.create_run(client.create_experiment("verl-sweep")).info.run_id
-    name, version = register_champion(client, "verl-sweep", run_id, grpo_run / "checkpoints" / "global_step_6")
+    name, version = register_champion(client, "verl-sweep", run_id, steps[6])
     registered = resolve_checkpoint(f"models:/{name}@champion", f"sqlite:///{tmp_path}/mlflow.db")
     assert registered.name == "verl_global_step_6.pt" and version == "1"
-    assert evaluate_as_in_training(str(registered))[1]["val/accuracy"] == pytest.approx(validated[6], abs=1e-9)
+    loaded = load_checkpoint_policy(registered).policy.state_dict()
+    assert all(torch.equal(loaded[k], weights[6][k]) for k in weights[6])
+    assert evaluate_as_in_training(str(registered))[1] == scores[6]
 
 
 @pytest.mark.slow
@@ -282,7 +293,8 @@ def test_a_verl_sweep_through_the_cli_registers_a_champion_that_evaluates_to_the
            "--benchmarks", "val"]
     res = subprocess.run(cmd, capture_output=True, text=True, env=_env(cache), timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert f"| val | avg_at_1 | {study.best_value:.4f} | 64 |" in res.stdout
+    row = next(line for line in res.stdout.splitlines() if line.startswith("| val | avg_at_1 |"))
+    assert float(row.split("|")[3]) == pytest.approx(study.best_value, abs=ONE_VAL_QUESTION)
 
 
 @pytest.mark.slow
@@ -427,7 +439,8 @@ def _flow_then_failure(train_flow, uri, tmp_path):
     assert evaluated["run_id"] == run.info.run_id and evaluated["step"] == 3
     assert run.data.tags["checkpoint"].endswith("global_step_3")
     (validated,) = client.get_metric_history(run.info.run_id, "val/accuracy")
-    assert client.get_run(run.info.run_id).data.metrics["eval/accuracy"] == pytest.approx(validated.value, abs=1e-9)
+    assert client.get_run(run.info.run_id).data.metrics["eval/accuracy"] == pytest.approx(validated.value,
+                                                                                         abs=ONE_VAL_QUESTION)
 
     with pytest.raises(Exception, match=r"Ray Job \S+ FAILED"):
         train_flow(config=EXGRPO, overrides={"output_dir": str(tmp_path / "bad"), "name": "verl-bad",
