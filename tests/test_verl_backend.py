@@ -46,6 +46,15 @@ def _rows(run_dir):
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def _cli_val_score(checkpoint, cache, *extra):
+    """(avg@1, problems) of `exgrpo eval --checkpoint CHECKPOINT --benchmarks val`, read from its table."""
+    cmd = [sys.executable, "-m", "exgrpo.cli", "eval", "--checkpoint", checkpoint, "--benchmarks", "val", *extra]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=_env(cache), timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    row = next(line for line in res.stdout.splitlines() if line.startswith("| val | avg_at_1 |"))
+    return float(row.split("|")[3]), int(row.split("|")[4])
+
+
 # ------------------------------------------------------------------------------------ plugin
 def test_plugin_loads_in_a_fresh_process_through_the_entry_point():
     """veRL imports the verl.plugins entry point itself: no exgrpo import in the child."""
@@ -247,12 +256,9 @@ def test_a_verl_checkpoint_evaluates_as_the_run_validated_it_and_registers_as_a_
         cfg, scores[step] = evaluate_as_in_training(str(steps[step]))
         assert cfg.backend.name == "verl" and scores[step]["step"] == step
         assert scores[step]["val/accuracy"] == pytest.approx(acc, abs=ONE_VAL_QUESTION)
-    cmd = [sys.executable, "-m", "exgrpo.cli", "eval", "--checkpoint", str(steps[6]), "--benchmarks", "val"]
-    res = subprocess.run(cmd, capture_output=True, text=True, env=_env(cache), timeout=300)
-    assert res.returncode == 0, res.stderr[-2000:]
-    row = next(line for line in res.stdout.splitlines() if line.startswith("| val | avg_at_1 |"))
-    assert row.split("|")[4].strip() == "64"
-    assert float(row.split("|")[3]) == pytest.approx(validated[6], abs=ONE_VAL_QUESTION)
+    value, problems = _cli_val_score(str(steps[6]), cache)
+    assert problems == 64
+    assert value == pytest.approx(validated[6], abs=ONE_VAL_QUESTION)
 
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     run_id = client.create_run(client.create_experiment("verl-sweep")).info.run_id
@@ -289,12 +295,8 @@ def test_a_verl_sweep_through_the_cli_registers_a_champion_that_evaluates_to_the
     assert all([m.step for m in client.get_metric_history(r.info.run_id, "batch/solved")] == [1, 2, 3]
                for r in runs.values())
 
-    cmd = [sys.executable, "-m", "exgrpo.cli", "eval", "--checkpoint", summary["champion"], "--tracking-uri", uri,
-           "--benchmarks", "val"]
-    res = subprocess.run(cmd, capture_output=True, text=True, env=_env(cache), timeout=300)
-    assert res.returncode == 0, res.stderr[-2000:]
-    row = next(line for line in res.stdout.splitlines() if line.startswith("| val | avg_at_1 |"))
-    assert float(row.split("|")[3]) == pytest.approx(study.best_value, abs=ONE_VAL_QUESTION)
+    value, _ = _cli_val_score(summary["champion"], cache, "--tracking-uri", uri)
+    assert value == pytest.approx(study.best_value, abs=ONE_VAL_QUESTION)
 
 
 @pytest.mark.slow
