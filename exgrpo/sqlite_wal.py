@@ -19,12 +19,38 @@ from pathlib import Path
 _DONE: set[Path] = set()
 
 
-def sqlite_file(uri: str) -> Path | None:
-    """The database file of a ``sqlite:///<path>`` URI; None for other URIs and in-memory databases."""
-    if not uri.startswith("sqlite:///"):
+def _sqlite_url(uri: str):
+    """The parsed SQLAlchemy URL of a sqlite URI (any driver: ``sqlite+pysqlite://...``); else None."""
+    if not uri.startswith("sqlite"):
         return None
-    path = uri.removeprefix("sqlite:///")
-    return Path(path) if path and path != ":memory:" else None
+    from sqlalchemy.engine import make_url  # SQLAlchemy's own parser: the URL means what it means to MLflow and Optuna
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        url = make_url(uri)
+    except ArgumentError:
+        return None
+    return url if url.get_backend_name() == "sqlite" else None
+
+
+def sqlite_file(uri: str) -> Path | None:
+    """The database file of a sqlite URI (``sqlite:///<path>``, with or without options such as
+    ``?timeout=30``); None for other URIs and in-memory databases."""
+    url = _sqlite_url(uri)
+    db = url.database if url is not None else None
+    if url is not None and url.query.get("uri") == "true" and db and db.startswith("file:"):
+        db = db.removeprefix("file:")  # sqlite's own URI filename form (``file:<path>``, ``?uri=true``)
+    return Path(db) if db and db != ":memory:" else None
+
+
+def with_sqlite_file(uri: str, path: Path) -> str:
+    """``uri`` with its database file replaced by ``path``, its driver and options kept."""
+    url = _sqlite_url(uri)
+    if url is None:
+        raise ValueError(f"not a sqlite URI: {uri!r}")
+    if url.query.get("uri") == "true" and (url.database or "").startswith("file:"):
+        path = f"file:{path}"
+    return url.set(database=str(path)).render_as_string(hide_password=False)
 
 
 def ensure_wal(uri: str) -> bool:

@@ -79,3 +79,24 @@ def test_optuna_storage_urls_resolve_through_the_one_sqlite_parser(tmp_path, mon
     assert (tmp_path / "studies").is_dir() and not _storage_exists(resolve_storage("sqlite:///studies/o.db"))
     assert resolve_storage("sqlite:///:memory:") == "sqlite:///:memory:" and not (tmp_path / ":memory:").exists()
     assert resolve_storage("postgresql://u@127.0.0.1/optuna") == "postgresql://u@127.0.0.1/optuna"
+
+
+def test_sqlite_uris_with_a_driver_or_options_name_the_right_file(tmp_path, monkeypatch):
+    """The one parser is SQLAlchemy's: `?timeout=30` is an option, not part of the file name (it
+    used to make WAL mode, the artifact root and `exgrpo ui` point at a file named `x.db?timeout=30`)."""
+    from exgrpo.sweep.space import resolve_storage
+    from exgrpo.tracking.mlflow_tracking import artifact_root
+
+    assert sqlite_file("sqlite:///runs/x.db?timeout=30").as_posix() == "runs/x.db"
+    assert sqlite_file("sqlite+pysqlite:////abs/x.db").as_posix() == "/abs/x.db"
+    assert sqlite_file("sqlite://") is None and sqlite_file("sqlite:///") is None
+    monkeypatch.chdir(tmp_path)
+    assert resolve_storage("sqlite:///studies/o.db?timeout=30") == f"sqlite:///{tmp_path.resolve()}/studies/o.db?timeout=30"
+
+    uri = f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}?timeout=30"
+    assert artifact_root(uri) == tmp_path / "mlruns" / "artifacts"
+    tracker = Tracker(uri)
+    run_id = tracker.start_run("options", "r")
+    tracker.client.log_metric(run_id, "m", 1.0, step=0)
+    assert journal_mode(tmp_path / "mlruns" / "mlflow.db") == "wal"
+    assert sorted(p.name for p in (tmp_path / "mlruns").glob("*.db*")) == ["mlflow.db", "mlflow.db-shm", "mlflow.db-wal"]

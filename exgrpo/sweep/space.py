@@ -279,13 +279,13 @@ def default_storage() -> str:
 def resolve_storage(url: str | None) -> str:
     """The argument, else ``EXGRPO_OPTUNA_STORAGE``, else :func:`default_storage`; a sqlite file's
     path made absolute (Ray workers run elsewhere) and its directory created."""
-    from exgrpo.sqlite_wal import sqlite_file
+    from exgrpo.sqlite_wal import sqlite_file, with_sqlite_file
 
     url = url or os.environ.get("EXGRPO_OPTUNA_STORAGE") or default_storage()
     db = sqlite_file(url)
     if db is not None:
         db = db.resolve()
         db.parent.mkdir(parents=True, exist_ok=True)
-        url = f"sqlite:///{db}"
+        url = with_sqlite_file(url, db)
     return url
 

@@ -92,7 +92,7 @@ def check_reachable(uri: str, timeout: float = 3.0) -> None:
         if r.status_code != 200:
             raise TrackingError(f"MLflow tracking server {uri} answered {url} with HTTP {r.status_code}; {hint}")
         return
-    if parsed.scheme == "sqlite":
+    if parsed.scheme.split("+")[0] == "sqlite":
         db = sqlite_file(uri)
         if db is None:
             raise TrackingError(f"tracking URI {uri!r}: give a file, e.g. {default_tracking_uri()}")
