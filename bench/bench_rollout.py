@@ -28,6 +28,10 @@ The engine also returns per-token log-probs and entropies; plain HF ``generate``
 need ``output_logits=True`` plus a log-softmax). The tiny LM is loaded from the cache (trained on
 first use, ~1 min). Timings are medians over ``--repeats``, engine and HF interleaved, after a
 warm-up of each.
+
+The malloc setting is the trainer's default (``train.keep_freed_memory``: glibc keeps freed memory
+instead of unmapping it, so a step's fresh tensors are not page-faulted again); it is process-wide,
+so HF ``generate`` runs with it too. ``--default-malloc`` runs both without it.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 
 from exgrpo.backends.native.lm.engine import RolloutEngine, SamplingParams, build_packed_batch  # noqa: E402
+from exgrpo.backends.native.memory import keep_freed_memory  # noqa: E402
 from exgrpo.backends.native.lm.tiny_lm import load_tiny_lm  # noqa: E402
 from exgrpo.tasks.text_arithmetic import TextArithmetic  # noqa: E402
 
@@ -56,7 +61,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--cases", default="fixed,eos,greedy")
+    ap.add_argument("--default-malloc", action="store_true", help="glibc's default (not train.keep_freed_memory)")
     args = ap.parse_args()
+    if not args.default_malloc:
+        keep_freed_memory()  # as the trainer does by default, for both sides
     defaults = {"tiny-lm": (256, 40, 1, 8), "smollm2": (16, 64, 2, 4)}[args.model]
     args.prompts = args.prompts or defaults[0]
     args.new_tokens = args.new_tokens or defaults[1]
@@ -116,7 +124,8 @@ def main() -> None:
     }
     runners = {"HF generate": hf_cases, **{f"engine {d}": engine_cases(d) for d in decoders}}
     print(f"model: {label}  params {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M  "
-          f"batch {n} rows ({questions} questions x K {k}) x {t} new tokens  threads {args.threads}  repeats {args.repeats} (median)")
+          f"batch {n} rows ({questions} questions x K {k}) x {t} new tokens  threads {args.threads}  repeats {args.repeats} (median)  "
+          f"malloc {'glibc default' if args.default_malloc else 'train.keep_freed_memory'}")
     with torch.no_grad():
         hf_greedy_out = model.generate(**hf_greedy, do_sample=False)[:, batch.prompt_width :]
         for d in decoders:
