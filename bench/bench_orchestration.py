@@ -15,7 +15,10 @@
     steps), after a warm-up study that starts both Ray workers.
 
     .venv/bin/python bench/bench_orchestration.py [--steps 100] [--repeats 3] [--trials 8] [--budget-steps 40]
-                                                  [--store sqlite|postgres]
+                                                  [--store sqlite|postgres] [--log-every-steps 1]
+
+``--log-every-steps N`` (b): the trials' ``train.log_every_steps`` (MLflow gets every N-th step and
+the evaluation steps; each trial's metrics.jsonl keeps every step).
 
 ``--store postgres`` puts MLflow and Optuna on the PostgreSQL of scripts/setup-postgres.sh (team mode).
 Numbers are wall-clock on whatever else the machine is doing: the load average is printed with them.
@@ -157,7 +160,7 @@ def cpu_ceiling(n: int = 3_000_000) -> float:
     return 2 * one / two
 
 
-def bench_sweep(trials: int, budget_steps: int, uri: str, storage: str) -> None:
+def bench_sweep(trials: int, budget_steps: int, uri: str, storage: str, log_every_steps: int = 1) -> None:
     from exgrpo.raylocal import ensure_ray
     from exgrpo.sweep import load_sweep, run_sweep
 
@@ -168,14 +171,14 @@ def bench_sweep(trials: int, budget_steps: int, uri: str, storage: str) -> None:
                       "seed": 0},
             "base": "experiments/toy.yaml",
             "base_overrides": {"name": "bench-sweep", "algorithm.replay": "buckets",
-                               "output_dir": str(_TMP / "runs" / "sweeps")},
+                               "output_dir": str(_TMP / "runs" / "sweeps"), "train.log_every_steps": log_every_steps},
             "budget_steps": budget_steps,
             "space": {"algorithm.experience_ratio": {"type": "float", "low": 0.1, "high": 0.9},
                       "algorithm.shaping_gamma": {"type": "float", "low": 0.01, "high": 1.0, "log": True}},
         }, TINY_BASE)
 
     print(f"\n(b) sweep throughput: {trials} trials per study, budget {budget_steps} steps (toy, max_operand 5, "
-          f"B=16, K=4, 2x32 MLP), no pruning; Optuna {storage.split('@')[-1]}, MLflow {uri.split('@')[-1]}")
+          f"B=16, K=4, 2x32 MLP), no pruning, train.log_every_steps {log_every_steps}; Optuna {storage.split('@')[-1]}, MLflow {uri.split('@')[-1]}")
     t0 = time.perf_counter()
     ensure_ray(num_cpus=2)
     t_ray = time.perf_counter() - t0
@@ -192,9 +195,11 @@ def bench_sweep(trials: int, budget_steps: int, uri: str, storage: str) -> None:
         wall = time.perf_counter() - t0
         assert res.counts["COMPLETE"] == trials, res.table()
         per_trial = statistics.median(o["seconds"] for o in res.outcomes)
-        # the training part of a trial: its per-step wall times as logged to MLflow (time/step_seconds)
-        training = statistics.median(sum(m.value for m in client.get_metric_history(o["run_id"], "time/step_seconds"))
-                                     for o in res.outcomes)
+        # the training part of a trial: its mean step time as logged to MLflow (time/step_seconds; every
+        # log_every_steps-th step) times its steps
+        training = statistics.median(
+            statistics.fmean(m.value for m in client.get_metric_history(o["run_id"], "time/step_seconds")) * budget_steps
+            for o in res.outcomes)
         rates[parallel] = trials / wall * 3600
         print(f"    {parallel} worker{'s' if parallel > 1 else ' '}: {trials} trials in {wall:6.1f} s -> "
               f"{rates[parallel]:7.0f} trials/hour (median trial {per_trial:.2f} s in its worker, of which "
@@ -209,6 +214,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="(a) interleaved rounds")
     ap.add_argument("--trials", type=int, default=8, help="(b) trials per study")
     ap.add_argument("--budget-steps", type=int, default=40, help="(b) steps per trial")
+    ap.add_argument("--log-every-steps", type=int, default=1, help="(b) the trials' train.log_every_steps")
     ap.add_argument("--store", choices=["sqlite", "postgres"], default="sqlite")
     ap.add_argument("--only", choices=["a", "b"], default=None)
     args = ap.parse_args()
@@ -222,7 +228,7 @@ def main() -> None:
         if args.only in (None, "a"):
             bench_overhead(args.steps, args.repeats, uri)
         if args.only in (None, "b"):
-            bench_sweep(args.trials, args.budget_steps, uri, storage)
+            bench_sweep(args.trials, args.budget_steps, uri, storage, args.log_every_steps)
     finally:
         try:
             import ray

@@ -23,6 +23,7 @@ if "RAY_TMPDIR" not in os.environ:  # short: Ray's unix socket paths are length-
 from optuna.trial import TrialState  # noqa: E402
 
 from exgrpo.config import ConfigError  # noqa: E402
+from exgrpo.sweep.runner import worker_storage  # noqa: E402
 from exgrpo.sweep import (  # noqa: E402
     SweepError,
     load_sweep,
@@ -176,6 +177,21 @@ def test_trial_is_pruned_from_the_worker_side(tmp_path):
     assert list(ft.intermediate_values) == [4]
     run = mlflow.MlflowClient(uri).get_run(out["run_id"])
     assert run.info.status == "KILLED" and run.data.tags["pruned"] == "true"
+
+
+def test_a_worker_builds_the_studys_storage_once_for_all_its_trials(tmp_path):
+    """Ray runs many trials in one worker process: the storage (engine, schema check) is built once,
+    and each trial's reports still land in the study the driver reads."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    sc = load_sweep(sweep_dict(tmp_path), TINY_BASE)
+    study, url, _ = open_study(sc, f"sqlite:///{tmp_path}/optuna.db")
+    dists = {k: v.distribution() for k, v in sc.space.items()}
+    worker_storage.cache_clear()
+    outs = [_run_next_trial(study, dists, sc, url, uri) for _ in range(2)]
+    assert worker_storage.cache_info().misses == 1 and worker_storage.cache_info().hits == 1
+    for trial, out in outs:
+        assert out["state"] == "COMPLETE", out
+        assert study.get_trials()[trial.number].intermediate_values  # written through the worker's storage
 
 
 def test_wilcoxon_pruner_compares_per_question_results_with_the_best_trial(tmp_path):

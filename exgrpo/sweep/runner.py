@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
-import os
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -23,6 +23,18 @@ INSTANCE_STRIDE = 1_000_000
 """Instance steps per training step in the wilcoxon pruner's reports (more than any validation set)."""
 
 
+@functools.lru_cache(maxsize=4)
+def worker_storage(url: str) -> Any:
+    """The study's Optuna storage in this process, built once: Ray runs many trials in one worker.
+    The driver has created the tables and checked their schema (:func:`open_study`), so the worker
+    skips both (Optuna's check loads alembic's revision scripts, ~30 ms a trial); ``pool_pre_ping``
+    replaces a pooled connection that a restarted database dropped."""
+    import optuna
+
+    return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True}, skip_compatibility_check=True,
+                                      skip_table_creation=True)
+
+
 def run_trial(payload: dict[str, Any]) -> dict[str, Any]:
     """Train one trial with MLflow logging and Optuna pruning; never raises (the outcome says)."""
     import optuna
@@ -34,7 +46,8 @@ def run_trial(payload: dict[str, Any]) -> dict[str, Any]:
     metric = sc.study.metric
     try:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        study = optuna.load_study(study_name=sc.study.name, storage=payload["storage"], pruner=make_pruner(sc.study))
+        study = optuna.load_study(study_name=sc.study.name, storage=worker_storage(payload["storage"]),
+                                  pruner=make_pruner(sc.study))
         trial = optuna.trial.Trial(study, payload["trial_id"])
     except Exception as e:  # storage unreachable from the worker
         out["error"] = f"{type(e).__name__}: {e}"
