@@ -14,7 +14,7 @@
     on the same tiny budget, same sampler seed, no pruning (every trial does the same number of
     steps), after a warm-up study that starts both Ray workers.
 
-    .venv/bin/python bench/bench_orchestration.py [--steps 100] [--repeats 3] [--trials 8] [--budget-steps 40]
+    .venv/bin/python bench/bench_orchestration.py [--steps 100] [--repeats 3] [--trials 24] [--budget-steps 40]
                                                   [--store sqlite|postgres] [--log-every-steps 1]
 
 ``--log-every-steps N`` (b): the trials' ``train.log_every_steps`` (MLflow gets every N-th step and
@@ -212,7 +212,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=100, help="(a) training steps per run")
     ap.add_argument("--repeats", type=int, default=3, help="(a) interleaved rounds")
-    ap.add_argument("--trials", type=int, default=8, help="(b) trials per study")
+    ap.add_argument("--trials", type=int, default=24, help="(b) trials per study")
     ap.add_argument("--budget-steps", type=int, default=40, help="(b) steps per trial")
     ap.add_argument("--log-every-steps", type=int, default=1, help="(b) the trials' train.log_every_steps")
     ap.add_argument("--store", choices=["sqlite", "postgres"], default="sqlite")
