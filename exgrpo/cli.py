@@ -7,10 +7,7 @@ import errno
 import json
 import sys
 import textwrap
-import typing
 from pathlib import Path
-
-from pydantic import BaseModel
 
 from exgrpo.config import ConfigError, field_docs, load_compare, load_experiment, parse_set
 
