@@ -137,14 +137,16 @@ def deployed(tmp_path_factory):
         log.close()
 
 
-def _work_once(srv: Server, queue: str, run_id: str, log_path: Path) -> tuple[dict | None, str]:
-    """`prefect worker start --run-once` on ``queue``; then the run's final state and the worker's log."""
+def _work_once(srv: Server, queue: str, run_id: str, log_path: Path, env: dict[str, str] | None = None,
+               timeout: float = 150) -> tuple[dict | None, str]:
+    """`prefect worker start --run-once` on ``queue`` (``env``: the worker's, which its flow runs
+    inherit; default the server's); then the run's final state and the worker's log."""
     log = open(log_path, "w")
     worker = subprocess.Popen([PREFECT, "worker", "start", "--pool", "local-pool", "--work-queue", queue, "--run-once"],
-                              env=srv.env, cwd=log_path.parent, stdout=log, stderr=subprocess.STDOUT,
+                              env=env or srv.env, cwd=log_path.parent, stdout=log, stderr=subprocess.STDOUT,
                               start_new_session=True)
     try:
-        worker.wait(timeout=150)
+        worker.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         pass
     finally:
@@ -246,19 +248,32 @@ def test_sweep_deployment_has_two_schedules_with_their_own_parameters(deployed):
     assert seen == want
 
 
-def test_a_completed_train_verl_flow_run_triggers_the_evaluate_deployment(deployed):
-    """The evaluate trigger matches runs of the train-verl deployment as it matches train's: a
-    train-verl flow run set COMPLETED makes the server emit its completion event, and the evaluate
-    deployment gets a run for that flow run (the match only; the veRL run and its evaluation are
-    tests/test_verl_backend.py's). Kept last: the train test counts the evaluate runs."""
+def test_a_train_verl_deployment_run_on_a_worker_is_evaluated_by_the_triggered_deployment(deployed, tmp_path):
+    """What a user does in the Prefect UI: run the train-verl deployment. A process worker runs the
+    flow, which launches veRL's trainer as a Ray Job into MLflow; the run's completion triggers the
+    evaluate deployment, whose run (on a worker too) scores the veRL checkpoint and logs eval/* on the
+    same MLflow run, equal to what veRL's own validation logged at that step (one question of slack,
+    as in tests/test_verl_backend.py). Kept last: the train test counts the evaluate runs."""
     srv = deployed
-    queue = f"e2e-{uuid.uuid4().hex[:8]}"  # nobody works this queue: the run only has to exist
+    queue = f"e2e-{uuid.uuid4().hex[:8]}"
     _cli(["work-queue", "create", queue, "--pool", "local-pool"], srv.env)
+    env = {**srv.env, "EXGRPO_CACHE": str(tmp_path / "cache")}  # the tiny LM's warm start, made on first use
     dep = srv.get("/deployments/name/train/train-verl")
     ev = srv.get("/deployments/name/evaluate/evaluate")
-    run = srv.post(f"/deployments/{dep['id']}/create_flow_run", {"parameters": {}, "work_queue_name": queue})
-    srv.post(f"/flow_runs/{run['id']}/set_state", {"state": {"type": "RUNNING"}, "force": True})
-    srv.post(f"/flow_runs/{run['id']}/set_state", {"state": {"type": "COMPLETED"}, "force": True})
+    uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"
+    params = {"config": "experiments/verl-tiny-exgrpo.yaml", "tracking_uri": uri,
+              "overrides": {"output_dir": str(tmp_path / "runs"), "train.max_steps": 3}}
+    run = srv.post(f"/deployments/{dep['id']}/create_flow_run", {"parameters": params, "work_queue_name": queue})
+    state, worker_log = _work_once(srv, queue, run["id"], tmp_path / "worker.log", env=env, timeout=600)
+    assert state and state["type"] == "COMPLETED", f"{state}\nworker log:\n{worker_log[-6000:]}"
+
+    client = mlflow.MlflowClient(uri)
+    (mrun,) = client.search_runs([client.get_experiment_by_name("verl-tiny-exgrpo").experiment_id])
+    assert mrun.info.status == "FINISHED" and mrun.data.tags["ray_job_id"]
+    assert mrun.data.tags["prefect_flow_run_id"] == run["id"]
+    assert mrun.data.tags["checkpoint"].endswith("global_step_3")
+    assert [m.step for m in client.get_metric_history(mrun.info.run_id, "batch/solved")] == [1, 2, 3]
+
     want = f"prefect.flow-run.{run['id']}"
     triggered, deadline = [], time.monotonic() + 90
     while not triggered and time.monotonic() < deadline:
@@ -266,3 +281,10 @@ def test_a_completed_train_verl_flow_run_triggers_the_evaluate_deployment(deploy
         triggered = [r for r in runs if r["parameters"].get("train_flow_run") == want]
         time.sleep(1)
     assert len(triggered) == 1, f"no evaluate run for {want}; server log:\n{(srv.tmp / 'server.log').read_text()[-4000:]}"
+    state, eval_log = _work_once(srv, triggered[0]["work_queue_name"], triggered[0]["id"], tmp_path / "worker-eval.log",
+                                 env=env, timeout=300)
+    assert state and state["type"] == "COMPLETED", f"{state}\nworker log:\n{eval_log[-6000:]}"
+    (validated,) = client.get_metric_history(mrun.info.run_id, "val/accuracy")
+    assert validated.step == 3
+    assert client.get_run(mrun.info.run_id).data.metrics["eval/accuracy"] == pytest.approx(validated.value,
+                                                                                          abs=1 / 64 + 1e-9)
