@@ -9,7 +9,7 @@ console = Console(stderr=True)
 
 
 class StepProgress:
-    def __init__(self, total: int, start: int = 0, enabled: bool = True, title: str = "train") -> None:
+    def __init__(self, total: int | None, start: int = 0, enabled: bool = True, title: str = "train") -> None:
         self.enabled = enabled
         self.title = title
         self._p = Progress(
@@ -27,18 +27,33 @@ class StepProgress:
         self._p.__exit__(*exc)
 
     def advance(self, m: dict[str, float]) -> None:
-        info = f"pass@1 {m.get('batch/solved', 0):.3f}"
-        if "pool/questions" in m:
-            info += f"  pool {int(m['pool/questions'])}"
-        self._p.update(self._task, advance=1, info=info)
+        self._p.update(self._task, advance=1, info=self._info(m))
+
+    def show(self, step: int, m: dict[str, float]) -> None:
+        """Step ``step`` is done, with metrics ``m``: for steps that arrive from elsewhere (a veRL job's
+        metric file, a step callback); a validation step also prints its summary line."""
+        self._p.update(self._task, completed=step, info=self._info(m))
+        if "val/accuracy" in m and self.enabled:
+            self._p.console.print(self._summary([f"step {step:5d}"], m))
 
     def epoch_summary(self, epoch: int, step: int, m: dict[str, float]) -> None:
         if not self.enabled:
             return
-        parts = [f"epoch {epoch:3d}", f"step {step:5d}", f"val acc {m.get('val/accuracy', float('nan')):.4f}",
+        self._p.console.print(self._summary([f"epoch {epoch:3d}", f"step {step:5d}"], m))
+
+    @staticmethod
+    def _info(m: dict[str, float]) -> str:
+        info = f"pass@1 {m.get('batch/solved', 0):.3f}"
+        if "pool/questions" in m:
+            info += f"  pool {int(m['pool/questions'])}"
+        return info
+
+    @staticmethod
+    def _summary(parts: list[str], m: dict[str, float]) -> str:
+        parts = [*parts, f"val acc {m.get('val/accuracy', float('nan')):.4f}",
                  f"batch pass@1 {m.get('batch/solved', 0):.3f}"]
         if "pool/questions" in m:
             parts += [f"pool {int(m['pool/questions'])}", f"retired {int(m.get('pool/retired', 0))}"]
         if m.get("replay/questions"):
             parts.append(f"replayed {int(m['replay/questions'])}")
-        self._p.console.print("  ".join(parts))
+        return "  ".join(parts)

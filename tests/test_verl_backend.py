@@ -4,6 +4,7 @@ on gloo), GRPO and ExGRPO end to end through the CLI, a real kill and resume wit
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -40,6 +41,40 @@ def _train(config, out, cache, *extra, check=True):
     if check:
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return res
+
+
+def _train_in_a_terminal(config, out, cache, timeout=900):
+    """The CLI as a person runs it: in a pseudo-terminal, with its progress display; -> what the
+    terminal showed (the run must succeed)."""
+    import pty
+    import select
+
+    master, child_side = pty.openpty()
+    cmd = [sys.executable, "-m", "exgrpo.cli", "train", config, "--output-dir", str(out)]
+    proc = subprocess.Popen(cmd, stdin=child_side, stdout=child_side, stderr=child_side,
+                            env={**_env(cache), "COLUMNS": "120"}, start_new_session=True)
+    os.close(child_side)
+    shown, deadline = [], time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if select.select([master], [], [], 1.0)[0]:
+                try:
+                    data = os.read(master, 65536)
+                except OSError:  # the terminal's other side is closed: the CLI has exited
+                    break
+                if not data:
+                    break
+                shown.append(data)
+            elif proc.poll() is not None:
+                break
+        rc = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    text = b"".join(shown).decode(errors="replace")
+    assert rc == 0, text[-3000:]
+    return text
 
 
 def _rows(run_dir):
@@ -212,9 +247,10 @@ def test_bad_verl_config_fails_before_any_work():
 # ------------------------------------------------------------------------------------ end to end
 @pytest.fixture(scope="module")
 def grpo_run(tmp_path_factory, cache):
-    """experiments/verl-tiny-grpo.yaml through the CLI (6 steps, validation and checkpoints at 3 and 6)."""
+    """experiments/verl-tiny-grpo.yaml through the CLI in a terminal (6 steps, validation and
+    checkpoints at 3 and 6); what the terminal showed is kept in ``terminal.txt`` beside the run."""
     out = tmp_path_factory.mktemp("verl-grpo")
-    _train(GRPO, out, cache)
+    (out / "terminal.txt").write_text(_train_in_a_terminal(GRPO, out, cache))
     return out / "verl-tiny-grpo" / "seed0"
 
 
@@ -227,6 +263,19 @@ def test_verl_grpo_end_to_end_through_the_cli(grpo_run):
     assert [r["step"] for r in rows if "val/accuracy" in r] == [3, 6]
     # weight sync: the hf rollout's log-probs equal the actor's recomputed ones after every update
     assert max(r["training/rollout_probs_diff_mean"] for r in rows if "batch/solved" in r) < 0.01
+
+
+@pytest.mark.slow
+def test_a_verl_run_in_a_terminal_shows_a_step_bar_and_keeps_verls_output_in_its_log(grpo_run):
+    """A person at a terminal sees the run's steps (a bar to 6/6 and a line per validation), not
+    veRL's own console output (a line of ~100 metrics per step), which goes to verl.log."""
+    shown = (grpo_run.parents[1] / "terminal.txt").read_text()
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", shown)  # without the terminal's colour and cursor codes
+    assert f"its output: {grpo_run / 'verl.log'}" in plain
+    assert "6/6" in plain
+    assert re.search(r"step\s+3\s+val acc 0\.\d{4}", plain) and re.search(r"step\s+6\s+val acc 0\.\d{4}", plain)
+    assert "step:1 - " not in plain and "actor/entropy" not in plain
+    assert "step:1 - " in (grpo_run / "verl.log").read_text()
 
 
 @pytest.mark.slow

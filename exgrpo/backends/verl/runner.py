@@ -22,10 +22,18 @@ from exgrpo.atomic import write_text_atomic
 from exgrpo.backends.base import MLflowRun
 from exgrpo.backends.verl.live import FILE_LOGGER_ENV, StepFeed
 from exgrpo.config import ExperimentConfig
+from exgrpo.config.backend import VerlSettings
+from exgrpo.progress import StepProgress, console
 
 SPEC_FILE = "verl_run.json"
 RAW_METRICS = "verl_metrics"
 """Directory of veRL's own metric logs, one JSONL file per attempt (veRL truncates its file on open)."""
+
+
+def _terminal() -> bool:
+    """A person watches (as :func:`exgrpo.live_progress.progress_display` decides): a terminal, and
+    ``EXGRPO_PROGRESS`` is not ``plain``."""
+    return console.is_terminal and os.environ.get("EXGRPO_PROGRESS", "").lower() != "plain"
 
 
 class VerlRunError(RuntimeError):
@@ -45,7 +53,6 @@ def prepare(cfg: ExperimentConfig, resume: bool = False, progress: bool = False,
     """Build the run's assets and its veRL overrides; nothing is launched."""
     from exgrpo.backends.verl import assets
     from exgrpo.backends.verl.overrides import RunPaths, hydra_overrides
-
     from exgrpo.runs import check_resume, move_aside
 
     run_dir = cfg.run_dir().resolve()
@@ -149,6 +156,32 @@ def stop_child(proc: subprocess.Popen, grace_seconds: float = 30.0) -> None:
         proc.kill()
 
 
+def _launch(prepared: PreparedRun, v: VerlSettings, feed: StepFeed, echo: bool, mlflow_run: MLflowRun | None) -> None:
+    """Run the job (a child process, or a Ray Job) to its end, feeding each step to ``feed``; ``echo``
+    prints its output as it comes. A callback's exception (e.g. a pruned trial) is raised as is."""
+    try:
+        if v.launch == "ray_job":
+            from exgrpo.backends.verl.jobs import local_job_server, run_ray_job
+
+            def submitted(job_id: str) -> None:
+                if mlflow_run is not None:
+                    import mlflow
+
+                    mlflow.MlflowClient(mlflow_run.tracking_uri).set_tag(mlflow_run.run_id, "ray_job_id", job_id)
+
+            run_ray_job(prepared, v.job_address or local_job_server(),
+                        on_line=print if echo else (lambda _: None), on_submit=submitted, feed=feed)
+        else:
+            run_local(prepared, progress=echo, feed=feed)
+    except VerlRunError:
+        if feed.error is not None:  # a callback stopped the job (e.g. pruned): that is the outcome
+            raise feed.error from None
+        raise
+    feed.poll()  # the steps written after the runner's last poll
+    if feed.error is not None:
+        raise feed.error
+
+
 class VerlBackend:
     """veRL's RayPPOTrainer with the ExGRPO replay core (CPU here, GPU on a cluster)."""
 
@@ -165,29 +198,16 @@ class VerlBackend:
         if mlflow_run is not None:
             prepared.env.update({TRACKING_URI_ENV: mlflow_run.tracking_uri, RUN_ID_ENV: mlflow_run.run_id})
         v = cfg.backend.verl
+        # a terminal gets a step bar (veRL's own output goes to verl.log only); logs, pipes and a Prefect
+        # flow run's log get veRL's lines as they come
+        bar = StepProgress(cfg.train.max_steps, enabled=progress and _terminal(), title=cfg.name)
+        echo = progress and not bar.enabled
         # the callbacks see each step while the job runs (live progress, a sweep's pruning), as on the native backend
-        feed = StepFeed(prepared.env[FILE_LOGGER_ENV], list(callbacks or []))
-        try:
-            if v.launch == "ray_job":
-                from exgrpo.backends.verl.jobs import local_job_server, run_ray_job
-
-                def submitted(job_id: str) -> None:
-                    if mlflow_run is not None:
-                        import mlflow
-
-                        mlflow.MlflowClient(mlflow_run.tracking_uri).set_tag(mlflow_run.run_id, "ray_job_id", job_id)
-
-                run_ray_job(prepared, v.job_address or local_job_server(),
-                            on_line=print if progress else (lambda _: None), on_submit=submitted, feed=feed)
-            else:
-                run_local(prepared, progress=progress, feed=feed)
-        except VerlRunError:
-            if feed.error is not None:  # a callback stopped the job (e.g. pruned): that is the outcome
-                raise feed.error from None
-            raise
-        feed.poll()  # the steps written after the runner's last poll
-        if feed.error is not None:
-            raise feed.error
+        feed = StepFeed(prepared.env[FILE_LOGGER_ENV], [*(callbacks or []), *([bar.show] if bar.enabled else [])])
+        if bar.enabled:
+            console.print(f"veRL ({v.launch}): {prepared.run_dir}; its output: {prepared.run_dir / 'verl.log'}", soft_wrap=True)
+        with bar:
+            _launch(prepared, v, feed, echo, mlflow_run)
         history = collect(prepared.run_dir)
         if not any("batch/solved" in r for r in history):
             raise VerlRunError(f"veRL run in {prepared.run_dir} finished but logged no training step")
