@@ -1,6 +1,6 @@
 # Two commands do all set-up on a fresh machine:
 #   make demo   -> create .venv, install, run the main job on the embedded default
-#   make test   -> create .venv, install, run the tests
+#   make test   -> create .venv, install, lint, run the tests
 PY      := .venv/bin/python
 STAMP   := .venv/.installed
 # runtime settings the stack needs on these machines (stack-notes.md §10)
@@ -12,7 +12,7 @@ export PREFECT_CLI_PROMPT := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 90
 export MLFLOW_SERVER_ENABLE_JOB_EXECUTION := false
 
-.PHONY: venv demo demo-toy test services bench ui clean
+.PHONY: venv demo demo-toy test lint services bench ui clean
 
 $(STAMP): requirements-cpu.txt pyproject.toml
 	python3 -m venv .venv
@@ -32,7 +32,10 @@ services:   # PostgreSQL on 127.0.0.1:55432 (team-mode tests) and Chromium (dash
 	bash scripts/setup-postgres.sh
 	bash scripts/setup-chromium.sh
 
-test: $(STAMP) services
+lint: $(STAMP)
+	.venv/bin/ruff check .
+
+test: $(STAMP) lint services
 	$(PY) -m pytest -q
 
 ui: $(STAMP)   # Prefect :4200, MLflow :5000, optuna-dashboard :8080 on 127.0.0.1; Ctrl-C stops all

@@ -89,7 +89,7 @@ def measure(layout: str, n_traj: int, n_tokens: int, seed: int = 0) -> dict[str,
         torch.save(pool.state_dict(), path)
         out["save_s"] = time.perf_counter() - t0
         size = path.stat().st_size
-        del pool
+        pool = None  # freed before the load is measured (the closures above hold the name, not the pool)
         gc.collect()
         t0 = time.perf_counter()
         other = ExperiencePool(group_size=8) if layout == "packed" else LegacyPool(group_size=8)

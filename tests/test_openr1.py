@@ -9,7 +9,7 @@ import torch
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
-from exgrpo.tasks.openr1 import OpenR1FormatError, OpenR1Task, OpenR1TaskConfig, load_openr1
+from exgrpo.tasks.openr1 import OpenR1FormatError, OpenR1Task, OpenR1TaskConfig, load_openr1  # noqa: E402
 
 SYSTEM = "Your task is to follow a systematic, thorough reasoning process before providing the final solution."
 QUESTIONS = [

@@ -87,6 +87,7 @@ __all__ = [
     "MLPPolicyConfig",
     "NotebookReplayConfig",
     "OptimizerKind",
+    "PoolRetention",
     "PolicyConfig",
     "ProductsKnobs",
     "ReasoningGymTaskConfig",

@@ -47,8 +47,6 @@ from concurrent.futures.process import BrokenProcessPool
 
 from exgrpo.config.options import AnswerFormat
 from exgrpo.rewards.extraction import DEFAULT_MAX_ANSWER_CHARS, extract_answer, warn_if_lenient
-
-logger = logging.getLogger(__name__)
 from exgrpo.rewards.grading import (  # noqa: F401  (re-exported: the reward's rule lives in grading.py)
     GRADER_NAME,
     MAX_VERIFY_PAIRS,
@@ -59,6 +57,8 @@ from exgrpo.rewards.grading import (  # noqa: F401  (re-exported: the reward's r
     grader_version,
     score_item,
 )
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "GRADER_NAME",
