@@ -205,7 +205,8 @@ class VerlBackend:
         # the callbacks see each step while the job runs (live progress, a sweep's pruning), as on the native backend
         feed = StepFeed(prepared.env[FILE_LOGGER_ENV], [*(callbacks or []), *([bar.show] if bar.enabled else [])])
         if bar.enabled:
-            console.print(f"veRL ({v.launch}): {prepared.run_dir}; its output: {prepared.run_dir / 'verl.log'}", soft_wrap=True)
+            console.print(f"veRL ({v.launch}): {prepared.run_dir}; its output: {prepared.run_dir / 'verl.log'}",
+                          soft_wrap=True)  # unwrapped: the paths stay whole for copy and paste
         with bar:
             _launch(prepared, v, feed, echo, mlflow_run)
         history = collect(prepared.run_dir)
