@@ -48,7 +48,10 @@ TRL_PIN := trl==1.16.0
 .bench-deps/trl:
 	.venv/bin/pip install -q --no-deps --target .bench-deps "$(TRL_PIN)"
 
-bench: $(STAMP) .bench-deps/trl
+# each script prints its own numbers; issue 12's four goals are collected into one table at the end
+bench: export EXGRPO_BENCH_SUMMARY := $(CURDIR)/.bench-summary.jsonl
+bench: $(STAMP) .bench-deps/trl services
+	rm -f $(EXGRPO_BENCH_SUMMARY)
 	$(PY) bench/bench_toy_step.py
 	$(PY) bench/bench_rollout.py
 	$(PY) bench/bench_rollout.py --model smollm2 --repeats 2 --cases eos,greedy
@@ -56,8 +59,10 @@ bench: $(STAMP) .bench-deps/trl
 	$(PY) bench/bench_scoring.py --model tiny-lm
 	PYTHONPATH=.bench-deps $(PY) bench/bench_vs_trl.py
 	$(PY) bench/bench_orchestration.py
+	$(PY) bench/bench_orchestration.py --only b --store postgres   # team mode (goal 4)
 	$(PY) bench/bench_verl.py
 	$(PY) bench/bench_pool.py
+	$(PY) bench/summary.py
 
 clean:
 	rm -rf .venv .bench-deps runs

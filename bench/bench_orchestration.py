@@ -54,6 +54,8 @@ os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="ray", dir="/tmp"))
 
 import warnings  # noqa: E402
 
+from summary import record  # noqa: E402  (bench/summary.py)
+
 warnings.filterwarnings("ignore")
 
 PG_MLFLOW = os.environ.get("EXGRPO_PG_MLFLOW_URL", "postgresql://exgrpo:exgrpo@127.0.0.1:55432/mlflow")
@@ -130,6 +132,10 @@ def bench_overhead(steps: int, repeats: int, uri: str) -> None:
               + ", ".join(f"{t:.2f}" for t in ts))
     same = len(set().union(*finals.values())) == 1
     print(f"    final val/accuracy identical across variants: {'yes' if same else 'NO'} {sorted(set().union(*finals.values()))}")
+    for v, goal in (("mlflow", "3. orchestration: MLflow-tracked run / bare"),
+                    ("prefect", "3. orchestration: Prefect flow run / bare")):
+        record(goal, statistics.median(times[v]) / base, 1.05, f"toy, {steps} steps, {repeats} repeats",
+               higher_is_better=False)
     print(f"    overhead per run: mlflow +{statistics.median(times['mlflow']) - base:.2f} s "
           f"(every 10th step: +{statistics.median(times['mlflow/10']) - base:.2f} s), "
           f"prefect flow +{statistics.median(times['prefect']) - base:.2f} s ({load()})")
@@ -204,8 +210,12 @@ def bench_sweep(trials: int, budget_steps: int, uri: str, storage: str, log_ever
         print(f"    {parallel} worker{'s' if parallel > 1 else ' '}: {trials} trials in {wall:6.1f} s -> "
               f"{rates[parallel]:7.0f} trials/hour (median trial {per_trial:.2f} s in its worker, of which "
               f"training steps {training:.2f} s) ({load()})")
+    ceiling = cpu_ceiling()
+    record("4. sweep trials/hour, 2 Ray workers vs 1", rates[2] / rates[1], 1.8,
+           f"toy, {trials} trials x {budget_steps} steps, {storage.split(':')[0]} stores, "
+           f"log_every_steps {log_every_steps}, CPU ceiling {ceiling:.2f}x")
     print(f"    2 workers vs 1: {rates[2] / rates[1]:.2f}x trials/hour "
-          f"(2 CPU-bound processes vs 1 on this machine right now: {cpu_ceiling():.2f}x)")
+          f"(2 CPU-bound processes vs 1 on this machine right now: {ceiling:.2f}x)")
 
 
 def main() -> None:

@@ -50,6 +50,7 @@ from exgrpo.backends.native.lm.engine import RolloutEngine, SamplingParams, buil
 from exgrpo.backends.native.memory import keep_freed_memory  # noqa: E402
 from exgrpo.backends.native.lm.tiny_lm import load_tiny_lm  # noqa: E402
 from exgrpo.tasks.text_arithmetic import TextArithmetic  # noqa: E402
+from summary import record  # noqa: E402  (bench/summary.py)
 
 
 def main() -> None:
@@ -153,6 +154,10 @@ def main() -> None:
             base = rate["HF generate"]
             print(f"{name:8s} " + " ".join(f"{rate[r]:22.0f}" for r in calls)
                   + "   " + " ".join(f"{rate[f'engine {d}'] / base:5.2f}x" for d in decoders))
+            if name == "eos":  # the trainer's case, with the tier's default decoder (prepack_weights)
+                default = "static-kv" if args.model == "smollm2" else "unpacked"
+                record(f"1. rollout vs HF generate, {args.model}, EOS", rate[f"engine {default}"] / base, 3.0,
+                       f"{n} rows x <= {t} tokens, {args.threads} thread(s), engine {default}, {args.repeats} repeats")
 
 
 if __name__ == "__main__":

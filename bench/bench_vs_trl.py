@@ -46,6 +46,7 @@ warnings.filterwarnings("ignore")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from summary import record  # noqa: E402  (bench/summary.py)
 
 PROMPTS, SAMPLES, NEW_TOKENS, LR = 4, 4, 64, 1e-5
 KEEP_FREED = [True]  # train.keep_freed_memory of the native side; set for the whole process, so TRL's too
@@ -177,6 +178,9 @@ def main() -> None:
     print(f"    TRL     {t_med:6.2f} s/step (steps: {', '.join(f'{x:.1f}' for x in trl_t)}; "
           f"mean {statistics.mean(tok_trl):.1f} tokens/row)")
     print(f"    TRL / native: {t_med / n_med:.2f}x")
+    record("2. native step vs TRL GRPOTrainer (SmolLM2)", t_med / n_med, 2.0,
+           f"{PROMPTS} prompts x {SAMPLES} samples x <= {NEW_TOKENS} tokens, {args.threads} threads, "
+           f"{len(native_t)} + {len(trl_t)} steps")
     share = {p: statistics.mean(s[p] for s in shares) for p in shares[0]}
     print("    native step parts: " + ", ".join(f"{p} {100 * v:.1f}%" for p, v in share.items())
           + f", other {100 * (1 - sum(share.values())):.1f}%")
