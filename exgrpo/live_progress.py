@@ -204,8 +204,9 @@ def progress_display(board: Any, total_runs: int, console: Any = None) -> LivePr
     """A live table where a terminal is attached (``console.is_terminal``), plain lines elsewhere;
     ``EXGRPO_PROGRESS=plain`` forces the lines. Use as a context manager."""
     from exgrpo.progress import console as default_console
+    from exgrpo.progress import is_watched
 
     console = console or default_console
-    if console.is_terminal and os.environ.get("EXGRPO_PROGRESS", "").lower() != "plain":
+    if is_watched(console):
         return LiveProgressTable(board, total_runs, console)
     return ProgressPrinter(board, total_runs)

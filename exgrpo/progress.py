@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import os
+
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 console = Console(stderr=True)
+
+
+def is_watched(con: Console | None = None) -> bool:
+    """A person watches ``con`` (default: :data:`console`): it is a terminal, and ``EXGRPO_PROGRESS``
+    is not ``plain``. Then progress is drawn in place; elsewhere (logs, pipes, a Prefect flow run's
+    log) it is printed as plain lines."""
+    return (con or console).is_terminal and os.environ.get("EXGRPO_PROGRESS", "").lower() != "plain"
 
 
 class StepProgress:

@@ -33,13 +33,18 @@ def _sqlite_url(uri: str):
     return url if url.get_backend_name() == "sqlite" else None
 
 
+def _uri_filename(url) -> bool:
+    """The database is named in sqlite's own URI form (``file:<path>`` with ``?uri=true``)."""
+    return url.query.get("uri") == "true" and (url.database or "").startswith("file:")
+
+
 def sqlite_file(uri: str) -> Path | None:
     """The database file of a sqlite URI (``sqlite:///<path>``, with or without options such as
     ``?timeout=30``); None for other URIs and in-memory databases."""
     url = _sqlite_url(uri)
     db = url.database if url is not None else None
-    if url is not None and url.query.get("uri") == "true" and db and db.startswith("file:"):
-        db = db.removeprefix("file:")  # sqlite's own URI filename form (``file:<path>``, ``?uri=true``)
+    if db and _uri_filename(url):
+        db = db.removeprefix("file:")
     return Path(db) if db and db != ":memory:" else None
 
 
@@ -48,7 +53,7 @@ def with_sqlite_file(uri: str, path: Path) -> str:
     url = _sqlite_url(uri)
     if url is None:
         raise ValueError(f"not a sqlite URI: {uri!r}")
-    if url.query.get("uri") == "true" and (url.database or "").startswith("file:"):
+    if _uri_filename(url):
         path = f"file:{path}"
     return url.set(database=str(path)).render_as_string(hide_password=False)
 

@@ -23,17 +23,11 @@ from exgrpo.backends.base import MLflowRun
 from exgrpo.backends.verl.live import FILE_LOGGER_ENV, StepFeed
 from exgrpo.config import ExperimentConfig
 from exgrpo.config.backend import VerlSettings
-from exgrpo.progress import StepProgress, console
+from exgrpo.progress import StepProgress, console, is_watched
 
 SPEC_FILE = "verl_run.json"
 RAW_METRICS = "verl_metrics"
 """Directory of veRL's own metric logs, one JSONL file per attempt (veRL truncates its file on open)."""
-
-
-def _terminal() -> bool:
-    """A person watches (as :func:`exgrpo.live_progress.progress_display` decides): a terminal, and
-    ``EXGRPO_PROGRESS`` is not ``plain``."""
-    return console.is_terminal and os.environ.get("EXGRPO_PROGRESS", "").lower() != "plain"
 
 
 class VerlRunError(RuntimeError):
@@ -200,7 +194,7 @@ class VerlBackend:
         v = cfg.backend.verl
         # a terminal gets a step bar (veRL's own output goes to verl.log only); logs, pipes and a Prefect
         # flow run's log get veRL's lines as they come
-        bar = StepProgress(cfg.train.max_steps, enabled=progress and _terminal(), title=cfg.name)
+        bar = StepProgress(cfg.train.max_steps, enabled=progress and is_watched(), title=cfg.name)
         echo = progress and not bar.enabled
         # the callbacks see each step while the job runs (live progress, a sweep's pruning), as on the native backend
         feed = StepFeed(prepared.env[FILE_LOGGER_ENV], [*(callbacks or []), *([bar.show] if bar.enabled else [])])
