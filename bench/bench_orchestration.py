@@ -27,6 +27,7 @@ Numbers are wall-clock on whatever else the machine is doing: the load average i
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import os
 import shutil
@@ -90,9 +91,9 @@ def bench_overhead(steps: int, repeats: int, uri: str) -> None:
     t_import = time.perf_counter() - t0
     # one-time costs, outside the comparison: Prefect's API server start + first flow run, MLflow schema
     t0 = time.perf_counter()
-    warm = train_flow(config="experiments/toy-exgrpo.yaml", tracking_uri=uri,
+    warm = asyncio.run(train_flow(config="experiments/toy-exgrpo.yaml", tracking_uri=uri,
                       overrides={"train.max_steps": 2, "output_dir": str(_TMP / "runs" / "warm"),
-                                 "name": "bench-orchestration"})
+                                 "name": "bench-orchestration"}))
     t_first = time.perf_counter() - t0
     assert warm["run_id"]
     print(f"    one-time: import prefect+mlflow {t_import:.1f} s; first flow call (API server start, MLflow "
@@ -118,9 +119,9 @@ def bench_overhead(steps: int, repeats: int, uri: str) -> None:
                 run = tracked_train(cfg, tracking_uri=uri)
                 acc = run.result.final_metrics["val/accuracy"]
             else:
-                out = train_flow(config="experiments/toy-exgrpo.yaml", tracking_uri=uri,
+                out = asyncio.run(train_flow(config="experiments/toy-exgrpo.yaml", tracking_uri=uri,
                                  overrides={**overrides, "output_dir": str(_TMP / "runs" / tag),
-                                            "name": "bench-orchestration"})
+                                            "name": "bench-orchestration"}))
                 acc = out["val/accuracy"]
             times[v].append(time.perf_counter() - t0)
             finals[v].add(round(float(acc), 6))

@@ -8,6 +8,9 @@ the train or train-verl deployment completes (a
 deployment trigger in prefect.yaml on Prefect's ``prefect.flow-run.Completed`` event): it is given
 the train flow run, finds the MLflow run that flow created (tag ``prefect_flow_run_id``) and its
 final checkpoint, and logs ``eval/*`` on that same run.
+
+``async`` as the train flow is (see :mod:`flows.train`): a synchronous flow run waits up to 1 s for
+Prefect's heartbeat thread at its end. From Python: ``asyncio.run(evaluate_flow(...))``.
 """
 
 from __future__ import annotations
@@ -63,8 +66,8 @@ def find_train_run(train_flow_run: str, tracking_uri: str | None) -> tuple[str, 
 
 
 @flow(name="evaluate", log_prints=True)
-def evaluate_flow(checkpoint: str | None = None, run_id: str | None = None, tracking_uri: str | None = None,
-                  train_flow_run: str | None = None) -> dict[str, Any]:
+async def evaluate_flow(checkpoint: str | None = None, run_id: str | None = None, tracking_uri: str | None = None,
+                        train_flow_run: str | None = None) -> dict[str, Any]:
     """Evaluate ``checkpoint`` (a path or ``models:/<name>@<alias>``); log ``eval/*`` into MLflow run ``run_id`` (default: a new run
     tagged kind=evaluate in the config's experiment). With ``train_flow_run`` (what the trigger
     passes), the checkpoint and the run are those of that train flow run."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import os
 import shutil
@@ -100,7 +101,7 @@ def test_compare_flow_parent_and_children_in_mlflow(tmp_path):
 
     # evaluate deployment's flow on one child's checkpoint, logged into that child run
     child = children[0]
-    ev = evaluate_flow(checkpoint=child.data.tags["checkpoint"], run_id=child.info.run_id, tracking_uri=uri)
+    ev = asyncio.run(evaluate_flow(checkpoint=child.data.tags["checkpoint"], run_id=child.info.run_id, tracking_uri=uri))
     assert ev["step"] == 8
     assert ev["val/accuracy"] == pytest.approx(child.data.metrics["val/accuracy"])
     assert client.get_metric_history(child.info.run_id, "eval/accuracy")[0].step == 8

@@ -1,6 +1,7 @@
 """The veRL backend: veRL 0.9.1's real RayPPOTrainer on CPU (cpu platform plugin, hf rollout, FSDP2
 on gloo), GRPO and ExGRPO end to end through the CLI, a real kill and resume with the pool."""
 
+import asyncio
 import json
 import math
 import os
@@ -464,8 +465,8 @@ def test_prefect_train_flow_launches_verl_as_a_ray_job_into_mlflow(tmp_path, cac
 def _flow_then_failure(train_flow, uri, tmp_path):
     import mlflow
 
-    out = train_flow(config=EXGRPO, overrides={"output_dir": str(tmp_path / "runs"), "train.max_steps": 3},
-                     tracking_uri=uri)
+    out = asyncio.run(train_flow(config=EXGRPO, overrides={"output_dir": str(tmp_path / "runs"), "train.max_steps": 3},
+                                 tracking_uri=uri))
     client = mlflow.MlflowClient(uri)
     run = client.get_run(out["run_id"])
     assert run.info.status == "FINISHED"
@@ -486,7 +487,7 @@ def _flow_then_failure(train_flow, uri, tmp_path):
     # checkpoint evaluated and logged as eval/* on the same MLflow run (veRL validated step 3 itself)
     from flows.evaluate import evaluate_flow
 
-    evaluated = evaluate_flow(train_flow_run=run.data.tags["prefect_flow_run_id"], tracking_uri=uri)
+    evaluated = asyncio.run(evaluate_flow(train_flow_run=run.data.tags["prefect_flow_run_id"], tracking_uri=uri))
     assert evaluated["run_id"] == run.info.run_id and evaluated["step"] == 3
     assert run.data.tags["checkpoint"].endswith("global_step_3")
     (validated,) = client.get_metric_history(run.info.run_id, "val/accuracy")
@@ -494,9 +495,9 @@ def _flow_then_failure(train_flow, uri, tmp_path):
                                                                                          abs=ONE_VAL_QUESTION)
 
     with pytest.raises(Exception, match=r"Ray Job \S+ FAILED"):
-        train_flow(config=EXGRPO, overrides={"output_dir": str(tmp_path / "bad"), "name": "verl-bad",
-                                             "backend.verl.extra_overrides": ["actor_rollout_ref.actor.no_such_key=1"]},
-                   tracking_uri=uri)
+        asyncio.run(train_flow(config=EXGRPO, overrides={"output_dir": str(tmp_path / "bad"), "name": "verl-bad",
+                                                         "backend.verl.extra_overrides": ["actor_rollout_ref.actor.no_such_key=1"]},
+                               tracking_uri=uri))
     exp = client.get_experiment_by_name("verl-bad")
     (bad,) = client.search_runs([exp.experiment_id])
     assert bad.info.status == "FAILED" and "Ray Job" in bad.data.tags["error"]
