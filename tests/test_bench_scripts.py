@@ -1,0 +1,68 @@
+"""The bench scripts behind the README's speed claims run end to end as ``make bench`` runs them (at
+their smallest settings: this checks that they work and record their goals, not how fast anything is),
+and ``bench/summary.py`` turns the records into the goals table."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+
+from summary import record, table  # noqa: E402  (bench/summary.py)
+
+# (script and its smallest arguments, the goals it records); TRL's and veRL's benches need the
+# bench-only TRL install and minutes of veRL, so they are not here
+SMOKE = [
+    (["bench_toy_step.py", "--steps", "5"], []),
+    (["bench_pool.py", "--sizes", "1000", "--tokens", "16"], []),
+    (["bench_rollout.py", "--prompts", "8", "--new-tokens", "8", "--repeats", "1", "--cases", "eos"],
+     ["1. rollout vs HF generate, tiny-lm, EOS"]),
+    (["bench_scoring.py", "--model", "tiny-lm", "--repeats", "1"], []),
+    (["bench_orchestration.py", "--steps", "3", "--repeats", "1", "--trials", "2", "--budget-steps", "3"],
+     ["3. orchestration: MLflow-tracked run / bare", "3. orchestration: Prefect flow run / bare",
+      "4. sweep trials/hour, 2 Ray workers vs 1"]),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("argv,goals", SMOKE, ids=[a[0].removesuffix(".py") for a, _ in SMOKE])
+def test_a_bench_script_runs_and_records_its_goals(argv, goals, tmp_path):
+    summary = tmp_path / "bench.jsonl"
+    env = {**os.environ, "EXGRPO_BENCH_SUMMARY": str(summary)}
+    env.pop("PREFECT_API_URL", None)  # the orchestration bench starts its own ephemeral Prefect API
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / argv[0]), *argv[1:]], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    rows = [json.loads(line) for line in summary.read_text().splitlines()] if summary.exists() else []
+    assert [r["goal"] for r in rows] == goals
+    for r in rows:
+        assert r["ratio"] > 0 and r["config"]
+    if goals:  # the table make bench ends with: a row per record
+        out = subprocess.run([sys.executable, str(REPO / "bench" / "summary.py"), str(summary)],
+                             capture_output=True, text=True, check=True).stdout
+        assert all(g in out for g in goals)
+
+
+def test_the_goals_table_says_met_in_the_direction_of_each_target(tmp_path, monkeypatch):
+    monkeypatch.setenv("EXGRPO_BENCH_SUMMARY", str(tmp_path / "s.jsonl"))
+    record("2. faster than the baseline", 2.5, 2.0, "a")
+    record("3. overhead", 1.2, 1.05, "b", higher_is_better=False)
+    record("3. overhead", 1.04, 1.05, "c", higher_is_better=False)
+    record("4. throughput", 1.5, 1.8, "d")
+    rows = [json.loads(line) for line in (tmp_path / "s.jsonl").read_text().splitlines()]
+    met = {line.split()[-1]: line.split()[-2] for line in table(rows).splitlines()[1:]}
+    assert met == {"a": "yes", "b": "no", "c": "yes", "d": "no"}
+    assert ">= 2.00x" in table(rows[:1]) and "<= 1.05x" in table(rows[1:2])
+
+
+def test_the_summary_of_no_records_is_a_one_line_error(tmp_path):
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "summary.py"), str(tmp_path / "none.jsonl")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 1 and "no records at" in proc.stderr and "EXGRPO_BENCH_SUMMARY" in proc.stderr
