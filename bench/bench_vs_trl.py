@@ -97,7 +97,7 @@ def run_trl(steps: int, threads: int, out: Path) -> tuple[list[float], float]:
     data = Dataset.from_list([{"prompt": [{"role": "user", "content": task.prompt_text(q)}], "qid": int(q)} for q in qids])
 
     def reward(completions, qid, **_):  # the same grader as the native task
-        return [task.score_text(q, c[0]["content"]) for q, c in zip(qid, completions)]
+        return [task.score_text(q, c[0]["content"]) for q, c in zip(qid, completions, strict=True)]
 
     model, tokenizer = load_smollm2()
     args = GRPOConfig(

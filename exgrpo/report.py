@@ -24,7 +24,7 @@ def _read(run_dir: str) -> list[dict[str, float]]:
 def _band(curves: list[tuple[list[float], list[float]]]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Mean and 95% t-interval across seeds at the steps every seed has."""
     common = sorted(set.intersection(*(set(s) for s, _ in curves)))
-    vals = np.array([[dict(zip(s, v))[t] for t in common] for s, v in curves])  # (seeds, steps)
+    vals = np.array([[dict(zip(s, v, strict=True))[t] for t in common] for s, v in curves])  # (seeds, steps)
     est = [mean_ci(vals[:, j]) for j in range(len(common))]
     return np.array(common), np.array([e.mean for e in est]), np.array([e.low for e in est]), np.array([e.high for e in est])
 

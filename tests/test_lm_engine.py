@@ -379,7 +379,7 @@ def test_unpadded_scoring_equals_the_padded_forward_with_gradients(model, family
         sc = eng.score(rows, tokens, mask, share_prompts=share)
         outs.append(sc)
         grads.append(torch.autograd.grad((sc.log_prob * weights).sum() + sc.entropy.sum(), params))
-    for sc, g in zip(outs[1:], grads[1:]):  # prompts shared, and every row's prompt run
+    for sc, g in zip(outs[1:], grads[1:], strict=True):  # prompts shared, and every row's prompt run
         torch.testing.assert_close(sc.log_prob, outs[0].log_prob, atol=1e-5, rtol=0)
         torch.testing.assert_close(sc.entropy, outs[0].entropy, atol=1e-5, rtol=0)
         assert (sc.log_prob[~mask] == 0).all() and (sc.entropy[~mask] == 0).all()

@@ -94,7 +94,7 @@ def tiny_task() -> TextArithmetic:
 def test_reward_hacks_score_zero_on_math_verify_pool(pool: MathVerifier) -> None:
     texts = [t for _, t in CASES]
     batch = pool.score(texts, [GOLD] * len(texts))
-    scored = [(i, s) for i, s in zip(IDS, batch.statuses) if s is RewardStatus.CORRECT]
+    scored = [(i, s) for i, s in zip(IDS, batch.statuses, strict=True) if s is RewardStatus.CORRECT]
     assert scored == []
     assert pool.score_one(f"so \\boxed{{{GOLD}}}.", GOLD) == 1.0  # the honest answer still scores
 

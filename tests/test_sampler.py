@@ -11,7 +11,7 @@ from exgrpo.core.sampler import WEIGHTINGS, allocate_counts, bucket_probabilitie
 def test_normal_bucket_probabilities_k8_sigma1():
     p = bucket_probabilities(range(1, 8), group_size=8, weighting=BucketWeighting.NORMAL, sigma=1.0)
     expected = {4: 0.399, 3: 0.242, 5: 0.242, 2: 0.054, 6: 0.054, 1: 0.0044, 7: 0.0044}
-    for k, prob in zip(range(1, 8), p):
+    for k, prob in zip(range(1, 8), p, strict=True):
         assert prob == pytest.approx(expected[k], abs=5e-4)
     assert p.sum() == pytest.approx(1.0)
 

@@ -11,6 +11,7 @@ The stores are configured the way a team member would: ``MLFLOW_TRACKING_URI`` a
 from __future__ import annotations
 
 import atexit
+import itertools
 import os
 import shutil
 import tempfile
@@ -99,7 +100,7 @@ def _sql(url: str, query: str, **params):
 
 def _overlap(runs) -> bool:
     spans = sorted((r.info.start_time, r.info.end_time) for r in runs)
-    return any(b[0] < a[1] for a, b in zip(spans, spans[1:]))
+    return any(b[0] < a[1] for a, b in itertools.pairwise(spans))
 
 
 def test_sweep_on_two_ray_workers_lands_in_postgres(team_env, tmp_path):

@@ -130,7 +130,7 @@ def test_tiny_sft_runs_and_caches(tmp_path, monkeypatch):
 
     second = load_tiny_lm(cfg, progress=False)
     assert second.cache_hit and second.tokenizer == first.tokenizer and second.record == rec
-    for (n1, p1), (n2, p2) in zip(first.model.state_dict().items(), second.model.state_dict().items()):
+    for (n1, p1), (n2, p2) in zip(first.model.state_dict().items(), second.model.state_dict().items(), strict=True):
         assert n1 == n2 and torch.equal(p1, p2), n1
     # a different config is a different cache entry
     assert config_hash(cfg.model_copy(update={"sft_steps": 5})) != config_hash(cfg)
@@ -156,5 +156,5 @@ def test_lm_policy_runs_a_trainer_step(tmp_path):
     before = [p.detach().clone() for p in policy.parameters()]
     m = trainer.train_step()
     assert np.isfinite(m["actor/grad_norm"]) and 0 <= m["batch/solved"] <= 1
-    assert any(not torch.equal(a, b) for a, b in zip(before, policy.parameters()))
+    assert any(not torch.equal(a, b) for a, b in zip(before, policy.parameters(), strict=True))
     assert 0 <= trainer.evaluate()["val/accuracy"] <= 1

@@ -71,7 +71,7 @@ def test_resume_equals_uninterrupted_bit_for_bit(tmp_path):
     a, b = Trainer(small_cfg(tmp_path / "a")), Trainer(cfg)
     ckpt.load(a, ckpt.latest_checkpoint(tmp_path / "a" / cfg.name / "seed0"))
     ckpt.load(b, ckpt.latest_checkpoint(cfg.run_dir()))
-    for (n, p), (_, q) in zip(a.policy.state_dict().items(), b.policy.state_dict().items()):
+    for (n, p), (_, q) in zip(a.policy.state_dict().items(), b.policy.state_dict().items(), strict=True):
         assert torch.equal(p, q), n
     sa, sb = a.replay.pool.state_dict(), b.replay.pool.state_dict()
     assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa if k != "format")
@@ -230,7 +230,7 @@ def test_two_threads_reproduce_a_run_bit_for_bit(tmp_path, experiment, steps):
                      [p.detach().clone() for p in res.policy.parameters()]))
     (h0, p0), (h1, p1) = runs
     assert h0 == h1
-    assert all(torch.equal(a, b) for a, b in zip(p0, p1))
+    assert all(torch.equal(a, b) for a, b in zip(p0, p1, strict=True))
 
 
 @pytest.mark.parametrize("layout", ["grouped", "shuffled", "replay_mixed", "one_row", "all_same", "empty"])

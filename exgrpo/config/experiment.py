@@ -369,7 +369,7 @@ def field_docs(model: type[BaseModel] = ExperimentConfig, prefix: str = "") -> l
         tag = _tag_field(members)
         first = type(f.get_default(call_default_factory=True))  # the default member's defaults are shown
         members.sort(key=lambda m: m is not first)
-        def tag_of(m: type[BaseModel]) -> str:
+        def tag_of(m: type[BaseModel], tag: str = tag) -> str:
             value = m.model_fields[tag].default
             return str(value.value if hasattr(value, "value") else value)
 

@@ -141,7 +141,7 @@ def curves_figure(data: ComparisonData) -> str:
         panels.append(("batch/solved", "batch pass@1 (mean, 95% CI band over seeds)"))
     fig = H.new_figure(7.2 * len(panels), 4.4)
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
-    for ax, (key, title) in zip(axes, panels):
+    for ax, (key, title) in zip(axes, panels, strict=True):
         for arm in data.arms:
             runs = [c for c in data.runs_of(arm) if key in c.curves]
             if not runs:
@@ -166,7 +166,7 @@ def pool_figure(data: ComparisonData) -> tuple[str, list[str]]:
         return "<p class=\"note\">No arm logged pool metrics (no replay arm).</p>", []
     fig = H.new_figure(14, 3.6 * len(replay))
     axes = fig.subplots(len(replay), 2, squeeze=False)
-    for (ax_b, ax_r), arm in zip(axes, replay):
+    for (ax_b, ax_r), arm in zip(axes, replay, strict=True):
         runs = data.runs_of(arm)
         bkeys = sorted({k for c in runs for k in c.curves if k.startswith("pool/bucket_")},
                        key=lambda k: _int(k.rsplit("_", 1)[1]))
@@ -175,7 +175,7 @@ def pool_figure(data: ComparisonData) -> tuple[str, list[str]]:
 
             per_bucket = [band([c.curves.get(k, {}) for c in runs]) for k in bkeys]
             common = sorted(set.intersection(*(set(b[0].tolist()) for b in per_bucket)))
-            ys = [np.array([dict(zip(b[0].tolist(), b[1]))[s] for s in common]) for b in per_bucket]
+            ys = [np.array([dict(zip(b[0].tolist(), b[1], strict=True))[s] for s in common]) for b in per_bucket]
             cmap = matplotlib.colormaps["viridis"]
             colors = [cmap(i / max(1, len(bkeys) - 1)) for i in range(len(bkeys))]
             ax_b.stackplot(common, *ys, labels=[f"k={k.rsplit('_', 1)[1]}" for k in bkeys], colors=colors, alpha=0.9)

@@ -163,7 +163,7 @@ def evaluate_checkpoint(path: str | Path, spec: str = "val", settings: EvalSetti
                     grade = grader.score
                 cols = []
                 for tokens, mask in rows:
-                    texts = [decode(r[m].tolist()) for r, m in zip(tokens, mask.bool())]
+                    texts = [decode(r[m].tolist()) for r, m in zip(tokens, mask.bool(), strict=True)]
                     cols.append(np.array(grade(texts, golds).rewards))
                 scores += _scores(req.name, np.stack(cols, axis=1), settings, max_tokens, template,
                                   grader.grader_name, grader.grader_version)

@@ -128,8 +128,8 @@ def extract_last_number(text: str) -> str | None:
     '7/8'
     """
     last = None
-    for last in _NUMBER_RE.finditer(text):
-        pass
+    for match in _NUMBER_RE.finditer(text):
+        last = match
     if last is None:
         return None
     return last.group(0).replace(",", "")

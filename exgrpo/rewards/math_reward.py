@@ -225,7 +225,7 @@ class MathVerifier:
         preds = [self._prediction(r, i) for i, r in enumerate(responses)]
 
         # Deduplicate: GRPO groups often repeat the same final answer.
-        keys = list(zip(preds, gold_strs))
+        keys = list(zip(preds, gold_strs, strict=True))
         unique: dict[tuple[str | None, str], int] = {}
         for k in keys:
             unique.setdefault(k, len(unique))

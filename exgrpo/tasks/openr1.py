@@ -231,7 +231,7 @@ class OpenR1Task:
     def decode(self, tokens: torch.Tensor, mask: torch.Tensor) -> list[str]:
         if self.tokenizer is None:
             raise ValueError("OpenR1Task.decode needs a tokenizer")
-        return [self.tokenizer.decode(row[m].tolist(), skip_special_tokens=True) for row, m in zip(tokens, mask.bool())]
+        return [self.tokenizer.decode(row[m].tolist(), skip_special_tokens=True) for row, m in zip(tokens, mask.bool(), strict=True)]
 
     def rewards(self, qids: Sequence[int], tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """(N,) float binary rewards of response rows."""

@@ -172,7 +172,7 @@ def _split_counts(weights: dict[str, float], n: int) -> dict[str, int]:
     order = sorted(range(len(names)), key=lambda i: (-(exact[i] - counts[i]), i))
     for i in order[: n - sum(counts)]:
         counts[i] += 1
-    return {k: c for k, c in zip(names, counts) if c > 0}
+    return {k: c for k, c in zip(names, counts, strict=True) if c > 0}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -299,7 +299,7 @@ class ReasoningGymTask:
 
     def decode(self, tokens: torch.Tensor, mask: torch.Tensor) -> list[str]:
         """Response rows (N, T) -> text (only masked-in tokens)."""
-        return [self.decode_fn(row[m].tolist()) for row, m in zip(tokens, mask.bool())]
+        return [self.decode_fn(row[m].tolist()) for row, m in zip(tokens, mask.bool(), strict=True)]
 
     def score_text(self, qid: int, text: str) -> float:
         """1.0 if the final answer in ``text`` equals the gold answer exactly (numerically), else 0."""
@@ -319,4 +319,4 @@ class ReasoningGymTask:
     def rewards(self, qids: Sequence[int], tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """(N,) float binary rewards of response rows."""
         texts = self.decode(tokens, mask)
-        return torch.tensor([self.score_text(q, t) for q, t in zip(qids, texts)], dtype=torch.float32)
+        return torch.tensor([self.score_text(q, t) for q, t in zip(qids, texts, strict=True)], dtype=torch.float32)

@@ -58,7 +58,7 @@ def sample_problem(cfg: ArithmeticProblemsConfig, rng: np.random.Generator) -> t
 
 def question_text(nums: Sequence[int], ops: Sequence[str]) -> str:
     out = str(nums[0])
-    for o, x in zip(ops, nums[1:]):
+    for o, x in zip(ops, nums[1:], strict=True):
         out += f"{o}{x}"
     return out + "=?"
 
@@ -69,7 +69,7 @@ def worked_solution(nums: Sequence[int], ops: Sequence[str]) -> tuple[str, int]:
     # split into product groups separated by + / -
     groups: list[list[int]] = [[nums[0]]]
     signs: list[str] = []
-    for o, x in zip(ops, nums[1:]):
+    for o, x in zip(ops, nums[1:], strict=True):
         if o == "*":
             groups[-1].append(x)
         else:
@@ -83,7 +83,7 @@ def worked_solution(nums: Sequence[int], ops: Sequence[str]) -> tuple[str, int]:
             v *= x
         values.append(v)
     acc = values[0]
-    for s, v in zip(signs, values[1:]):
+    for s, v in zip(signs, values[1:], strict=True):
         new = acc + v if s == "+" else acc - v
         steps.append(f"{acc}{s}{v}={new}")
         acc = new
@@ -182,7 +182,7 @@ class TextArithmetic:
 
     def decode(self, tokens: torch.Tensor, mask: torch.Tensor) -> list[str]:
         """Response rows (N, T) -> text (specials, EOS included, dropped)."""
-        return [self.tokenizer.decode(row[m].tolist()) for row, m in zip(tokens, mask.bool())]
+        return [self.tokenizer.decode(row[m].tolist()) for row, m in zip(tokens, mask.bool(), strict=True)]
 
     def final_integer(self, text: str) -> int | None:
         """The graded integer answer of a response text (the config's answer format)."""
@@ -192,5 +192,5 @@ class TextArithmetic:
         """(N,) float: 1.0 where the response's final integer equals the gold answer, else 0."""
         texts = self.decode(tokens, mask)
         return torch.tensor(
-            [float(self.final_integer(t) == self.answers[int(q)]) for q, t in zip(qids, texts)], dtype=torch.float32
+            [float(self.final_integer(t) == self.answers[int(q)]) for q, t in zip(qids, texts, strict=True)], dtype=torch.float32
         )

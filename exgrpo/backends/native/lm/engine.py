@@ -309,7 +309,7 @@ class RolloutEngine:
                 dec.drop(alive)
                 nxt, alive = nxt[alive], alive[alive]
             logits = dec.step(torch.where(alive, nxt, self.pad_id))
-        rows, live, tokens, log_prob, entropy = (torch.cat(x) for x in zip(*picks))
+        rows, live, tokens, log_prob, entropy = (torch.cat(x) for x in zip(*picks, strict=True))
         col = torch.cat([torch.full_like(p[0], i) for i, p in enumerate(picks)])
         rows, col = rows[live], col[live]
         tokens = tokens[live]

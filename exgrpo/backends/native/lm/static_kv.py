@@ -65,7 +65,7 @@ class _Projection:
             weight = torch.cat([lin.weight.detach() for lin in linears]) if len(linears) > 1 else linears[0].weight.detach()
             biases = [lin.bias for lin in linears]
             self.bias = None if all(b is None for b in biases) else torch.cat(
-                [b.detach() if b is not None else weight.new_zeros(lin.out_features) for b, lin in zip(biases, linears)])
+                [b.detach() if b is not None else weight.new_zeros(lin.out_features) for b, lin in zip(biases, linears, strict=True)])
             self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, rows)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
