@@ -4,7 +4,7 @@
       bare      ``train(cfg)``                               (no tracking, no Prefect)
       mlflow    ``tracked_train(cfg)``                       (MLflow run: params, per-step metrics, checkpoint, model)
       mlflow/10 the same with ``train.log_every_steps=10``   (MLflow gets every 10th step; metrics.jsonl all)
-      prefect   ``train_flow(...)``                          (the Prefect train flow: MLflow + flow/artifact API calls)
+      prefect   ``asyncio.run(train_flow(...))``             (the Prefect train flow: MLflow + flow/artifact API calls)
     interleaved over ``--repeats`` rounds, median wall time of each, printed as a ratio to bare. The
     Prefect API is the ephemeral one (a local uvicorn server, the same app as ``prefect server start``)
     unless PREFECT_API_URL is set; its one-time start-up is reported separately, not in the ratio.
@@ -92,8 +92,8 @@ def bench_overhead(steps: int, repeats: int, uri: str) -> None:
     # one-time costs, outside the comparison: Prefect's API server start + first flow run, MLflow schema
     t0 = time.perf_counter()
     warm = asyncio.run(train_flow(config="experiments/toy-exgrpo.yaml", tracking_uri=uri,
-                      overrides={"train.max_steps": 2, "output_dir": str(_TMP / "runs" / "warm"),
-                                 "name": "bench-orchestration"}))
+                                  overrides={"train.max_steps": 2, "output_dir": str(_TMP / "runs" / "warm"),
+                                             "name": "bench-orchestration"}))
     t_first = time.perf_counter() - t0
     assert warm["run_id"]
     print(f"    one-time: import prefect+mlflow {t_import:.1f} s; first flow call (API server start, MLflow "
@@ -120,8 +120,8 @@ def bench_overhead(steps: int, repeats: int, uri: str) -> None:
                 acc = run.result.final_metrics["val/accuracy"]
             else:
                 out = asyncio.run(train_flow(config="experiments/toy-exgrpo.yaml", tracking_uri=uri,
-                                 overrides={**overrides, "output_dir": str(_TMP / "runs" / tag),
-                                            "name": "bench-orchestration"}))
+                                             overrides={**overrides, "output_dir": str(_TMP / "runs" / tag),
+                                                        "name": "bench-orchestration"}))
                 acc = out["val/accuracy"]
             times[v].append(time.perf_counter() - t0)
             finals[v].add(round(float(acc), 6))
