@@ -48,6 +48,7 @@ import torch  # noqa: E402
 
 from exgrpo.backends.native.lm.engine import RolloutEngine, SamplingParams, build_packed_batch  # noqa: E402
 from exgrpo.backends.native.memory import keep_freed_memory  # noqa: E402
+from exgrpo.config.policies import LMPolicyConfig, SmolLM2PolicyConfig  # noqa: E402
 from exgrpo.backends.native.lm.tiny_lm import load_tiny_lm  # noqa: E402
 from exgrpo.tasks.text_arithmetic import TextArithmetic  # noqa: E402
 from summary import record  # noqa: E402  (bench/summary.py)
@@ -94,6 +95,8 @@ def main() -> None:
     # engine variant -> (decoder, prepack_weights)
     variants = {"static-kv": ("static-kv", True), "unpacked": ("static-kv", False), "hf": ("hf", False)}
     decoders = tuple(variants)
+    policy = {"tiny-lm": LMPolicyConfig, "smollm2": SmolLM2PolicyConfig}[args.model]()
+    default = next(d for d, v in variants.items() if v == (policy.decoder.value, policy.prepack_weights))
     eng_stop = {d: RolloutEngine(model, pad_id, eos_id, params, decoder=v[0], prepack=v[1]) for d, v in variants.items()}
     eng_fixed = {d: RolloutEngine(model, pad_id, None, params, decoder=v[0], prepack=v[1]) for d, v in variants.items()}
     gen = torch.Generator().manual_seed(0)
@@ -154,8 +157,7 @@ def main() -> None:
             base = rate["HF generate"]
             print(f"{name:8s} " + " ".join(f"{rate[r]:22.0f}" for r in calls)
                   + "   " + " ".join(f"{rate[f'engine {d}'] / base:5.2f}x" for d in decoders))
-            if name == "eos":  # the trainer's case, with the tier's default decoder (prepack_weights)
-                default = "static-kv" if args.model == "smollm2" else "unpacked"
+            if name == "eos":  # the trainer's case, with the engine variant the tier's policy config defaults to
                 record(f"1. rollout vs HF generate, {args.model}, EOS", rate[f"engine {default}"] / base, 3.0,
                        f"{n} rows x <= {t} tokens, {args.threads} thread(s), engine {default}, {args.repeats} repeats")
 
