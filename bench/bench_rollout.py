@@ -5,10 +5,12 @@
 
 Defaults are the training batch of each tier: tiny-lm 256 rows (32 questions x K=8) x 40 new
 tokens, 1 thread (a sweep/compare worker's setting); SmolLM2-135M 16 rows (4 x 4) x 64 new tokens,
-2 threads (``experiments/smollm2-arith.yaml``). Three engine variants are timed against HF
-``generate``: ``static-kv`` (the default: oneDNN-packed weights), ``unpacked`` (the same decoder on
-the model's own weights, ``policy.prepack_weights: false``) and ``hf`` (the engine's loop over the
-model's own forward, the decoder before stop 19).
+2 threads (``experiments/smollm2-arith.yaml``). Five engine variants are timed against HF
+``generate``: ``static-kv`` (oneDNN-packed weights), ``unpacked`` (the same decoder on the model's
+own weights, ``policy.prepack_weights: false``), ``fused`` and ``fused-unp`` (``policy.decoder:
+fused``, the decode step of fewer kernels, packed and not) and ``hf`` (the engine's loop over the
+model's own forward, the decoder before stop 19). The goal is recorded for the variant the tier's
+policy config defaults to.
 
 Before timing it checks what the speed must not cost: greedy tokens equal to HF ``generate``'s,
 and the sampled rows' log-probs equal to a full-forward re-score (max |difference| printed).
@@ -93,7 +95,8 @@ def main() -> None:
     n, t = args.prompts, args.new_tokens
     params = SamplingParams(max_new_tokens=t, temperature=1.0, top_p=1.0)
     # engine variant -> (decoder, prepack_weights)
-    variants = {"static-kv": ("static-kv", True), "unpacked": ("static-kv", False), "hf": ("hf", False)}
+    variants = {"static-kv": ("static-kv", True), "unpacked": ("static-kv", False), "fused": ("fused", True),
+                "fused-unp": ("fused", False), "hf": ("hf", False)}
     decoders = tuple(variants)
     policy = {"tiny-lm": LMPolicyConfig, "smollm2": SmolLM2PolicyConfig}[args.model]()
     default = next(d for d, v in variants.items() if v == (policy.decoder.value, policy.prepack_weights))

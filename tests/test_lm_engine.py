@@ -42,13 +42,13 @@ def model():
     return m
 
 
-DECODERS = pytest.mark.parametrize("decoder", ["static-kv", "static-kv-unpacked", "hf"])
+DECODERS = pytest.mark.parametrize("decoder", ["static-kv", "static-kv-unpacked", "fused", "fused-unpacked", "hf"])
 
 
 def engine(model, decoder="static-kv", **kw) -> RolloutEngine:
-    """``static-kv-unpacked``: the static-KV decoder on the model's own weights (no oneDNN packing)."""
+    """``<decoder>-unpacked``: that decoder on the model's own weights (no oneDNN packing)."""
     params = SamplingParams(**{"max_new_tokens": 14, "temperature": TEMP, **kw})
-    prepack = decoder != "static-kv-unpacked"
+    prepack = not decoder.endswith("-unpacked")
     return RolloutEngine(model, PAD, EOS, params, decoder=decoder.removesuffix("-unpacked"), prepack=prepack)
 
 
@@ -190,6 +190,7 @@ def test_static_kv_equals_hf_decoder_on_qwen2_with_biases():
     """Qwen2 blocks (q/k/v biases, another rotary base): same greedy tokens, log-probs = a re-score."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    from exgrpo.backends.native.lm.fused_kv import supports_fused_kv
     from exgrpo.backends.native.lm.static_kv import supports_static_kv
 
     torch.manual_seed(4)
@@ -204,9 +205,9 @@ def test_static_kv_equals_hf_decoder_on_qwen2_with_biases():
         for layer in qwen.model.layers:  # non-zero biases, so a decoder that skipped them would differ
             layer.self_attn.q_proj.bias.normal_(0, 0.5)
             layer.self_attn.k_proj.bias.normal_(0, 0.5)
-    assert supports_static_kv(qwen)
+    assert supports_static_kv(qwen) and supports_fused_kv(qwen)
     slow = engine(qwen, "hf")
-    for fast in (engine(qwen, "static-kv"), engine(qwen, "static-kv-unpacked")):
+    for fast in (engine(qwen, d) for d in ("static-kv", "static-kv-unpacked", "fused", "fused-unpacked")):
         assert torch.equal(fast.generate(PROMPTS, greedy=True).tokens, slow.generate(PROMPTS, greedy=True).tokens)
         ro = fast.generate(PROMPTS, torch.Generator().manual_seed(2))
         with torch.no_grad():
@@ -215,17 +216,21 @@ def test_static_kv_equals_hf_decoder_on_qwen2_with_biases():
         torch.testing.assert_close(sc.entropy, ro.entropy, atol=1e-5, rtol=0)
 
 
-def test_prepacked_weights_are_used_and_follow_each_update(model):
-    """The packed copy is taken per rollout: after an optimizer-like update the next rollout decodes
-    the new weights (as the unpacked decoder does), not a stale copy."""
-    from exgrpo.backends.native.lm import static_kv
+@pytest.mark.parametrize("decoder", ["static-kv", "fused"])
+def test_prepacked_weights_are_used_and_follow_each_update(model, decoder):
+    """The packed (static-kv) or rewritten (fused) copy of the weights is taken per rollout: after an
+    optimizer-like update the next rollout decodes the new weights (as the unpacked static-KV
+    decoder, which reads the parameters themselves, does), not a stale copy."""
+    from exgrpo.backends.native.lm import fused_kv, static_kv
 
     assert static_kv.can_prepack(), "this torch build has no oneDNN packed linear: the fast path is off"
     model = copy.deepcopy(model)
-    dec = static_kv.StaticKVDecoder(model, torch.tensor([[BOS, 3, 4]]), torch.ones(1, 3, dtype=torch.long),
-                                    torch.arange(3)[None], 4, prepack=True)
+    args = (model, torch.tensor([[BOS, 3, 4]]), torch.ones(1, 3, dtype=torch.long), torch.arange(3)[None], 4)
+    dec = static_kv.StaticKVDecoder(*args, prepack=True)
     assert dec.head.prepack and all(p["qkv"].prepack and p["gate_up"].prepack for p in dec.proj)
-    packed, unpacked = engine(model, "static-kv"), engine(model, "static-kv-unpacked")
+    fused = fused_kv.FusedKVDecoder(*args, prepack=True)
+    assert fused.head_fused.prepack and all(w["qkv"].prepack and w["down"].prepack for w in fused.weights)
+    packed, unpacked = engine(model, decoder), engine(model, "static-kv-unpacked")
     before = packed.generate(PROMPTS, greedy=True).tokens
     with torch.no_grad():
         for p in model.parameters():
@@ -253,7 +258,7 @@ def test_static_kv_drops_finished_rows_from_the_batch(model, monkeypatch):
     assert sizes[-1] >= int((lengths == lengths.max()).sum())
 
 
-@pytest.mark.parametrize("decoder", ["static-kv", "static-kv-unpacked"])
+@pytest.mark.parametrize("decoder", ["static-kv", "static-kv-unpacked", "fused", "fused-unpacked"])
 def test_static_kv_prefills_each_distinct_prompt_once(model, monkeypatch, decoder):
     """A GRPO batch (each prompt K times, the trainer's layout): the prefill runs the distinct
     prompts only, and every row decodes as if it had its own (greedy = the hf decoder's tokens,

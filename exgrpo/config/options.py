@@ -63,6 +63,7 @@ class Decoder(StrEnum):
     """How the native LM engine runs its decode loop (both give the same distribution; rounding differs)."""
 
     STATIC_KV = "static-kv"  # own loop: preallocated KV cache, finished rows drop out, inverse-CDF sampling
+    FUSED = "fused"  # static-kv with a decode step of fewer kernels (weights rewritten once per rollout)
     HF = "hf"  # the model's own forward with transformers' growing cache (any causal LM; before stop 19)
 
 

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from exgrpo.backends.native.lm.fused_kv import FusedKVDecoder, supports_fused_kv
 from exgrpo.backends.native.lm.static_kv import StaticKVDecoder, distinct_rows, supports_static_kv
 from exgrpo.backends.native.lm.unpadded import forward_responses, supports_unpadded
 from exgrpo.config.options import Decoder
@@ -154,11 +155,10 @@ def build_packed_batch(
     response_mask = response_mask.bool()
     if response_mask.shape[1] > 1 and (response_mask[:, 1:] & ~response_mask[:, :-1]).any():
         raise ValueError("response_mask must be right-padded (each row True on a prefix, then False)")
+    lengths = torch.tensor([len(r) for r in rows], dtype=torch.long)
+    prompt_mask = (torch.arange(p)[None] >= (p - lengths)[:, None]).long()  # (N, P): each row's last len(r) columns
     prompt_ids = torch.full((n, p), pad_id, dtype=torch.long)
-    prompt_mask = torch.zeros((n, p), dtype=torch.long)
-    for i, r in enumerate(rows):
-        prompt_ids[i, p - len(r) :] = torch.tensor(r, dtype=torch.long)
-        prompt_mask[i, p - len(r) :] = 1
+    prompt_ids[prompt_mask.bool()] = torch.tensor([t for r in rows for t in r], dtype=torch.long)  # row-major order
     resp_ids = response_tokens.long().masked_fill(~response_mask, pad_id)
     input_ids = torch.cat([prompt_ids, resp_ids], dim=1)
     attention_mask = torch.cat([prompt_mask, response_mask.long()], dim=1)
@@ -257,13 +257,24 @@ class RolloutEngine:
             entropy=torch.zeros((n, steps)),
             finished=torch.zeros(n, dtype=torch.bool),
         )
-        if self.decoder is Decoder.STATIC_KV and supports_static_kv(self.model):
-            width = self._decode_static_kv(batch, steps, generator, greedy, out)
+        decoder = self._own_decoder()
+        if decoder is not None:
+            width = self._decode_static_kv(decoder, batch, steps, generator, greedy, out)
         else:
             width = self._decode_hf(batch, steps, generator, greedy, out)
         out.tokens, out.mask = out.tokens[:, :width], out.mask[:, :width]
         out.log_prob, out.entropy = out.log_prob[:, :width], out.entropy[:, :width]
         return out
+
+    def _own_decoder(self) -> type[StaticKVDecoder] | None:
+        """The decoder class that runs ``self.decoder`` on this model, or None for HF's loop (``hf``,
+        or a model outside the static-KV decoders' Llama family; ``fused`` on a Llama-family model it
+        cannot fuse runs as ``static-kv``)."""
+        if self.decoder is Decoder.HF or not supports_static_kv(self.model):
+            return None
+        if self.decoder is Decoder.FUSED and supports_fused_kv(self.model):
+            return FusedKVDecoder
+        return StaticKVDecoder
 
     def _pick(
         self, logits: torch.Tensor, generator: torch.Generator | None, greedy: bool, inverse_cdf: bool = False
@@ -287,11 +298,14 @@ class RolloutEngine:
         entropy = -(probs * log_prob_all).sum(-1)
         return nxt, log_prob, entropy
 
-    def _decode_static_kv(self, batch: PackedBatch, steps: int, generator, greedy: bool, out: GenerationOutput) -> int:
-        """Preallocated KV cache; finished rows leave the batch once an eighth of it is done. Each
-        step's picks are kept as they are and written to ``out`` once, after the loop (a step costs
-        a handful of kernels less)."""
-        dec = StaticKVDecoder(self.model, batch.input_ids, batch.attention_mask, batch.position_ids, steps,
+    def _decode_static_kv(
+        self, decoder: type[StaticKVDecoder], batch: PackedBatch, steps: int, generator, greedy: bool,
+        out: GenerationOutput,
+    ) -> int:
+        """Preallocated KV cache (``decoder``: static-kv or fused); finished rows leave the batch once
+        an eighth of it is done. Each step's picks are kept as they are and written to ``out`` once,
+        after the loop (a step costs a handful of kernels less)."""
+        dec = decoder(self.model, batch.input_ids, batch.attention_mask, batch.position_ids, steps,
                               prepack=self.prepack)
         logits = dec.prefill()
         alive = torch.ones(batch.input_ids.shape[0], dtype=torch.bool)  # (n,) over the decoder's rows
