@@ -240,7 +240,8 @@ def test_prepacked_weights_are_used_and_follow_each_update(model, decoder):
     assert torch.equal(after, unpacked.generate(PROMPTS, greedy=True).tokens)
 
 
-def test_static_kv_drops_finished_rows_from_the_batch(model, monkeypatch):
+@pytest.mark.parametrize("decoder", ["static-kv", "fused"])
+def test_static_kv_drops_finished_rows_from_the_batch(model, monkeypatch, decoder):
     from exgrpo.backends.native.lm import static_kv
 
     sizes = []
@@ -251,7 +252,7 @@ def test_static_kv_drops_finished_rows_from_the_batch(model, monkeypatch):
         sizes.append(self.rows.numel())
 
     monkeypatch.setattr(static_kv.StaticKVDecoder, "drop", drop)
-    ro = engine(model).generate(PROMPTS, torch.Generator().manual_seed(3))
+    ro = engine(model, decoder).generate(PROMPTS, torch.Generator().manual_seed(3))
     assert sizes and sizes == sorted(sizes, reverse=True) and sizes[-1] < len(PROMPTS)
     # every row that finished before the last step left the batch; the rest ran on
     lengths = ro.mask.sum(1)
@@ -296,6 +297,27 @@ def test_static_kv_falls_back_to_hf_for_other_architectures():
     assert not supports_static_kv(gpt2)
     a = engine(gpt2, "static-kv").generate(PROMPTS, torch.Generator().manual_seed(1))
     b = engine(gpt2, "hf").generate(PROMPTS, torch.Generator().manual_seed(1))
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.log_prob, b.log_prob)
+
+
+def test_fused_runs_as_static_kv_where_it_cannot_fuse(model):
+    """A Llama with an o_proj bias (attention_bias) is outside what the fused step computes: the
+    engine runs the static-KV decoder for it, bit for bit; the tests' model is inside it."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from exgrpo.backends.native.lm.fused_kv import FusedKVDecoder, supports_fused_kv
+    from exgrpo.backends.native.lm.static_kv import StaticKVDecoder
+
+    assert supports_fused_kv(model) and engine(model, "fused")._own_decoder() is FusedKVDecoder
+    torch.manual_seed(5)
+    biased = LlamaForCausalLM(LlamaConfig(
+        vocab_size=10, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, attention_bias=True, pad_token_id=PAD, bos_token_id=BOS,
+        eos_token_id=EOS,
+    )).eval()
+    assert not supports_fused_kv(biased) and engine(biased, "fused")._own_decoder() is StaticKVDecoder
+    a = engine(biased, "fused").generate(PROMPTS, torch.Generator().manual_seed(1))
+    b = engine(biased, "static-kv").generate(PROMPTS, torch.Generator().manual_seed(1))
     assert torch.equal(a.tokens, b.tokens) and torch.equal(a.log_prob, b.log_prob)
 
 

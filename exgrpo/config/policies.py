@@ -71,10 +71,10 @@ class LMPolicyConfig(_Strict):
     """Sampling temperature; log-probs/entropies (behaviour and current) are of softmax(logits / T)."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     """Nucleus sampling mass (1: plain sampling; <1 makes behaviour log-probs approximate, see engine)."""
-    decoder: Decoder = Field(Decoder.STATIC_KV, json_schema_extra=MLFLOW_PARAM)
-    """Decode loop of the rollout engine: static-kv (fast, Llama-family models) or hf (the model's own forward)."""
+    decoder: Decoder = Field(Decoder.FUSED, json_schema_extra=MLFLOW_PARAM)
+    """Decode loop of the rollout engine: fused or static-kv (fast, Llama-family models) or hf (the model's own forward)."""
     prepack_weights: bool = Field(False, json_schema_extra=MLFLOW_PARAM)
-    """static-kv decoder: reorder weights once per rollout for oneDNN's GEMM (off: this model's weights fit in cache, measured no gain)."""
+    """static-kv/fused decoders: reorder weights once per rollout for oneDNN's GEMM (off: this model's weights fit in cache, measured slower)."""
     share_prompt_forward: bool = Field(True, json_schema_extra=MLFLOW_PARAM)
     """Score a group's K rows on one forward of their shared prompt (same numbers up to rounding; false: one packed forward)."""
     unpadded_scoring: bool = Field(True, json_schema_extra=MLFLOW_PARAM)
@@ -94,10 +94,10 @@ class SmolLM2PolicyConfig(_Strict):
     """Sampling temperature; log-probs/entropies are of softmax(logits / T)."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     """Nucleus sampling mass (1: plain sampling)."""
-    decoder: Decoder = Field(Decoder.STATIC_KV, json_schema_extra=MLFLOW_PARAM)
-    """Decode loop of the rollout engine: static-kv (fast, Llama-family models) or hf (the model's own forward)."""
+    decoder: Decoder = Field(Decoder.FUSED, json_schema_extra=MLFLOW_PARAM)
+    """Decode loop of the rollout engine: fused or static-kv (fast, Llama-family models) or hf (the model's own forward)."""
     prepack_weights: bool = Field(True, json_schema_extra=MLFLOW_PARAM)
-    """static-kv decoder: reorder weights once per rollout for oneDNN's fp32 GEMM (same math; ~2x faster decode on CPU)."""
+    """static-kv/fused decoders: reorder weights once per rollout for oneDNN's fp32 GEMM (same math; ~2x faster decode on CPU)."""
     share_prompt_forward: bool = Field(True, json_schema_extra=MLFLOW_PARAM)
     """Score a group's K rows on one forward of their shared prompt (same numbers up to rounding; false: one packed forward)."""
     unpadded_scoring: bool = Field(True, json_schema_extra=MLFLOW_PARAM)

@@ -1,24 +1,27 @@
-"""The static-KV decoder with a decode step of fewer, larger kernels (``policy.decoder: fused``).
+"""The static-KV decoder with a decode step of fewer kernels (``policy.decoder: fused``).
 
-Why it exists: on a small model the decode step of :class:`~.static_kv.StaticKVDecoder` is
-~130 small kernels per token (bench_rollout.py's profile of tiny-lm: the linears near the core's fp32
-peak, the rest a long tail of 5-20 us kernels). This decoder computes the same function with about
-half as many, by rewriting the weights once per rollout:
+Why it exists: on a small model the decode step of :class:`~.static_kv.StaticKVDecoder` is ~130
+small kernels per token (``bench/bench_rollout.py``'s profile of tiny-lm: the linears near the
+core's fp32 peak, the rest a long tail of 5-50 us kernels). This decoder computes the same function
+with fewer of them, by preparing the weights once per rollout:
 
-* each RMSNorm's weight is folded into the linear that reads its output (``W' = W diag(g)``), and the
-  attention scale ``1/sqrt(D)`` into the query rows; the norm itself is then 5 kernels, not 6;
-* q/k/v and gate/up are one product each; the residual adds ride on the o and down products
-  (``torch.addmm``);
+* q/k/v and gate/up are one product each (their weights concatenated, or packed for oneDNN with
+  ``prepack``), and the residual adds ride on the o and down products (``torch.addmm``);
 * the query and key rows of each head are reordered so that the rotary embedding's pairs
   (dimension j and j + D/2) sit side by side: the rotation is then one complex multiplication
-  (``view_as_complex``) instead of mul, rotate-half and add. Attention scores are dot products
+  (``view_as_complex``) instead of mul, rotate-half, mul and add. Attention scores are dot products
   over the head dimension, so reordering it in both queries and keys changes nothing (the cache
-  holds keys in that order; values are untouched).
+  holds keys in that order; values are untouched);
+* the RMSNorms are 5 kernels and read their weight and epsilon once, not per call.
+
+What it does not fold, on purpose: folding the norm weights into the next product, or the attention
+scale into the query rows, saves a kernel each but measured log-probs 1.5-1.8e-5 from a full-forward
+re-score on tiny-lm, against ~1e-5 for this decoder and the static-KV one.
 
 Prefill, the cache layout, rows dropping out and the decode attention are the static-KV decoder's.
-It is not bit-identical to it (folded weights and fused adds round differently), so it is its own
-decoder value and the static-KV decoder stays as it was (its golden fixture pins it); greedy tokens
-and log-probs agree with a full forward up to float rounding (tests, and bench_rollout.py's checks).
+It is not bit-identical to it (fused adds round differently), so it is its own decoder value and the
+static-KV decoder stays as it was (its golden fixture pins it); greedy tokens and log-probs agree
+with a full forward up to float rounding (tests, and bench_rollout.py's checks).
 """
 
 from __future__ import annotations
@@ -73,9 +76,16 @@ def _interleave(d: int) -> torch.Tensor:
     return torch.stack([torch.arange(half), torch.arange(half) + half], dim=1).reshape(d)
 
 
-def _rms_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
-    """x (n, d) -> weight * x / sqrt(mean(x^2) + eps): a Llama-family RMSNorm in 5 kernels."""
-    return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True).add_(norm.variance_epsilon))).mul_(norm.weight)
+def _rms_norm(x: torch.Tensor, norm: tuple[torch.Tensor, float]) -> torch.Tensor:
+    """x (n, d), norm = (weight (d,), eps) -> weight * x / sqrt(mean(x^2) + eps): a Llama-family
+    RMSNorm in 5 kernels."""
+    weight, eps = norm
+    return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True).add_(eps))).mul_(weight)
+
+
+def _norm_params(norm: nn.Module) -> tuple[torch.Tensor, float]:
+    """An RMSNorm module's (weight, eps), read once (attribute lookups on modules cost per call)."""
+    return norm.weight.detach(), float(norm.variance_epsilon)
 
 
 class FusedKVDecoder(StaticKVDecoder):
@@ -116,22 +126,23 @@ class FusedKVDecoder(StaticKVDecoder):
                     "o": _Linear(attn.o_proj.weight, None, prepack, n),
                     "gate_up": _Linear(gate_up, None, prepack, n),
                     "down": _Linear(mlp.down_proj.weight, None, prepack, n),
-                    "norms": (layer.input_layernorm, layer.post_attention_layernorm),
+                    "norms": (_norm_params(layer.input_layernorm), _norm_params(layer.post_attention_layernorm)),
+                    "scaling": float(attn.scaling),
                     "inter": mlp.gate_proj.out_features,
                 })
             norm = model.model.norm
             self.head_fused = _Linear(model.lm_head.weight, getattr(model.lm_head, "bias", None), prepack, n)
-        self.final_norm = norm
+        self.final_norm = _norm_params(norm)
         self.embed = model.model.embed_tokens.weight
 
-    @torch.no_grad()
-    def prefill(self) -> torch.Tensor:
-        """The static-KV prefill, then its cached keys reordered as this decoder's queries are."""
-        logits = super().prefill()
-        p = self.input_ids.shape[1]
-        for k in self.k:  # (N, Hkv, D, width): the prompt columns' D in pair order (the rest is unwritten)
-            k[..., :p] = k[..., :p].index_select(2, self.perm)
-        return logits
+    def _attend(self, i: int, layer: nn.Module, h: torch.Tensor, rope: tuple, mask: torch.Tensor) -> torch.Tensor:
+        """The static-KV prefill's attention (the decode step does not call it), then the keys it
+        cached reordered as this decoder's queries are: head dimension in rotary-pair order."""
+        out = super()._attend(i, layer, h, rope, mask)
+        c0, c1 = self.col, self.col + h.shape[1]
+        keys = self.k[i]  # (U, Hkv, D, width) during the prefill: the distinct prompts' rows
+        keys[..., c0:c1] = keys[..., c0:c1].index_select(2, self.perm)
+        return out
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -152,7 +163,7 @@ class FusedKVDecoder(StaticKVDecoder):
             self.k[i][..., col] = qk[:, h:]
             self.v[i][:, :, col] = qkv[:, (h + hkv) * d:].view(n, hkv, d)
             q = qk[:, :h].view(n, hkv, g, d)  # head h = kv * G + g (HF's repeat_kv order)
-            scores = torch.matmul(q, self.k[i][..., : col + 1]).mul_(self.layers[i].self_attn.scaling).add_(mask)
+            scores = torch.matmul(q, self.k[i][..., : col + 1]).mul_(w["scaling"]).add_(mask)
             out = torch.matmul(scores.softmax(-1), self.v[i][:, :, : col + 1]).view(n, h * d)
             x = w["o"](out, residual=x)
             gate_up = w["gate_up"](_rms_norm(x, norm_mlp))  # (n, 2 I)
