@@ -190,6 +190,26 @@ def test_hf_rollout_server_samples_concurrent_requests_as_one_batch(cache, monke
         assert all(lp <= 0.0 for lp in out.log_probs)
 
 
+@pytest.mark.parametrize("decoder", ["fused", "hf"])
+def test_hf_rollout_server_samples_with_the_policys_decoder(cache, monkeypatch, decoder):
+    """The server's engine is the one ``policy.decoder`` names: its samples are that decoder's (``hf``
+    draws from the random stream differently from the engine's default, so a server that ignored the
+    setting fails the ``hf`` case)."""
+    from exgrpo.backends.native.lm.engine import RolloutEngine, SamplingParams
+    from exgrpo.backends.verl.assets import export_model
+    from exgrpo.backends.verl.platform.hf_rollout import HFRolloutServer
+
+    monkeypatch.setenv("EXGRPO_CACHE", str(cache))
+    server = HFRolloutServer(str(export_model(load_experiment(EXGRPO))), response_length=8, prompt_length=32,
+                             seed=3, decoder=decoder, prepack_weights=False)
+    prompts = [[1] + [4 + (i % 7), 10, 5 + (i % 3)] for i in range(12)]
+    outs = server._generate(prompts, (1.0, 1.0, 8))
+    engine = RolloutEngine(server.model, server.pad_id, server.eos_id, SamplingParams(max_new_tokens=8),
+                           decoder=decoder, prepack=False)
+    ref = engine.generate(prompts, torch.Generator().manual_seed(3))
+    assert [o.token_ids for o in outs] == [ref.tokens[i, : int(ref.mask[i].sum())].tolist() for i in range(12)]
+
+
 # ------------------------------------------------------------------------------------ config
 def test_generation_layout_skips_the_stored_trajectories_slots():
     """Replayed groups come first; the engine samples all rows but each replayed group's row 0, and
@@ -218,6 +238,11 @@ def test_overrides_are_derived_from_the_typed_config_and_compose():
     assert config.data.train_batch_size == cfg.train.batch_size and config.trainer.balance_batch is False
     assert config.algorithm.adv_estimator == "grpo" and config.algorithm.norm_adv_by_std_in_grpo is False
     assert config.ray_kwargs.ray_init.address == "local"
+    # the hf rollout server runs the policy's decoder (the tier's defaults, and a changed one)
+    assert dict(a.rollout.custom) == {"decoder": "fused", "prepack_weights": False}
+    other = compose(hydra_overrides(load_experiment(EXGRPO, {"policy.decoder": "static-kv",
+                                                              "policy.prepack_weights": True}), paths))
+    assert dict(other.actor_rollout_ref.rollout.custom) == {"decoder": "static-kv", "prepack_weights": True}
 
 
 def test_paper_tier_gpu_config_composes_with_vllm_nccl_and_real_gpu_counts():

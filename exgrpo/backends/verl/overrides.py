@@ -133,6 +133,9 @@ def hydra_overrides(cfg: ExperimentConfig, paths: RunPaths) -> list[str]:
         ]
     elif v.ray_address is not None:
         out += [f"+ray_kwargs.ray_init.address={v.ray_address}", "ray_kwargs.ray_init.num_cpus=null"]
+    if v.rollout == "hf" and hasattr(pol, "decoder"):  # our hf rollout server runs the native engine's decoder
+        out.append("+actor_rollout_ref.rollout.custom="
+                   f"{{decoder:{pol.decoder.value},prepack_weights:{str(pol.prepack_weights).lower()}}}")
     return out + list(v.extra_overrides)
 
 

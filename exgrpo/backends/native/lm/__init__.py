@@ -2,6 +2,8 @@
 
 * :mod:`.engine` — :class:`RolloutEngine`: KV-cache batched sampling and one-forward scoring, with
   the single packing helper :func:`build_packed_batch`.
+* :mod:`.static_kv`, :mod:`.fused_kv` — the engine's own decode loops for Llama-family models
+  (``policy.decoder``: ``static-kv``, ``fused``); :mod:`.unpadded` — the training forward without padding.
 * :mod:`.policy` — :class:`LMPolicy`, the trainer's Policy protocol over an HF model.
 * :class:`CharTokenizer` (defined in :mod:`exgrpo.tasks.tokenizers`, re-exported here).
 * :mod:`.tiny_lm` — :class:`TinyLMConfig` and :func:`load_tiny_lm` (SFT warm start, cached).

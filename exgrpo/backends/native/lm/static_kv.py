@@ -147,10 +147,9 @@ class StaticKVDecoder:
         # tokens, response columns as they are written), -inf elsewhere
         self.key_bias = torch.full((n, width), float("-inf"), dtype=dtype)
         self.key_bias[:, :p].masked_fill_(self.prompt_mask, 0.0)
-        # keys stored transposed, so a decode step's q @ k^T reads them contiguously. Not zeroed: a
-        # step reads only the columns written before it (the prefill's, then one per step)
-        self.k = [torch.empty((n, self.n_kv, self.head_dim, width), dtype=dtype) for _ in self.layers]  # (N, Hkv, D, width)
-        self.v = [torch.empty((n, self.n_kv, width, self.head_dim), dtype=dtype) for _ in self.layers]  # (N, Hkv, width, D)
+        # keys stored transposed, so a decode step's q @ k^T reads them contiguously
+        self.k = [torch.zeros((n, self.n_kv, self.head_dim, width), dtype=dtype) for _ in self.layers]  # (N, Hkv, D, width)
+        self.v = [torch.zeros((n, self.n_kv, width, self.head_dim), dtype=dtype) for _ in self.layers]  # (N, Hkv, width, D)
         self.col = 0  # next cache column to write (the prefill writes 0..P-1)
         self.pos = position_ids[:, -1].clone()  # (N,) position of each row's last real token
         self.rows = torch.arange(n)  # (n,) original row index of each row still in the batch

@@ -40,7 +40,7 @@ class HFRolloutServer:
     """Token-in, token-out generation for one replica (a Ray actor with async methods)."""
 
     def __init__(self, model_path: str, response_length: int, prompt_length: int, seed: int = 0,
-                 threads: int = 1) -> None:
+                 threads: int = 1, decoder: str = "static-kv", prepack_weights: bool = True) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         torch.set_num_threads(threads)
@@ -51,6 +51,8 @@ class HFRolloutServer:
         self.response_length = response_length
         self.prompt_length = prompt_length
         self.generator = torch.Generator().manual_seed(seed)
+        self.decoder, self.prepack_weights = decoder, bool(prepack_weights)
+        """The engine's decode loop and weight packing (``policy.decoder`` / ``policy.prepack_weights``)."""
         self._pending: list[tuple[list[int], dict[str, Any], asyncio.Future]] = []
         self._flush: asyncio.Task | None = None
         self._lock: asyncio.Lock | None = None
@@ -93,7 +95,9 @@ class HFRolloutServer:
         temperature, top_p, max_tokens = key
         greedy = temperature <= 0
         params = SamplingParams(max_new_tokens=max_tokens, temperature=1.0 if greedy else temperature, top_p=top_p)
-        out = RolloutEngine(self.model, self.pad_id, self.eos_id, params).generate(prompts, self.generator, greedy=greedy)
+        engine = RolloutEngine(self.model, self.pad_id, self.eos_id, params, decoder=self.decoder,
+                               prepack=self.prepack_weights)
+        out = engine.generate(prompts, self.generator, greedy=greedy)
         self.batches.append(len(prompts))
         results = []
         for i in range(len(prompts)):
@@ -145,11 +149,13 @@ class HFReplica(RolloutReplica):
         if not hasattr(model_config, "local_path"):
             model_config = omega_conf_to_dataclass(model_config)
         name = server_name(self.replica_rank)
+        engine = dict(getattr(cfg, "custom", None) or {})  # rollout.custom: the policy's decoder settings (overrides.py)
         server = ray.remote(HFRolloutServer).options(
             name=name, num_cpus=0, max_concurrency=self.max_concurrency,
         ).remote(
             model_config.local_path, int(cfg.response_length), int(cfg.prompt_length),
             seed=int(os.environ.get("EXGRPO_SEED", "0")) + self.replica_rank,
+            decoder=str(engine.get("decoder", "static-kv")), prepack_weights=bool(engine.get("prepack_weights", True)),
         )
         self.servers = [server]
         self._server_handle = server
