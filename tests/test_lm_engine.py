@@ -229,7 +229,7 @@ def test_prepacked_weights_are_used_and_follow_each_update(model, decoder):
     dec = static_kv.StaticKVDecoder(*args, prepack=True)
     assert dec.head.prepack and all(p["qkv"].prepack and p["gate_up"].prepack for p in dec.proj)
     fused = fused_kv.FusedKVDecoder(*args, prepack=True)
-    assert fused.head_fused.prepack and all(w["qkv"].prepack and w["down"].prepack for w in fused.weights)
+    assert fused.head_fused.prepack and all(w.qkv.prepack and w.down.prepack for w in fused.weights)
     packed, unpacked = engine(model, decoder), engine(model, "static-kv-unpacked")
     before = packed.generate(PROMPTS, greedy=True).tokens
     with torch.no_grad():

@@ -26,6 +26,8 @@ with a full forward up to float rounding (tests, and bench_rollout.py's checks).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -88,6 +90,24 @@ def _norm_params(norm: nn.Module) -> tuple[torch.Tensor, float]:
     return norm.weight.detach(), float(norm.variance_epsilon)
 
 
+@dataclass(frozen=True)
+class _LayerWeights:
+    """One decoder layer as the fused step reads it."""
+
+    qkv: _Linear
+    """-> (n, (H + 2 Hkv) D): queries, keys, values; q/k rows of each head in rotary-pair order."""
+    o: _Linear
+    gate_up: _Linear
+    """-> (n, 2 I): the gate, then the up projection."""
+    down: _Linear
+    norm_attn: tuple[torch.Tensor, float]
+    norm_mlp: tuple[torch.Tensor, float]
+    scaling: float
+    """The attention scale (1/sqrt(D) for these models)."""
+    inter: int
+    """I, the MLP width."""
+
+
 class FusedKVDecoder(StaticKVDecoder):
     """:class:`~.static_kv.StaticKVDecoder` whose ``step`` runs on weights rewritten once (see the
     module doc). Same usage: ``prefill()``, then ``step(tokens)`` and ``drop(keep)``."""
@@ -111,7 +131,7 @@ class FusedKVDecoder(StaticKVDecoder):
         self.perm = _interleave(d)
         heads_qk = self.n_heads + self.n_kv
         qk_rows = (torch.arange(heads_qk)[:, None] * d + self.perm[None]).reshape(-1)  # reorder each q/k head
-        self.weights = []
+        self.weights: list[_LayerWeights] = []
         with torch.no_grad():
             for layer in self.layers:
                 attn, mlp = layer.self_attn, layer.mlp
@@ -121,15 +141,16 @@ class FusedKVDecoder(StaticKVDecoder):
                 w = w[rows]
                 b = None if b is None else b[rows]
                 gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
-                self.weights.append({
-                    "qkv": _Linear(w, b, prepack, n),
-                    "o": _Linear(attn.o_proj.weight, None, prepack, n),
-                    "gate_up": _Linear(gate_up, None, prepack, n),
-                    "down": _Linear(mlp.down_proj.weight, None, prepack, n),
-                    "norms": (_norm_params(layer.input_layernorm), _norm_params(layer.post_attention_layernorm)),
-                    "scaling": float(attn.scaling),
-                    "inter": mlp.gate_proj.out_features,
-                })
+                self.weights.append(_LayerWeights(
+                    qkv=_Linear(w, b, prepack, n),
+                    o=_Linear(attn.o_proj.weight, None, prepack, n),
+                    gate_up=_Linear(gate_up, None, prepack, n),
+                    down=_Linear(mlp.down_proj.weight, None, prepack, n),
+                    norm_attn=_norm_params(layer.input_layernorm),
+                    norm_mlp=_norm_params(layer.post_attention_layernorm),
+                    scaling=float(attn.scaling),
+                    inter=mlp.gate_proj.out_features,
+                ))
             norm = model.model.norm
             self.head_fused = _Linear(model.lm_head.weight, getattr(model.lm_head, "bias", None), prepack, n)
         self.final_norm = _norm_params(norm)
@@ -156,17 +177,16 @@ class FusedKVDecoder(StaticKVDecoder):
         turn = self.turn.index_select(0, self.pos)[:, None]  # (n, 1, D/2)
         x = self.embed.index_select(0, tokens)  # (n, d_model)
         for i, w in enumerate(self.weights):
-            norm_attn, norm_mlp = w["norms"]
-            qkv = w["qkv"](_rms_norm(x, norm_attn))  # (n, (H + 2 Hkv) D); q/k in pair order
+            qkv = w.qkv(_rms_norm(x, w.norm_attn))  # (n, (H + 2 Hkv) D); q/k in pair order
             qk = torch.view_as_complex(qkv[:, : (h + hkv) * d].view(n, h + hkv, d // 2, 2))
             qk = torch.view_as_real(qk * turn).view(n, h + hkv, d)  # rotated queries and keys
             self.k[i][..., col] = qk[:, h:]
             self.v[i][:, :, col] = qkv[:, (h + hkv) * d:].view(n, hkv, d)
             q = qk[:, :h].view(n, hkv, g, d)  # head h = kv * G + g (HF's repeat_kv order)
-            scores = torch.matmul(q, self.k[i][..., : col + 1]).mul_(w["scaling"]).add_(mask)
+            scores = torch.matmul(q, self.k[i][..., : col + 1]).mul_(w.scaling).add_(mask)  # (n, Hkv, G, C)
             out = torch.matmul(scores.softmax(-1), self.v[i][:, :, : col + 1]).view(n, h * d)
-            x = w["o"](out, residual=x)
-            gate_up = w["gate_up"](_rms_norm(x, norm_mlp))  # (n, 2 I)
-            x = w["down"](F.silu(gate_up[:, : w["inter"]]).mul_(gate_up[:, w["inter"]:]), residual=x)
+            x = w.o(out, residual=x)
+            gate_up = w.gate_up(_rms_norm(x, w.norm_mlp))  # (n, 2 I)
+            x = w.down(F.silu(gate_up[:, : w.inter]).mul_(gate_up[:, w.inter:]), residual=x)
         self.col = col + 1
         return self.head_fused(_rms_norm(x, self.final_norm))
