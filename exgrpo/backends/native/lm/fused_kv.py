@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from exgrpo.backends.native.lm.static_kv import StaticKVDecoder, can_prepack
+from exgrpo.backends.native.lm.static_kv import StaticKVDecoder
 
 __all__ = ["FusedKVDecoder", "supports_fused_kv"]
 
@@ -109,22 +109,16 @@ class _LayerWeights:
 
 
 class FusedKVDecoder(StaticKVDecoder):
-    """:class:`~.static_kv.StaticKVDecoder` whose ``step`` runs on weights rewritten once (see the
-    module doc). Same usage: ``prefill()``, then ``step(tokens)`` and ``drop(keep)``."""
+    """:class:`~.static_kv.StaticKVDecoder` whose ``step`` runs on weights prepared once per rollout
+    (see the module doc). Same construction and usage: ``prefill()``, then ``step(tokens)`` and
+    ``drop(keep)``."""
 
-    def __init__(
-        self,
-        model: nn.Module,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        position_ids: torch.Tensor,
-        max_new_tokens: int,
-        prepack: bool = False,
-    ) -> None:
-        # the prefill runs the parent's projections on the model's own weights (no packing: it runs once)
-        super().__init__(model, input_ids, attention_mask, position_ids, max_new_tokens, prepack=False)
-        prepack = prepack and can_prepack()
-        n = input_ids.shape[0]
+    def _prepare_weights(self, prepack: bool) -> None:
+        """The static-KV decoder's products on the model's own weights, for the prefill (it runs once,
+        so nothing is packed for it), and the decode step's: q/k/v and gate/up concatenated (or
+        packed, with ``prepack``), the q/k rows of each head in rotary-pair order."""
+        super()._prepare_weights(False)
+        model, n = self.model, self.input_ids.shape[0]
         d, half = self.head_dim, self.head_dim // 2
         # (width, D/2) complex: cos + i sin of each position's rotary angles
         self.turn = torch.complex(self.cos[:, :half].contiguous(), self.sin[:, :half].contiguous())
@@ -151,9 +145,8 @@ class FusedKVDecoder(StaticKVDecoder):
                     scaling=float(attn.scaling),
                     inter=mlp.gate_proj.out_features,
                 ))
-            norm = model.model.norm
             self.head_fused = _Linear(model.lm_head.weight, getattr(model.lm_head, "bias", None), prepack, n)
-        self.final_norm = _norm_params(norm)
+        self.final_norm = _norm_params(model.model.norm)
         self.embed = model.model.embed_tokens.weight
 
     def _attend(self, i: int, layer: nn.Module, h: torch.Tensor, rope: tuple, mask: torch.Tensor) -> torch.Tensor:

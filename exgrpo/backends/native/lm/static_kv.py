@@ -157,8 +157,12 @@ class StaticKVDecoder:
         probe = torch.zeros((1, width, self.head_dim), dtype=dtype)
         cos, sin = model.model.rotary_emb(probe, torch.arange(width)[None])
         self.cos, self.sin = cos[0], sin[0]
-        # per layer: (q|k|v), o, (gate|up), down; and the LM head
-        prepack = prepack and can_prepack()
+        self._prepare_weights(prepack and can_prepack())
+
+    def _prepare_weights(self, prepack: bool) -> None:
+        """The products a forward runs, per layer: (q|k|v), o, (gate|up), down; and the LM head
+        (packed for oneDNN with ``prepack``, else the modules' own weights)."""
+        n = self.input_ids.shape[0]
         self.proj = [
             {
                 "qkv": _Projection([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj], prepack, n),
@@ -168,7 +172,7 @@ class StaticKVDecoder:
             }
             for layer in self.layers
         ]
-        self.head = _Projection([model.lm_head], prepack, n)
+        self.head = _Projection([self.model.lm_head], prepack, n)
 
     # ------------------------------------------------------------------ one layer
     def _attend(self, i: int, layer: nn.Module, h: torch.Tensor, rope: tuple, mask: torch.Tensor) -> torch.Tensor:
