@@ -22,7 +22,7 @@ Stored dtype: float32 (538 MB). The weights are Q4_1-dequantised, i.e. exactly r
 values times fp16 scales, and the native trainer computes log-probs/entropies and AdamW updates
 in float32 on CPU; bf16 storage (~270 MB) would add rounding on top of the quantisation noise (bf16
 autocast of the training forward + backward is 1.4-1.6x faster here, but moves log-probs by up to 0.23:
-README, Speed). Pass ``dtype=torch.bfloat16`` to :func:`load_smollm2` to cast at load time if memory
+docs/speed.md). Pass ``dtype=torch.bfloat16`` to :func:`load_smollm2` to cast at load time if memory
 matters more.
 
 Tokenizer fix-up: transformers 5.10.4's GGUF tokenizer converter sets ``eos_token`` to
