@@ -201,7 +201,7 @@ def test_hf_rollout_server_samples_with_the_policys_decoder(cache, monkeypatch, 
 
     monkeypatch.setenv("EXGRPO_CACHE", str(cache))
     server = HFRolloutServer(str(export_model(load_experiment(EXGRPO))), response_length=8, prompt_length=32,
-                             seed=3, decoder=decoder, prepack_weights=False)
+                             seed=3, engine={"decoder": decoder, "prepack_weights": False})
     prompts = [[1] + [4 + (i % 7), 10, 5 + (i % 3)] for i in range(12)]
     outs = server._generate(prompts, (1.0, 1.0, 8))
     engine = RolloutEngine(server.model, server.pad_id, server.eos_id, SamplingParams(max_new_tokens=8),

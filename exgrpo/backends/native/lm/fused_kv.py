@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from exgrpo.backends.native.lm.static_kv import StaticKVDecoder
+from exgrpo.backends.native.lm.static_kv import StaticKVDecoder, pack_weight, packed_linear
 
 __all__ = ["FusedKVDecoder", "supports_fused_kv"]
 
@@ -58,14 +58,14 @@ class _Linear:
         self.prepack = prepack
         self.bias = bias
         if prepack:
-            self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), rows)
+            self.weight = pack_weight(weight, rows)
         else:
             self.weight_t = weight.t()  # (d_in, d_out) view, as F.linear reads it
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """x (n, d_in) -> (n, d_out) [+ residual (n, d_out)]."""
         if self.prepack:
-            y = torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+            y = packed_linear(x, self.weight, self.bias)
             return y if residual is None else y.add_(residual)
         if residual is None:
             return x @ self.weight_t if self.bias is None else torch.addmm(self.bias, x, self.weight_t)

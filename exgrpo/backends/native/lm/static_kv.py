@@ -31,7 +31,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["StaticKVDecoder", "can_prepack", "distinct_rows", "rms_norm", "rotate_half", "supports_static_kv"]
+__all__ = [
+    "StaticKVDecoder", "can_prepack", "distinct_rows", "pack_weight", "packed_linear", "rms_norm", "rotate_half",
+    "supports_static_kv",
+]
 
 _FAMILIES = frozenset({"llama", "qwen2", "mistral"})
 
@@ -52,6 +55,16 @@ def can_prepack() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+def pack_weight(weight: torch.Tensor, rows: int) -> torch.Tensor:
+    """W (d_out, d_in) reordered once into oneDNN's blocked layout for ``rows``-row inputs."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), rows)
+
+
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x (..., d_in) @ W^T + b with W from :func:`pack_weight`: the same fp32 product, oneDNN's kernel."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
 class _Projection:
     """x @ W^T + b of one or more ``nn.Linear`` sharing an input, as one product (outputs concatenated).
 
@@ -66,12 +79,12 @@ class _Projection:
             biases = [lin.bias for lin in linears]
             self.bias = None if all(b is None for b in biases) else torch.cat(
                 [b.detach() if b is not None else weight.new_zeros(lin.out_features) for b, lin in zip(biases, linears, strict=True)])
-            self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, rows)
+            self.weight = pack_weight(weight, rows)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x (..., d_in) -> (..., sum of d_out_i): the linears' outputs side by side."""
         if self.prepack:
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+            return packed_linear(x, self.weight, self.bias)
         ys = [lin(x) for lin in self.linears]
         return ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
 

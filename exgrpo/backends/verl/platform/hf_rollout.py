@@ -40,7 +40,7 @@ class HFRolloutServer:
     """Token-in, token-out generation for one replica (a Ray actor with async methods)."""
 
     def __init__(self, model_path: str, response_length: int, prompt_length: int, seed: int = 0,
-                 threads: int = 1, decoder: str = "static-kv", prepack_weights: bool = True) -> None:
+                 threads: int = 1, engine: dict[str, Any] | None = None) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         torch.set_num_threads(threads)
@@ -51,8 +51,9 @@ class HFRolloutServer:
         self.response_length = response_length
         self.prompt_length = prompt_length
         self.generator = torch.Generator().manual_seed(seed)
-        self.decoder, self.prepack_weights = decoder, bool(prepack_weights)
-        """The engine's decode loop and weight packing (``policy.decoder`` / ``policy.prepack_weights``)."""
+        self.engine_options = _engine_options(engine or {})
+        """RolloutEngine's decoder/prepack, from the policy's ``decoder`` / ``prepack_weights`` (the
+        engine's own defaults for what is not given)."""
         self._pending: list[tuple[list[int], dict[str, Any], asyncio.Future]] = []
         self._flush: asyncio.Task | None = None
         self._lock: asyncio.Lock | None = None
@@ -95,8 +96,7 @@ class HFRolloutServer:
         temperature, top_p, max_tokens = key
         greedy = temperature <= 0
         params = SamplingParams(max_new_tokens=max_tokens, temperature=1.0 if greedy else temperature, top_p=top_p)
-        engine = RolloutEngine(self.model, self.pad_id, self.eos_id, params, decoder=self.decoder,
-                               prepack=self.prepack_weights)
+        engine = RolloutEngine(self.model, self.pad_id, self.eos_id, params, **self.engine_options)
         out = engine.generate(prompts, self.generator, greedy=greedy)
         self.batches.append(len(prompts))
         results = []
@@ -129,6 +129,12 @@ class HFRolloutServer:
     async def stop_profile(self) -> None: ...
 
 
+def _engine_options(policy: dict[str, Any]) -> dict[str, Any]:
+    """``rollout.custom`` (the policy's ``decoder`` / ``prepack_weights``) -> RolloutEngine keywords."""
+    names = {"decoder": "decoder", "prepack_weights": "prepack"}
+    return {names[k]: v for k, v in policy.items() if k in names}
+
+
 def _params_key(sp: dict[str, Any], response_length: int) -> tuple[float, float, int]:
     max_tokens = sp.get("max_tokens") or sp.get("max_new_tokens") or response_length
     top_p = float(sp.get("top_p", 1.0) or 1.0)
@@ -149,13 +155,12 @@ class HFReplica(RolloutReplica):
         if not hasattr(model_config, "local_path"):
             model_config = omega_conf_to_dataclass(model_config)
         name = server_name(self.replica_rank)
-        engine = dict(getattr(cfg, "custom", None) or {})  # rollout.custom: the policy's decoder settings (overrides.py)
         server = ray.remote(HFRolloutServer).options(
             name=name, num_cpus=0, max_concurrency=self.max_concurrency,
         ).remote(
             model_config.local_path, int(cfg.response_length), int(cfg.prompt_length),
             seed=int(os.environ.get("EXGRPO_SEED", "0")) + self.replica_rank,
-            decoder=str(engine.get("decoder", "static-kv")), prepack_weights=bool(engine.get("prepack_weights", True)),
+            engine=dict(getattr(cfg, "custom", None) or {}),  # rollout.custom: the policy's decoder settings (overrides.py)
         )
         self.servers = [server]
         self._server_handle = server
