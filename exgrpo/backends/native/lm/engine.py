@@ -209,9 +209,10 @@ class RolloutEngine:
     """Batched KV-cache sampling and single-forward scoring for one HF causal LM.
 
     ``eos_id=None`` never stops early (every row runs to ``max_new_tokens``; for benchmarks).
-    ``decoder``: :class:`~exgrpo.config.options.Decoder`; ``static-kv`` falls back to ``hf`` for a
-    model outside the Llama family. ``prepack``: the static-kv decoder reorders the weights once per
-    rollout for oneDNN's GEMM (same fp32 math, another kernel; see :mod:`.static_kv`). ``unpadded``:
+    ``decoder``: :class:`~exgrpo.config.options.Decoder`; ``static-kv`` and ``fused`` fall back to
+    ``hf`` for a model outside the Llama family, ``fused`` to ``static-kv`` for one it cannot fuse
+    (:meth:`_own_decoder`). ``prepack``: those decoders reorder the weights once per rollout for
+    oneDNN's GEMM (same fp32 math, another kernel; see :mod:`.static_kv`, :mod:`.fused_kv`). ``unpadded``:
     ``score`` runs the responses without their padding (Llama-family models; see :mod:`.unpadded`)."""
 
     def __init__(
