@@ -28,8 +28,12 @@ Three cases on the same model and the same batch of task prompts (left-padded id
 
 The engine also returns per-token log-probs and entropies; plain HF ``generate`` does not (it would
 need ``output_logits=True`` plus a log-softmax). The tiny LM is loaded from the cache (trained on
-first use, ~1 min). Timings are medians over ``--repeats``, engine and HF interleaved, after a
-warm-up of each.
+first use, ~1 min). Each call's rate is its tokens over its time; a side's rate is the median over
+``--repeats`` calls, engine and HF interleaved, after a warm-up of each. Repeat r seeds every call
+alike (the engine variants' generators, HF's global RNG), so the engine variants sample the same
+responses up to rounding and differ only in their speed. (Before 2026-11-26 the calls shared one
+generator and a side's rate was its last call's tokens over its median time: with EOS stopping the
+token counts differ from call to call, which added noise to the ratios.)
 
 The malloc setting is the trainer's default (``train.keep_freed_memory``: glibc keeps freed memory
 instead of unmapping it, so a step's fresh tensors are not page-faulted again); it is process-wide,
@@ -102,7 +106,6 @@ def main() -> None:
     default = next(d for d, v in variants.items() if v == (policy.decoder.value, policy.prepack_weights))
     eng_stop = {d: RolloutEngine(model, pad_id, eos_id, params, decoder=v[0], prepack=v[1]) for d, v in variants.items()}
     eng_fixed = {d: RolloutEngine(model, pad_id, None, params, decoder=v[0], prepack=v[1]) for d, v in variants.items()}
-    gen = torch.Generator().manual_seed(0)
     hf_common = dict(
         input_ids=batch.input_ids, attention_mask=batch.attention_mask, max_new_tokens=t,
         pad_token_id=pad_id, eos_token_id=eos_id, top_k=0, top_p=1.0, temperature=1.0,
@@ -117,17 +120,25 @@ def main() -> None:
         after = (is_eos.cumsum(1) - is_eos.long()) > 0  # strictly after the first EOS
         return int((~after).sum())
 
+    # every call takes the repeat's seed: the engine variants draw from a generator seeded with it (so
+    # they sample the same responses, up to rounding), HF ``generate`` from torch's global one
     def engine_cases(d: str) -> dict:
         return {
-            "fixed": lambda: int(eng_fixed[d].generate(prompts, gen).mask.sum()),
-            "eos": lambda: int(eng_stop[d].generate(prompts, gen).mask.sum()),
-            "greedy": lambda: int(eng_stop[d].generate(prompts, greedy=True).mask.sum()),
+            "fixed": lambda s: int(eng_fixed[d].generate(prompts, torch.Generator().manual_seed(s)).mask.sum()),
+            "eos": lambda s: int(eng_stop[d].generate(prompts, torch.Generator().manual_seed(s)).mask.sum()),
+            "greedy": lambda s: int(eng_stop[d].generate(prompts, greedy=True).mask.sum()),
         }
 
+    def hf_call(**kw):
+        def call(s: int) -> int:
+            torch.manual_seed(s)
+            return hf_tokens(model.generate(**kw))
+        return call
+
     hf_cases = {
-        "fixed": lambda: hf_tokens(model.generate(**hf_common, do_sample=True, min_new_tokens=t)),
-        "eos": lambda: hf_tokens(model.generate(**hf_common, do_sample=True)),
-        "greedy": lambda: hf_tokens(model.generate(**hf_greedy, do_sample=False)),
+        "fixed": hf_call(**hf_common, do_sample=True, min_new_tokens=t),
+        "eos": hf_call(**hf_common, do_sample=True),
+        "greedy": hf_call(**hf_greedy, do_sample=False),
     }
     runners = {"HF generate": hf_cases, **{f"engine {d}": engine_cases(d) for d in decoders}}
     print(f"model: {label}  params {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M  "
@@ -148,15 +159,14 @@ def main() -> None:
         for name in args.cases.split(","):
             calls = {r: c[name] for r, c in runners.items()}
             for call in calls.values():
-                call()  # warm-up
-            times: dict[str, list[float]] = {r: [] for r in calls}
-            tokens: dict[str, int] = {}
-            for _ in range(args.repeats):  # interleaved, so drift hits every side alike
+                call(999)  # warm-up
+            rates: dict[str, list[float]] = {r: [] for r in calls}  # tokens / second of each call
+            for rep in range(args.repeats):  # interleaved, so drift hits every side alike
                 for r, call in calls.items():
                     t0 = time.perf_counter()
-                    tokens[r] = call()
-                    times[r].append(time.perf_counter() - t0)
-            rate = {r: tokens[r] / statistics.median(times[r]) for r in calls}
+                    n_tokens = call(1000 + rep)
+                    rates[r].append(n_tokens / (time.perf_counter() - t0))
+            rate = {r: statistics.median(rates[r]) for r in calls}
             base = rate["HF generate"]
             print(f"{name:8s} " + " ".join(f"{rate[r]:22.0f}" for r in calls)
                   + "   " + " ".join(f"{rate[f'engine {d}'] / base:5.2f}x" for d in decoders))
