@@ -1,7 +1,7 @@
 """Run directories: a run resumes only from its own checkpoints, and a fresh run never mixes with old ones.
 
 * :func:`run_identity_diff` compares the config a checkpoint was made with against the current one,
-  ignoring :data:`SAFE_TO_CHANGE` (budget, evaluation cadence, where things are written).
+  ignoring :data:`SAFE_TO_CHANGE` (budget, evaluation cadence, where things are written, speed settings).
 * :func:`check_resume` turns a difference into a one-line error naming the fields (unless forced).
 * :func:`move_aside` moves an earlier run's directory out of a fresh run's way and says where.
 """
@@ -13,12 +13,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-SAFE_TO_CHANGE: tuple[str, ...] = (
-    "train.max_steps", "train.epochs", "train.eval_every_epochs", "train.eval_every_steps",
-    "train.eval_before_train", "train.checkpoint_every", "train.keep_last", "train.threads", "output_dir",
-    "backend.verl.launch", "backend.verl.job_address", "backend.verl.ray_address", "backend.verl.num_cpus",
-)
-"""Fields a resumed run may change: they do not change what the checkpoint means."""
+from exgrpo.config import resume_safe_fields
+
+SAFE_TO_CHANGE: frozenset[str] = resume_safe_fields()
+"""Fields a resumed run may change (marked ``RESUME_SAFE`` in the config): they do not change what the
+checkpoint means. The budget and the cadence of evaluation and checkpoints, where things are written
+and run, and speed settings that compute the same thing up to float rounding (threads, the decoder,
+packed weights, the optimiser's fused kernel, ...): a run checkpointed before a release changed such
+a default resumes on the new one."""
 
 
 def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -51,7 +53,7 @@ def run_identity_diff(saved: dict[str, Any] | str, current: dict[str, Any] | str
     b = _flat(_resolved(current))
     keys = sorted(set(a) | set(b))
     return [f"{k} ({a.get(k)!r} -> {b.get(k)!r})" for k in keys
-            if a.get(k) != b.get(k) and not any(k == s or k.startswith(s + ".") for s in SAFE_TO_CHANGE)]
+            if a.get(k) != b.get(k) and k not in SAFE_TO_CHANGE]
 
 
 class ResumeMismatch(ValueError):

@@ -1,6 +1,7 @@
 """The tiny-lm tier end to end: config -> cached SFT warm start -> ExGRPO on text -> eval -> resume."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import pytest
 from exgrpo.backends.native import checkpoint as ckpt
 from exgrpo.backends.native.trainer import Trainer
 from exgrpo.config import ConfigError, load_experiment
+from exgrpo.runs import ResumeMismatch
 
 TINY = {
     "policy.model.sft_steps": 60, "policy.model.eval_questions": 0, "policy.model.hidden_size": 64,
@@ -83,6 +85,22 @@ def test_lm_resume_equals_uninterrupted(tmp_path):
     Trainer(c).fit(progress=False, stop_after_step=3)
     resumed = Trainer(c).fit(progress=False, resume=True)
     assert strip_time(resumed.history) == strip_time(full.history)
+
+
+def test_lm_resumes_on_other_speed_settings_not_on_other_sampling(tmp_path):
+    """A run checkpointed with one decoder, unpacked weights and the plain optimiser resumes on the
+    defaults (a release that changed a speed default does not strand a run); a sampling setting is
+    still the run's identity."""
+    slow = {"policy.decoder": "static-kv", "policy.prepack_weights": True, "train.fused_optimizer": False,
+            "policy.unpadded_scoring": False, "policy.share_prompt_forward": False}
+    first = Trainer(cfg(tmp_path, **slow)).fit(progress=False, stop_after_step=2)
+    with pytest.raises(ResumeMismatch, match=r"policy.temperature \(1.0 -> 0.7\)"):
+        Trainer(cfg(tmp_path, **{"policy.temperature": 0.7})).fit(progress=False, resume=True)
+    resumed = Trainer(cfg(tmp_path)).fit(progress=False, resume=True)
+    trained = [r for r in resumed.history if "actor/grad_norm" in r]
+    assert [r["step"] for r in trained] == [1, 2, 3, 4, 5, 6]
+    assert strip_time(resumed.history[:3]) == strip_time(first.history)  # steps 0-2 as they were
+    assert all(math.isfinite(r["actor/grad_norm"]) for r in trained)
 
 
 def test_eval_errors(tmp_path):

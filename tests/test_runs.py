@@ -9,7 +9,7 @@ import pytest
 
 from exgrpo.backends.native.trainer import Trainer
 from exgrpo.config import load_experiment
-from exgrpo.runs import ResumeMismatch, run_identity_diff
+from exgrpo.runs import SAFE_TO_CHANGE, ResumeMismatch, run_identity_diff
 
 SMALL = {"task.max_operand": 5, "policy.hidden": 16, "policy.layers": 1, "algorithm.group_size": 4,
          "train.batch_size": 16, "train.max_steps": 4, "train.checkpoint_every": 2}
@@ -57,3 +57,15 @@ def test_identity_ignores_safe_fields_only():
     a = {"train": {"lr": 1.0, "max_steps": 5}, "output_dir": "a"}
     assert run_identity_diff(a, {"train": {"lr": 1.0, "max_steps": 9}, "output_dir": "b"}) == []
     assert run_identity_diff(a, {"train": {"lr": 2.0, "max_steps": 5}, "output_dir": "a"}) == ["train.lr (1.0 -> 2.0)"]
+
+
+def test_safe_fields_are_the_marked_ones():
+    """The config's RESUME_SAFE markers decide, in every union member: budget, cadence, places, and
+    speed settings (the same computation up to rounding); never what the run computes."""
+    assert {"train.max_steps", "train.threads", "output_dir", "backend.verl.launch", "policy.decoder",
+            "policy.prepack_weights", "train.fused_optimizer", "train.log_every_steps"} <= SAFE_TO_CHANGE
+    assert not {"train.lr", "seed", "policy.temperature", "policy.max_new_tokens", "algorithm.experience_ratio",
+                "policy.model.hidden_size", "task.n_train"} & SAFE_TO_CHANGE
+    lm = {"tier": "tiny-lm", "policy": {"kind": "lm", "decoder": "static-kv", "temperature": 1.0}}
+    changed = {"tier": "tiny-lm", "policy": {"kind": "lm", "decoder": "fused", "temperature": 1.0}}
+    assert run_identity_diff(lm, changed) == []

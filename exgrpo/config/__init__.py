@@ -32,6 +32,7 @@ from exgrpo.config.experiment import (
     mlflow_param_keys,
     parse_set,
     read_yaml,
+    resume_safe_fields,
 )
 from exgrpo.config.options import (
     AnswerFormat,
@@ -40,6 +41,7 @@ from exgrpo.config.options import (
     Decoder,
     LossAggregation,
     MLFLOW_PARAM,
+    RESUME_SAFE,
     NotebookSampling,
     OptimizerKind,
     PoolRetention,
@@ -84,6 +86,7 @@ __all__ = [
     "LossAggregation",
     "MLFLOW_PARAM",
     "NotebookSampling",
+    "RESUME_SAFE",
     "MLPPolicyConfig",
     "NotebookReplayConfig",
     "OptimizerKind",
@@ -113,4 +116,5 @@ __all__ = [
     "mlflow_param_keys",
     "parse_set",
     "read_yaml",
+    "resume_safe_fields",
 ]

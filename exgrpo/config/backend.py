@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from exgrpo.config.options import MLFLOW_PARAM, _Strict
+from exgrpo.config.options import MLFLOW_PARAM, RESUME_SAFE, _Strict
 
 
 class VerlSettings(_Strict):
@@ -34,13 +34,13 @@ class VerlSettings(_Strict):
     """Tensor-parallel size of a rollout replica (vllm on GPU)."""
     gpu_memory_utilization: float = Field(0.6, gt=0.0, le=1.0)
     """vLLM's KV-cache share of GPU memory (vllm only)."""
-    ray_address: str | None = None
+    ray_address: str | None = Field(None, json_schema_extra=RESUME_SAFE)
     """Ray cluster to run on (e.g. ray://head:10001); None: a private local Ray bound to 127.0.0.1."""
-    num_cpus: int | None = Field(None, ge=1)
+    num_cpus: int | None = Field(None, ge=1, json_schema_extra=RESUME_SAFE)
     """Logical CPUs of the local Ray (None: enough for the workers; the CPU box has 2 real cores)."""
-    launch: Literal["process", "ray_job"] = "process"
+    launch: Literal["process", "ray_job"] = Field("process", json_schema_extra=RESUME_SAFE)
     """How the run starts: a child process of the caller, or a Ray Job (the Prefect train flow's way)."""
-    job_address: str | None = None
+    job_address: str | None = Field(None, json_schema_extra=RESUME_SAFE)
     """Ray job server for launch=ray_job (e.g. http://head:8265); None: a private local Ray on 127.0.0.1."""
     extra_overrides: list[str] = []
     """Further veRL Hydra overrides (key=value), applied last; derived settings should not be repeated here."""

@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 
 from exgrpo.config.algorithm import DEFAULT_REPLAY, AlgorithmConfig, ExGRPOConfig, is_foreign, replay_homes
 from exgrpo.config.backend import BackendConfig
-from exgrpo.config.options import MLFLOW_PARAM, ConfigError, OptimizerKind, Tier, _Strict
+from exgrpo.config.options import MLFLOW_PARAM, RESUME_SAFE, ConfigError, OptimizerKind, Tier, _Strict
 from exgrpo.config.policies import LMPolicyConfig, MLPPolicyConfig, SmolLM2PolicyConfig
 from exgrpo.config.tasks import ReasoningGymTaskConfig, TextArithmeticTaskConfig, ToyTaskConfig
 
@@ -42,9 +42,9 @@ class TrainConfig(_Strict):
 
     batch_size: int = Field(128, ge=1, json_schema_extra=MLFLOW_PARAM)
     """Questions per training step (B)."""
-    epochs: int = Field(50, ge=1, json_schema_extra=MLFLOW_PARAM)
+    epochs: int = Field(50, ge=1, json_schema_extra=MLFLOW_PARAM | RESUME_SAFE)
     """Passes over the training questions (fresh draws; steps = epochs * ceil(N_train / B))."""
-    max_steps: int | None = Field(None, ge=1, json_schema_extra=MLFLOW_PARAM)
+    max_steps: int | None = Field(None, ge=1, json_schema_extra=MLFLOW_PARAM | RESUME_SAFE)
     """Stop after this many steps (a fixed compute budget); None: epochs decide."""
     optimizer: OptimizerKind = Field(OptimizerKind.ADAM, json_schema_extra=MLFLOW_PARAM)
     """Optimiser."""
@@ -52,7 +52,7 @@ class TrainConfig(_Strict):
     """Learning rate (constant)."""
     weight_decay: float = Field(0.0, ge=0.0, json_schema_extra=MLFLOW_PARAM)
     """Weight decay (AdamW only)."""
-    fused_optimizer: bool = Field(True, json_schema_extra=MLFLOW_PARAM)
+    fused_optimizer: bool = Field(True, json_schema_extra=MLFLOW_PARAM | RESUME_SAFE)
     """One fused kernel per optimiser step (torch's fused Adam/AdamW; same update up to float rounding)."""
     mini_batches: int = Field(1, ge=1, json_schema_extra=MLFLOW_PARAM)
     """Optimiser steps per training step (the batch is split into this many mini-batches)."""
@@ -60,22 +60,22 @@ class TrainConfig(_Strict):
     """Max global grad norm; None: no clipping (the norm is still logged)."""
     skip_grad_above: float | None = Field(500.0, gt=0.0)
     """Skip the optimiser step if the grad norm is non-finite or above this (reference: 500)."""
-    eval_every_epochs: int = Field(1, ge=1, json_schema_extra=MLFLOW_PARAM)
+    eval_every_epochs: int = Field(1, ge=1, json_schema_extra=MLFLOW_PARAM | RESUME_SAFE)
     """Validate every this many epochs (and at the end)."""
-    eval_before_train: bool = False
+    eval_before_train: bool = Field(False, json_schema_extra=RESUME_SAFE)
     """Also validate the initial (warm-start) policy, logged at step 0."""
-    eval_every_steps: int | None = Field(None, ge=1)
+    eval_every_steps: int | None = Field(None, ge=1, json_schema_extra=RESUME_SAFE)
     """Validate every this many steps instead (overrides eval_every_epochs); None: use epochs."""
-    checkpoint_every: int = Field(0, ge=0)
+    checkpoint_every: int = Field(0, ge=0, json_schema_extra=RESUME_SAFE)
     """Write a checkpoint every this many steps (0: only at the end)."""
-    keep_last: int | None = Field(None, ge=1)
+    keep_last: int | None = Field(None, ge=1, json_schema_extra=RESUME_SAFE)
     """Keep only the newest this many checkpoints (disk stays bounded); None keeps all. Use >= 2 so
     a torn newest one leaves one to resume from."""
-    threads: int = Field(1, ge=1)
+    threads: int = Field(1, ge=1, json_schema_extra=RESUME_SAFE)
     """torch intra-op threads of one training process."""
-    keep_freed_memory: bool = True
+    keep_freed_memory: bool = Field(True, json_schema_extra=RESUME_SAFE)
     """Native trainer: malloc keeps freed memory (no per-step page faults on large tensors; RSS stays at its peak)."""
-    log_every_steps: int = Field(1, ge=1)
+    log_every_steps: int = Field(1, ge=1, json_schema_extra=RESUME_SAFE)
     """Send per-step metrics to MLflow every this many steps (evaluation steps always); metrics.jsonl keeps every step."""
 
     @field_validator("grad_clip")
@@ -95,7 +95,7 @@ class ExperimentConfig(_Strict):
     """Model/task tier."""
     seed: int = Field(0, json_schema_extra=MLFLOW_PARAM)
     """Seed of model init, sampling and replay."""
-    output_dir: Path = Path("runs")
+    output_dir: Path = Field(Path("runs"), json_schema_extra=RESUME_SAFE)
     """Where run directories (checkpoints, metrics) are written."""
     task: TaskConfig = ToyTaskConfig()
     """The task (training questions, validation split, reward)."""
@@ -389,6 +389,19 @@ def field_docs(model: type[BaseModel] = ExperimentConfig, prefix: str = "") -> l
 def config_fields() -> list[str]:
     """Every dotted config field (of every union member), e.g. for validating a search space."""
     return sorted(n for n, _, _ in field_docs())
+
+
+def resume_safe_fields(model: type[BaseModel] = ExperimentConfig, prefix: str = "") -> frozenset[str]:
+    """Dotted names of the leaf fields marked ``RESUME_SAFE``, in every union member: the fields a
+    resumed run may change (:mod:`exgrpo.runs`)."""
+    names: set[str] = set()
+    for name, f in model.model_fields.items():
+        members = _union_members(f.annotation)
+        if not members and (f.json_schema_extra or {}).get("resume_safe"):
+            names.add(f"{prefix}{name}")
+        for m in members:
+            names |= resume_safe_fields(m, f"{prefix}{name}.")
+    return frozenset(names)
 
 
 def mlflow_param_keys(cfg: BaseModel, prefix: str = "") -> list[str]:

@@ -115,6 +115,12 @@ MLFLOW_PARAM: dict[str, bool] = {"mlflow_param": True}
 """Field marker (``Field(..., json_schema_extra=MLFLOW_PARAM)``): log the field as an MLflow param
 (exgrpo.tracking.curated_params); the full config is always an artifact."""
 
+RESUME_SAFE: dict[str, bool] = {"resume_safe": True}
+"""Field marker (``json_schema_extra=RESUME_SAFE``, or ``MLFLOW_PARAM | RESUME_SAFE``): a resumed run
+may change the field (exgrpo.runs): the budget, the cadence of evaluation and checkpoints, where
+things are written and run, and settings that change how fast the same computation runs (up to
+float rounding), not what it computes."""
+
 
 class _Strict(BaseModel):
     # allow_inf_nan=False: a float field given inf or nan (lr=inf) is an error, not a silent NaN run

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from exgrpo.config.options import MLFLOW_PARAM, Decoder, _Strict
+from exgrpo.config.options import MLFLOW_PARAM, RESUME_SAFE, Decoder, _Strict
 from exgrpo.config.tasks import ArithmeticProblemsConfig
 
 
@@ -71,13 +71,13 @@ class LMPolicyConfig(_Strict):
     """Sampling temperature; log-probs/entropies (behaviour and current) are of softmax(logits / T)."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     """Nucleus sampling mass (1: plain sampling; <1 makes behaviour log-probs approximate, see engine)."""
-    decoder: Decoder = Field(Decoder.FUSED, json_schema_extra=MLFLOW_PARAM)
+    decoder: Decoder = Field(Decoder.FUSED, json_schema_extra=MLFLOW_PARAM | RESUME_SAFE)
     """Decode loop of the rollout engine: fused or static-kv (fast, Llama-family models) or hf (the model's own forward)."""
-    prepack_weights: bool = Field(False, json_schema_extra=MLFLOW_PARAM)
+    prepack_weights: bool = Field(False, json_schema_extra=MLFLOW_PARAM | RESUME_SAFE)
     """static-kv/fused decoders: reorder weights once per rollout for oneDNN's GEMM (off: this model's weights fit in cache, measured slower)."""
-    share_prompt_forward: bool = Field(True, json_schema_extra=MLFLOW_PARAM)
+    share_prompt_forward: bool = Field(True, json_schema_extra=MLFLOW_PARAM | RESUME_SAFE)
     """Score a group's K rows on one forward of their shared prompt (same numbers up to rounding; false: one packed forward)."""
-    unpadded_scoring: bool = Field(True, json_schema_extra=MLFLOW_PARAM)
+    unpadded_scoring: bool = Field(True, json_schema_extra=MLFLOW_PARAM | RESUME_SAFE)
     """Training forward over the responses' real tokens only, not their right padding (Llama-family models; same numbers up to rounding)."""
     model: TinyLMConfig = TinyLMConfig()
     """The tiny LM (architecture + SFT warm start; cached by a hash of this section)."""
@@ -94,11 +94,11 @@ class SmolLM2PolicyConfig(_Strict):
     """Sampling temperature; log-probs/entropies are of softmax(logits / T)."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     """Nucleus sampling mass (1: plain sampling)."""
-    decoder: Decoder = Field(Decoder.FUSED, json_schema_extra=MLFLOW_PARAM)
+    decoder: Decoder = Field(Decoder.FUSED, json_schema_extra=MLFLOW_PARAM | RESUME_SAFE)
     """Decode loop of the rollout engine: fused or static-kv (fast, Llama-family models) or hf (the model's own forward)."""
-    prepack_weights: bool = Field(True, json_schema_extra=MLFLOW_PARAM)
+    prepack_weights: bool = Field(True, json_schema_extra=MLFLOW_PARAM | RESUME_SAFE)
     """static-kv/fused decoders: reorder weights once per rollout for oneDNN's fp32 GEMM (same math; ~2x faster decode on CPU)."""
-    share_prompt_forward: bool = Field(True, json_schema_extra=MLFLOW_PARAM)
+    share_prompt_forward: bool = Field(True, json_schema_extra=MLFLOW_PARAM | RESUME_SAFE)
     """Score a group's K rows on one forward of their shared prompt (same numbers up to rounding; false: one packed forward)."""
-    unpadded_scoring: bool = Field(True, json_schema_extra=MLFLOW_PARAM)
+    unpadded_scoring: bool = Field(True, json_schema_extra=MLFLOW_PARAM | RESUME_SAFE)
     """Training forward over the responses' real tokens only, not their right padding (Llama-family models; same numbers up to rounding)."""
