@@ -4,8 +4,13 @@
       bare      ``train(cfg)``                               (no tracking, no Prefect)
       mlflow    ``tracked_train(cfg)``                       (MLflow run: params, per-step metrics, checkpoint, model)
       mlflow/10 the same with ``train.log_every_steps=10``   (MLflow gets every 10th step; metrics.jsonl all)
+      records   the same with no per-step metrics            (MLflow gets the evaluation steps only: what a
+                                                             tracked run costs whatever its logging cadence)
       prefect   ``asyncio.run(train_flow(...))``             (the Prefect train flow: MLflow + flow/artifact API calls)
-    interleaved over ``--repeats`` rounds, median wall time of each, printed as a ratio to bare. The
+      empty     an ``async`` Prefect flow with no body       (the flow run's own API round trips)
+    interleaved over ``--repeats`` rounds, median wall time of each, printed as a ratio to bare
+    (``empty`` as its share of bare). ``records`` + ``empty`` over bare is the least any tracked,
+    orchestrated run of this length can cost. The
     Prefect API is the ephemeral one (a local uvicorn server, the same app as ``prefect server start``)
     unless PREFECT_API_URL is set; its one-time start-up is reported separately, not in the ratio.
     The final val/accuracy of the three is compared (same seed: they must agree).
@@ -99,7 +104,14 @@ def bench_overhead(steps: int, repeats: int, uri: str) -> None:
     print(f"    one-time: import prefect+mlflow {t_import:.1f} s; first flow call (API server start, MLflow "
           f"schema, 2 steps) {t_first:.1f} s")
 
-    times: dict[str, list[float]] = {"bare": [], "mlflow": [], "mlflow/10": [], "prefect": []}
+    from prefect import flow
+
+    @flow(name="bench-empty")
+    async def empty_flow() -> None:
+        return None
+
+    times: dict[str, list[float]] = {"bare": [], "mlflow": [], "mlflow/10": [], "records": [], "prefect": [],
+                                     "empty": []}
     finals: dict[str, set] = {k: set() for k in times}
     for r in range(repeats):
         order = list(times)
@@ -112,25 +124,32 @@ def bench_overhead(steps: int, repeats: int, uri: str) -> None:
             if v == "bare":
                 res = train(cfg_for(tag), progress=False)
                 acc = res.final_metrics["val/accuracy"]
-            elif v.startswith("mlflow"):
+            elif v in ("mlflow", "mlflow/10", "records"):
                 cfg = cfg_for(tag.replace("/", "-"))
-                if v == "mlflow/10":
-                    cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"log_every_steps": 10})})
+                every = {"mlflow": 1, "mlflow/10": 10, "records": steps + 1}[v]
+                cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"log_every_steps": every})})
                 run = tracked_train(cfg, tracking_uri=uri)
                 acc = run.result.final_metrics["val/accuracy"]
+            elif v == "empty":
+                asyncio.run(empty_flow())
+                acc = None
             else:
                 out = asyncio.run(train_flow(config="experiments/toy-exgrpo.yaml", tracking_uri=uri,
                                              overrides={**overrides, "output_dir": str(_TMP / "runs" / tag),
                                                         "name": "bench-orchestration"}))
                 acc = out["val/accuracy"]
             times[v].append(time.perf_counter() - t0)
-            finals[v].add(round(float(acc), 6))
+            if acc is not None:
+                finals[v].add(round(float(acc), 6))
     base = statistics.median(times["bare"])
     print(f"    {'variant':<9} {'median s':>9} {'ms/step':>8} {'ratio':>7}   runs (s)")
     for v, ts in times.items():
         med = statistics.median(ts)
         print(f"    {v:<9} {med:9.2f} {1000 * med / steps:8.1f} {med / base:6.2f}x   "
               + ", ".join(f"{t:.2f}" for t in ts))
+    floor = statistics.median(times["records"]) - base + statistics.median(times["empty"])
+    print(f"    the least a tracked flow run costs here (records - bare + empty): +{floor:.2f} s = "
+          f"{100 * floor / base:.0f} % of the bare run (goal 3: <= 5 %)")
     same = len(set().union(*finals.values())) == 1
     print(f"    final val/accuracy identical across variants: {'yes' if same else 'NO'} {sorted(set().union(*finals.values()))}")
     for v, goal in (("mlflow", "3. orchestration: MLflow-tracked run / bare"),
