@@ -9,13 +9,14 @@ import sys
 import textwrap
 from pathlib import Path
 
-from exgrpo.config import ConfigError, field_docs, load_compare, load_experiment, parse_set
+from exgrpo.config import ConfigError, field_docs, load_compare, load_experiment, parse_set, resume_safe_fields
 
 
 def _fields_epilog() -> str:
-    lines = ["config fields (override any with --set FIELD=VALUE):"]
+    lines = ["config fields (override any with --set FIELD=VALUE; [resume-safe]: may differ on --resume):"]
+    safe = resume_safe_fields()
     for name, default, doc in field_docs():
-        lines.append(f"  {name} = {default}")
+        lines.append(f"  {name} = {default}" + ("   [resume-safe]" if name in safe else ""))
         lines += textwrap.wrap(doc, 96, initial_indent="      ", subsequent_indent="      ")
     return "\n".join(lines)
 
@@ -217,7 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("config", nargs="?", help="experiment YAML (e.g. experiments/toy-exgrpo.yaml); defaults if omitted")
     t.add_argument("--seed", type=int, help="run seed (model init, sampling, replay)")
     t.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a config field (repeatable)")
-    t.add_argument("--resume", action="store_true", help="continue from the latest checkpoint of this run")
+    t.add_argument("--resume", action="store_true",
+                   help="continue from the latest checkpoint of this run (only fields marked [resume-safe] may differ)")
     t.add_argument("--force-resume", action="store_true",
                    help="resume even if the config differs from the checkpoint's in fields that change the run")
     t.add_argument("--max-steps", type=int, help="stop after this many steps (same as --set train.max_steps=N)")

@@ -90,3 +90,6 @@ def test_train_help_documents_every_field():
     assert out.returncode == 0
     for field in ("algorithm.experience_ratio", "algorithm.shaping_gamma", "train.checkpoint_every", "--resume"):
         assert field in out.stdout
+    lines = out.stdout.splitlines()
+    assert any(line.strip().startswith("policy.decoder =") and line.endswith("[resume-safe]") for line in lines)
+    assert any(line.strip().startswith("train.lr =") and not line.endswith("[resume-safe]") for line in lines)
