@@ -229,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("compare", help="compare algorithms (arms) over seeds",
                        description="Train every arm of a comparison YAML over several seeds and print, per arm, "
-                       "the final metric as mean ± 95%% CI and the paired difference against the baseline arm. "
+                       "the final metric as mean ± 95% CI and the paired difference against the baseline arm. "
                        "Runs the Prefect compare flow (MLflow parent + child runs) unless --no-prefect.")
     c.add_argument("config", help="comparison YAML with base: and arms: (e.g. experiments/toy.yaml)")
     c.add_argument("--seeds", type=int, help="use seeds 0..N-1 (default: the file's seeds)")
