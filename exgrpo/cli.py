@@ -84,12 +84,12 @@ def _cmd_compare(args: argparse.Namespace) -> int:
                 bar.console.print(f"  {o.arm:>12s} seed {o.seed}: final {cc.metric} = {o.final:.4f}")
                 bar.advance(task)
 
-            outcomes = run_local(cc, workers=args.workers, on_done=done)
+            outcomes = run_local(cc, workers=args.workers, on_done=done, resume=args.resume)
     else:
         try:
             flow = _load_flow("compare", "compare_flow")
             out = flow(config=str(args.config), seeds=args.seeds, overrides=overrides,
-                       tracking_uri=args.tracking_uri, executor="ray", workers=args.workers)
+                       tracking_uri=args.tracking_uri, executor="ray", workers=args.workers, resume=args.resume)
         except (TrackingError, FlowMissing) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
@@ -233,6 +233,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "Runs the Prefect compare flow (MLflow parent + child runs) unless --no-prefect.")
     c.add_argument("config", help="comparison YAML with base: and arms: (e.g. experiments/toy.yaml)")
     c.add_argument("--seeds", type=int, help="use seeds 0..N-1 (default: the file's seeds)")
+    c.add_argument("--resume", action="store_true",
+                   help="runs with checkpoints continue from them, finished ones are reused: a killed comparison "
+                   "goes on; more --seeds or a larger train.max_steps trains only what is new")
     c.add_argument("--workers", type=int, default=2, help="parallel training processes (default 2)")
     c.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a base config field")
     c.add_argument("--output-dir", help="root of run directories (default: runs/)")

@@ -65,11 +65,21 @@ class ArmSummary:
     """Mean over seeds of the final ``train/accuracy`` (training questions), where measured."""
 
 
-def run_one(cfg: ExperimentConfig, arm: str, metric: str = "val/accuracy") -> RunOutcome:
-    """Train one (arm, seed) in this process and reduce it to a :class:`RunOutcome`."""
+def continues(cfg: ExperimentConfig, resume: bool) -> bool:
+    """Whether a comparison's run of ``cfg`` continues from its own checkpoints: with ``resume``,
+    when its run directory has any (a finished run then ends at once with its record; a killed one
+    goes on); otherwise, or without checkpoints, it starts afresh."""
+    from exgrpo.runs import has_checkpoint
+
+    return resume and has_checkpoint(cfg.run_dir())
+
+
+def run_one(cfg: ExperimentConfig, arm: str, metric: str = "val/accuracy", resume: bool = False) -> RunOutcome:
+    """Train one (arm, seed) in this process and reduce it to a :class:`RunOutcome` (``resume``:
+    see :func:`continues`)."""
     from exgrpo.backends.base import train
 
-    result = train(cfg, progress=False)
+    result = train(cfg, progress=False, resume=continues(cfg, resume))
     evals = [h for h in result.history if metric in h]
     return RunOutcome(
         arm, cfg.seed, float(result.final_metrics[metric]),
@@ -78,16 +88,15 @@ def run_one(cfg: ExperimentConfig, arm: str, metric: str = "val/accuracy") -> Ru
     )
 
 
-Runner = Callable[[ExperimentConfig, str, str], RunOutcome]
-"""(config, arm, metric) -> RunOutcome: trains one (arm, seed); default :func:`run_one`. A runner
-given to :func:`run_local` with workers > 1 must be picklable (a module-level function or a
+Runner = Callable[..., RunOutcome]
+"""(config, arm, metric, resume=...) -> RunOutcome: trains one (arm, seed); default :func:`run_one`.
+A runner given to :func:`run_local` with workers > 1 must be picklable (a module-level function or a
 ``functools.partial`` of one), e.g. one that also logs to MLflow."""
 
 
 def _run_one_job(args: tuple) -> RunOutcome:
-    cfg, arm, metric, *rest = args
-    runner = rest[0] if rest and rest[0] is not None else run_one
-    return runner(cfg, arm, metric)
+    cfg, arm, metric, runner, resume = args
+    return (runner or run_one)(cfg, arm, metric, resume=resume)
 
 
 def jobs(cc: CompareConfig) -> list[tuple[ExperimentConfig, str]]:
@@ -96,11 +105,11 @@ def jobs(cc: CompareConfig) -> list[tuple[ExperimentConfig, str]]:
 
 
 def run_local(cc: CompareConfig, workers: int = 2, on_done: Callable[[RunOutcome], None] | None = None,
-              runner: Runner | None = None) -> list[RunOutcome]:
+              runner: Runner | None = None, resume: bool = False) -> list[RunOutcome]:
     """Run every (arm, seed) in ``workers`` spawned processes (1: in this process), each through
-    ``runner`` (default :func:`run_one`). Workers x ``train.threads`` never exceeds this process's
-    cores: fewer workers run, and a line says so."""
-    todo = [(cfg, arm, cc.metric, runner) for cfg, arm in jobs(cc)]
+    ``runner`` (default :func:`run_one`; ``resume``: see :func:`continues`). Workers x
+    ``train.threads`` never exceeds this process's cores: fewer workers run, and a line says so."""
+    todo = [(cfg, arm, cc.metric, runner, resume) for cfg, arm in jobs(cc)]
     threads = max((cfg.train.threads for cfg, *_ in todo), default=1)
     cores = len(os.sched_getaffinity(0))
     fit = max(1, cores // threads)

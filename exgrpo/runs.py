@@ -4,6 +4,7 @@
   ignoring :data:`SAFE_TO_CHANGE` (budget, evaluation cadence, where things are written, speed settings).
 * :func:`check_resume` turns a difference into a one-line error naming the fields (unless forced).
 * :func:`move_aside` moves an earlier run's directory out of a fresh run's way and says where.
+* :func:`has_checkpoint` says whether a run directory holds checkpoints to resume from.
 """
 
 from __future__ import annotations
@@ -65,6 +66,14 @@ def check_resume(saved: dict[str, Any] | str, current: dict[str, Any] | str, whe
     if diff and not force:
         raise ResumeMismatch(f"--resume: {where} was made with a different config: {'; '.join(diff)}. "
                              "Resume with the same settings, or pass --force-resume to continue anyway")
+
+
+def has_checkpoint(run_dir: Path) -> bool:
+    """True when ``run_dir/checkpoints`` holds anything (a native ``step_*.pt`` or a veRL
+    ``global_step_N``): ``resume`` then continues it; whether it is readable, and the run's own, the
+    backend checks when it loads it."""
+    ckpts = Path(run_dir) / "checkpoints"
+    return ckpts.is_dir() and any(ckpts.iterdir())
 
 
 def move_aside(run_dir: Path) -> Path | None:

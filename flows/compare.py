@@ -43,9 +43,12 @@ def compare_flow(
     executor: str = "ray",
     workers: int = 2,
     ray_address: str | None = None,
+    resume: bool = False,
 ) -> dict[str, Any]:
     """Train every arm of a comparison YAML over seeds (Ray tasks or a process pool), then log the
-    statistics on an MLflow parent run and publish the table as Prefect artifacts."""
+    statistics on an MLflow parent run and publish the table as Prefect artifacts. ``resume``: runs
+    with checkpoints continue from them (finished ones end at once), so a killed comparison goes on
+    and one with more seeds or steps trains only what is new."""
     from exgrpo.config import load_compare
     from exgrpo.tracking.compare import run_tracked_compare
 
@@ -53,8 +56,8 @@ def compare_flow(
     cc = load_compare(config, overrides or {})
     if seeds is not None:
         cc = cc.model_copy(update={"seeds": list(range(seeds))})
-    log.info("comparing %s over seeds %s (%d runs, executor=%s)", list(cc.arms), cc.seeds,
-             len(cc.arms) * len(cc.seeds), executor)
+    log.info("comparing %s over seeds %s (%d runs, executor=%s%s)", list(cc.arms), cc.seeds,
+             len(cc.arms) * len(cc.seeds), executor, ", resuming runs with checkpoints" if resume else "")
 
     total = len(cc.arms) * len(cc.seeds)
     progress = create_progress_artifact(0.0, key=_key(cc.name, "progress"),
@@ -87,7 +90,7 @@ def compare_flow(
 
     res = run_tracked_compare(cc, tracking_uri=tracking_uri, executor=executor, workers=workers,
                               ray_address=ray_address, on_done=done, on_parent=started, on_progress=stepped,
-                              on_failed=failed)
+                              on_failed=failed, resume=resume)
     links = "\n".join(f"- [{o.arm} seed {o.seed}]({res.child_url(o)}): {o.final:.4f}"
                       for o in sorted(res.outcomes, key=lambda o: (o.arm, o.seed)))
     key = _key(cc.name, "comparison")

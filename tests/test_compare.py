@@ -103,6 +103,27 @@ def test_compare_cli_local_processes(tmp_path):
     _check_outputs(out, tmp_path)
 
 
+def test_compare_cli_resume_trains_only_the_new_seeds(tmp_path):
+    """--resume on local processes: the seeds already run are reused as they are (their checkpoints
+    untouched), a new seed trains, and the table covers all of them."""
+    cfg = tmp_path / "cmp.yaml"
+    cfg.write_text(TINY_COMPARE)
+    base = [sys.executable, "-m", "exgrpo.cli", "compare", str(cfg), "--workers", "1",
+            "--output-dir", str(tmp_path / "runs"), "--no-progress", "--no-prefect"]
+    first = subprocess.run([*base, "--seeds", "1"], capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr[-3000:]
+    ckpts = sorted((tmp_path / "runs").glob("tiny-*/seed0/checkpoints/*.pt"))
+    stamps = {p: p.stat().st_mtime_ns for p in ckpts}
+    assert len(stamps) == 2
+    out = subprocess.run([*base, "--seeds", "2", "--resume"], capture_output=True, text=True)
+    _check_outputs(out, tmp_path)
+    assert {p: p.stat().st_mtime_ns for p in ckpts} == stamps
+    finals = lambda text: [line for line in text.splitlines() if "seed 0: final" in line]  # noqa: E731
+    said = lambda p: finals(p.stdout + p.stderr)  # noqa: E731  (the progress lines go to stderr)
+    assert len(said(first)) == 2 and said(out) == said(first)  # seed 0 reports what it ended with the first time
+    assert not list((tmp_path / "runs").glob("tiny-*/seed0.old-*"))  # nothing moved aside
+
+
 def test_compare_cli_runs_the_prefect_flow_into_mlflow(tmp_path):
     """The default path: Prefect's local API, runs as Ray tasks, a parent + 4 children in MLflow."""
     import mlflow

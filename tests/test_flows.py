@@ -106,6 +106,19 @@ def test_compare_flow_parent_and_children_in_mlflow(tmp_path):
     assert ev["val/accuracy"] == pytest.approx(child.data.metrics["val/accuracy"])
     assert client.get_metric_history(child.info.run_id, "eval/accuracy")[0].step == 8
 
+    # resumed with a third seed: the four finished runs are reused (not trained again), only seed 2 trains
+    ckpts = sorted((tmp_path / "runs").glob("flowcmp-*/seed*/checkpoints/*.pt"))
+    stamps = {p: p.stat().st_mtime_ns for p in ckpts}
+    again = compare_flow(config=str(cfg), tracking_uri=uri, executor="ray", seeds=3, resume=True)
+    assert "| exgrpo | 3 |" in again["table"] and "| grpo | 3 |" in again["table"]
+    assert {p: p.stat().st_mtime_ns for p in ckpts} == stamps
+    finals = {(o["arm"], o["seed"]): o["final"] for o in again["outcomes"]}
+    assert {k: v for k, v in finals.items() if k[1] < 2} == {(o["arm"], o["seed"]): o["final"] for o in out["outcomes"]}
+    resumed = client.get_run(again["parent_run_id"])
+    assert resumed.data.tags["resumed"] == "true" and resumed.info.status == "FINISHED"
+    reused = client.get_run(again["runs"]["grpo/seed0"])  # a new child run holding the whole reused run
+    assert sorted(m.step for m in client.get_metric_history(reused.info.run_id, "batch/solved")) == list(range(1, 9))
+
 
 def test_sweep_flow_runs_a_small_study(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"

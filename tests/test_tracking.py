@@ -181,6 +181,43 @@ def test_tracked_compare_on_a_process_pool(tmp_path):
     assert "| grpo | 1 |" in res.table
 
 
+def test_a_killed_comparison_resumes_its_runs_and_mlflow_gets_their_whole_history(tmp_path):
+    """compare --resume: a finished run is reused as it is, a killed one continues from its checkpoint
+    and ends as an uninterrupted run would; each new child run holds every step."""
+    from exgrpo.backends.native.trainer import Trainer
+    from exgrpo.config import load_compare
+    from exgrpo.tracking.compare import run_tracked_compare
+
+    def compare(root):
+        cc = load_compare("experiments/toy.yaml", {**TINY, "train.checkpoint_every": 2, "output_dir": str(root),
+                                                   "name": "rs"})
+        return cc.model_copy(update={"arms": {"grpo": cc.arms["grpo"], "exgrpo": cc.arms["exgrpo"]}, "seeds": [0]})
+
+    cc = compare(tmp_path / "runs")
+    Trainer(cc.arm_config("grpo", 0)).fit(progress=False)  # finished before the "kill"
+    Trainer(cc.arm_config("exgrpo", 0)).fit(progress=False, stop_after_step=4)  # killed after step 4
+    uninterrupted = Trainer(compare(tmp_path / "ref").arm_config("exgrpo", 0)).fit(progress=False)
+    grpo_ckpt = cc.arm_config("grpo", 0).run_dir() / "checkpoints" / "step_0000008.pt"
+    stamp = grpo_ckpt.stat().st_mtime_ns
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    res = run_tracked_compare(cc, tracking_uri=uri, executor="process", workers=1, resume=True)
+    by_arm = {o.arm: o for o in res.outcomes}
+    assert grpo_ckpt.stat().st_mtime_ns == stamp  # reused, not trained again
+    assert by_arm["exgrpo"].final == uninterrupted.final_metrics["val/accuracy"]
+    rows = [json.loads(x) for x in (cc.arm_config("exgrpo", 0).run_dir() / "metrics.jsonl").read_text().splitlines()]
+    drop_time = lambda rs: [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rs]  # noqa: E731
+    assert drop_time(rows) == drop_time(uninterrupted.history)
+    client = mlflow.MlflowClient(uri)
+    assert client.get_run(res.parent_run_id).data.tags["resumed"] == "true"
+    for o in res.outcomes:  # steps 1-4 (or all 8) from metrics.jsonl, the rest as they were trained
+        assert sorted(m.step for m in client.get_metric_history(o.run_id, "batch/solved")) == list(range(1, 9))
+        assert client.get_run(o.run_id).data.tags.get("checkpoint", "").endswith("step_0000008.pt")
+    # without --resume the same call starts afresh and moves the earlier runs aside
+    res = run_tracked_compare(cc, tracking_uri=uri, executor="process", workers=1)
+    assert len(list((tmp_path / "runs").glob("rs-grpo/seed0.old-*"))) == 1
+
+
 def test_log_every_steps_thins_mlflow_not_metrics_jsonl(tmp_path):
     """train.log_every_steps=3: MLflow gets steps 3, 6, ... and every evaluation step; metrics.jsonl
     keeps every step."""

@@ -14,23 +14,26 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
-from exgrpo.compare import ArmSummary, RunOutcome, outcome_extras, format_table, jobs, run_local, summarize
+from exgrpo.compare import ArmSummary, RunOutcome, continues, outcome_extras, format_table, jobs, run_local, summarize
 from exgrpo.config import CompareConfig, ExperimentConfig
 from exgrpo.tracking.mlflow_tracking import Tracker, curated_params, model_tag, run_url, tracked_train
 
 
 def tracked_run_one(cfg: ExperimentConfig, arm: str, metric: str = "val/accuracy", *, tracking_uri: str,
                     experiment: str, parent_run_id: str | None, study: str | None = None,
-                    progress_board: Any = None) -> RunOutcome:
+                    progress_board: Any = None, resume: bool = False) -> RunOutcome:
     """:func:`exgrpo.compare.run_one` with an MLflow child run (a ``compare.Runner``); with a
-    ``progress_board`` (a Ray actor, :mod:`exgrpo.live_progress`) the run reports its steps to it."""
+    ``progress_board`` (a Ray actor, :mod:`exgrpo.live_progress`) the run reports its steps to it.
+    ``resume`` (:func:`exgrpo.compare.continues`): a run with checkpoints continues from them, and its
+    new child run holds its whole history (the steps before the resume logged from metrics.jsonl)."""
     callbacks = []
     if progress_board is not None:
         from exgrpo.live_progress import ProgressReporter
 
         callbacks.append(ProgressReporter(progress_board, f"{arm} seed {cfg.seed}", cfg.train.max_steps))
     run = tracked_train(cfg, tracking_uri=tracking_uri, experiment=experiment, parent_run_id=parent_run_id,
-                        arm=arm, study=study, run_name=f"{arm}-seed{cfg.seed}", check=False, callbacks=callbacks)
+                        arm=arm, study=study, run_name=f"{arm}-seed{cfg.seed}", check=False, callbacks=callbacks,
+                        resume=continues(cfg, resume))
     evals = [h for h in run.result.history if metric in h]
     return RunOutcome(arm, cfg.seed, float(run.result.final_metrics[metric]),
                       [h["step"] for h in evals], [h[metric] for h in evals], run_id=run.run_id,
@@ -106,8 +109,11 @@ def run_tracked_compare(
     on_parent: Callable[[str, str], None] | None = None,
     on_progress: Callable[[float], None] | None = None,
     on_failed: Callable[[str, int, str], None] | None = None,
+    resume: bool = False,
 ) -> TrackedComparison:
     """Train every (arm, seed) as an MLflow child run, then log the statistics on the parent.
+    ``resume``: a run whose directory holds checkpoints continues from them (a finished one ends at
+    once), so a killed comparison goes on, and one with more seeds or steps trains only what is new.
 
     A failed child marks its run FAILED; the others finish, the statistics cover them, and the
     call then raises listing the failures (the parent run ends FAILED). ``on_parent(run_id, url)`` runs
@@ -121,6 +127,7 @@ def run_tracked_compare(
     parent = tracker.start_run(experiment, run_name or f"compare-{base.name}", {
         "kind": "compare", "arms": ",".join(cc.arms), "baseline": cc.baseline, "tier": str(base.tier.value),
         "task": str(getattr(base.task, "kind", "")), "model": model_tag(base), "metric": cc.metric,
+        "resumed": str(resume).lower(),
     })
     if on_parent is not None:
         on_parent(parent, run_url(exp_id, parent, tracker.uri))
@@ -151,7 +158,7 @@ def run_tracked_compare(
             remote = ray.remote(max_retries=0)(tracked_run_one)
             refs = {remote.options(num_cpus=task_cpus(cfg)).remote(
                         cfg, arm, cc.metric, tracking_uri=tracker.uri, experiment=experiment, parent_run_id=parent,
-                        progress_board=board): (arm, cfg.seed) for cfg, arm in todo}
+                        progress_board=board, resume=resume): (arm, cfg.seed) for cfg, arm in todo}
             with progress_display(board, len(todo)) as printer:
                 while refs:
                     ready, _ = ray.wait(list(refs), num_returns=1, timeout=1.0)
@@ -171,7 +178,7 @@ def run_tracked_compare(
                                 on_failed(arm, seed, error)
         elif executor == "process":
             sub = cc.model_copy(update={"base": {**cc.base, "output_dir": str(Path(base.output_dir).resolve())}})
-            for o in run_local(sub, workers=workers, runner=runner):
+            for o in run_local(sub, workers=workers, runner=runner, resume=resume):
                 done(o)
         else:
             raise ValueError(f"executor={executor!r}: use 'ray' or 'process'")

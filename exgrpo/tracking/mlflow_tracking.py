@@ -369,6 +369,18 @@ def backfill_steps(client: Any, run_id: str, history: list[dict[str, float]], lo
     return len(missing)
 
 
+def _log_steps_before_resume(logger: MLflowStepLogger, history: list[dict[str, float]], seen: set[int]) -> None:
+    """A resumed run's new MLflow run gets the steps trained before the resume too (from
+    metrics.jsonl, as ``history`` holds them), so it shows the whole run. ``logger.last_logged``
+    stays the last step's values (the final model's metrics)."""
+    before = [row for row in history if int(row["step"]) not in seen]
+    last = logger.last_logged
+    for row in before:
+        logger(int(row["step"]), row)
+    if seen:  # the last step was trained here; otherwise it is the last of ``before``
+        logger.last_logged = last
+
+
 def tracked_train(
     cfg: ExperimentConfig,
     *,
@@ -419,11 +431,18 @@ def tracked_train(
             monitor.start()
         logger = MLflowStepLogger(client, run_id, every=cfg.train.log_every_steps)
         live = get_backend(cfg.backend.name).reports_to_mlflow  # the job logs its steps by itself
+        seen: set[int] = set()  # steps this process's training handed to the logger
+
+        def saw(step: int, _row: dict[str, float]) -> None:
+            seen.add(int(step))
+
         try:
-            result = train(cfg, callbacks=list(callbacks) if live else [logger, *callbacks], resume=resume,
+            result = train(cfg, callbacks=list(callbacks) if live else [logger, saw, *callbacks], resume=resume,
                            progress=progress, mlflow_run=MLflowRun(tracker.uri, run_id) if live else None)
             if live:
                 backfill_steps(client, run_id, result.history, logger)
+            elif resume:
+                _log_steps_before_resume(logger, result.history, seen)
         finally:
             delivered = logger.flush(force=True)
         final = {f"final/{k}": v for k, v in result.final_metrics.items()

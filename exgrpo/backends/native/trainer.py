@@ -288,13 +288,14 @@ class Trainer:
             move_aside(run_dir)  # a fresh run never mixes with an earlier run's checkpoints
         run_dir.mkdir(parents=True, exist_ok=True)
         metrics_path = run_dir / "metrics.jsonl"
+        last_ckpt: Path | None = None  # the newest checkpoint of this run (a finished run resumed: the one it loaded)
         if resume:
             found = ckpt.load_latest_intact(run_dir, warn=_say)
             if found is None:
                 what = "readable checkpoint" if ckpt.checkpoints(run_dir) else "checkpoint"
                 raise FileNotFoundError(f"--resume: no {what} under {run_dir / 'checkpoints'}; run without --resume")
-            path, state = found
-            check_resume(state["config"], self.cfg.model_dump_json(), path, force=force_resume)
+            last_ckpt, state = found
+            check_resume(state["config"], self.cfg.model_dump_json(), last_ckpt, force=force_resume)
             self.load_state_dict(state)
             self.history = ckpt.read_metrics(metrics_path, up_to_step=self.step, warn=_say)
             ckpt.write_metrics(metrics_path, self.history)
@@ -306,7 +307,6 @@ class Trainer:
             if hasattr(cb, "on_start"):
                 cb.on_start(self.total_steps)
         every = self.cfg.train.checkpoint_every
-        last_ckpt: Path | None = None
         eval_every = self.cfg.train.eval_every_steps or self.cfg.train.eval_every_epochs * self.steps_per_epoch
         with StepProgress(self.total_steps, self.step, enabled=progress, title=self.cfg.name) as bar:
             if self.step == 0 and self.cfg.train.eval_before_train:
