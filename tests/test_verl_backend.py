@@ -464,6 +464,13 @@ def test_verl_exgrpo_killed_then_resumed_keeps_its_pool(tmp_path, cache):
     # the pool carried over: nothing retired before the kill is forgotten
     assert rows[resumed_step]["pool/retired"] >= len(killed_at["replay"]["pool"]["retired"])
 
+    # resumed again once it has ended (as `exgrpo compare --resume` does with finished runs): nothing
+    # trains; veRL's own loop would have trained a step 7 and saved global_step_7
+    _train(EXGRPO, out, cache, *extra, "--resume")
+    assert "exgrpo: the run already ended at step 6 of 6; nothing to train" in (run_dir / "verl.log").read_text()
+    assert sorted(p.name for p in ckpts.glob("global_step_*")) == ["global_step_4", "global_step_6"]
+    assert max(int(r["step"]) for r in _rows(run_dir)) == 6
+
 
 # ------------------------------------------------------------------------------------ Prefect -> Ray Job -> MLflow
 @pytest.mark.slow

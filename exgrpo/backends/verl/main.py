@@ -60,8 +60,13 @@ class ExGRPOTaskRunner:
         if live is not None:
             live.start()
         try:
-            trainer.init_workers()
-            trainer.fit()
+            ended = trainer.ended_at()
+            if ended is not None:  # a finished run resumed (e.g. by `exgrpo compare --resume`): nothing to train
+                print(f"exgrpo: the run already ended at step {ended} of {trainer.total_training_steps}; "
+                      "nothing to train", flush=True)
+            else:
+                trainer.init_workers()
+                trainer.fit()
         finally:
             if live is not None and not live.stop():
                 print("exgrpo live metrics: MLflow did not take every step; metrics.jsonl has them all "

@@ -318,6 +318,15 @@ class ExGRPORayTrainer(RayPPOTrainer):
         super()._save_checkpoint()
         prune(Path(self.config.trainer.default_local_dir), self.exgrpo.train.keep_last, self.global_steps)
 
+    def ended_at(self) -> int | None:
+        """The step a resumed run already ended at (its newest intact checkpoint at or past the last
+        step), else None. veRL's ``fit`` counts on from the checkpoint's step + 1 and checks the budget
+        after training a step, so it would train one step past the end of a finished run."""
+        if self.config.trainer.resume_mode != "auto":
+            return None
+        step = repair_tracker(Path(self.config.trainer.default_local_dir))
+        return step if step is not None and step >= self.total_training_steps else None
+
     def _load_checkpoint(self):
         if self.config.trainer.resume_mode == "auto":  # a torn newest step is skipped, with a note
             repair_tracker(Path(self.config.trainer.default_local_dir))
