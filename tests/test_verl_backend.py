@@ -551,10 +551,14 @@ def test_prefect_compare_flow_runs_grpo_and_exgrpo_on_verl_into_mlflow(tmp_path,
 
     ray.shutdown()  # the Ray tasks must inherit this test's environment (EXGRPO_CACHE)
     uri = f"sqlite:///{tmp_path}/mlflow.db"
+    overrides = {"output_dir": str(tmp_path / "runs"), "train.max_steps": 4, "train.eval_every_steps": 2,
+                 "train.checkpoint_every": 4}
     try:
-        out = compare_flow(config="experiments/verl-tiny.yaml", seeds=1, tracking_uri=uri,
-                           overrides={"output_dir": str(tmp_path / "runs"), "train.max_steps": 4,
-                                      "train.eval_every_steps": 2, "train.checkpoint_every": 4})
+        out = compare_flow(config="experiments/verl-tiny.yaml", seeds=1, tracking_uri=uri, overrides=overrides)
+        # resumed: both runs have ended, so neither trains again (no step 5), and each new child run
+        # gets the whole history from metrics.jsonl without a "did not arrive live" warning
+        again = compare_flow(config="experiments/verl-tiny.yaml", seeds=1, tracking_uri=uri, overrides=overrides,
+                             resume=True)
     finally:
         ray.shutdown()
     assert "| grpo | 1 |" in out["table"] and "| exgrpo | 1 |" in out["table"]
@@ -571,6 +575,14 @@ def test_prefect_compare_flow_runs_grpo_and_exgrpo_on_verl_into_mlflow(tmp_path,
     off = client.get_metric_history(runs["exgrpo"].info.run_id, "actor/off_token_fraction")
     assert max(m.value for m in replayed) > 0 and max(m.value for m in off) > 0
     assert max(m.value for m in client.get_metric_history(runs["grpo"].info.run_id, "replay/questions")) == 0
+
+    assert again["table"] == out["table"]
+    assert sorted(p.name for p in (tmp_path / "runs").glob("verl-tiny-*/seed0/checkpoints/global_step_*")) == [
+        "global_step_4", "global_step_4"]
+    for rid in again["runs"].values():
+        run = client.get_run(rid)
+        assert [m.step for m in client.get_metric_history(rid, "batch/solved")] == [1, 2, 3, 4]
+        assert "live_metrics" not in run.data.tags and run.data.tags["checkpoint"].endswith("global_step_4")
 
 
 @pytest.mark.slow

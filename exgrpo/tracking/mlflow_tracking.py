@@ -431,17 +431,18 @@ def tracked_train(
             monitor.start()
         logger = MLflowStepLogger(client, run_id, every=cfg.train.log_every_steps)
         live = get_backend(cfg.backend.name).reports_to_mlflow  # the job logs its steps by itself
-        seen: set[int] = set()  # steps this process's training handed to the logger
+        seen: set[int] = set()  # steps trained in this call (a resumed run's earlier steps are not)
 
         def saw(step: int, _row: dict[str, float]) -> None:
             seen.add(int(step))
 
         try:
-            result = train(cfg, callbacks=list(callbacks) if live else [logger, saw, *callbacks], resume=resume,
+            result = train(cfg, callbacks=[*callbacks, saw] if live else [logger, saw, *callbacks], resume=resume,
                            progress=progress, mlflow_run=MLflowRun(tracker.uri, run_id) if live else None)
-            if live:
-                backfill_steps(client, run_id, result.history, logger)
-            elif resume:
+            if live:  # the job logged its steps; those that did not arrive are logged now, loudly
+                trained = [r for r in result.history if not resume or int(r["step"]) in seen]
+                backfill_steps(client, run_id, trained, logger)
+            if resume:
                 _log_steps_before_resume(logger, result.history, seen)
         finally:
             delivered = logger.flush(force=True)
