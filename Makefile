@@ -12,7 +12,7 @@ export PREFECT_CLI_PROMPT := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 90
 export MLFLOW_SERVER_ENABLE_JOB_EXECUTION := false
 
-.PHONY: venv demo demo-toy test lint services bench ui clean
+.PHONY: venv demo demo-toy test lint services bench ui docs clean
 
 $(STAMP): requirements-cpu.txt pyproject.toml
 	python3 -m venv .venv
@@ -37,6 +37,9 @@ lint: $(STAMP)
 
 test: $(STAMP) lint services
 	$(PY) -m pytest -q
+
+docs: $(STAMP)   # the documentation site (mkdocs.yml, MkDocs Material) into site/; --strict fails on a broken link or a page left out of nav
+	$(PY) -m mkdocs build --strict
 
 ui: $(STAMP)   # Prefect :4200, MLflow :5000, optuna-dashboard :8080 on 127.0.0.1; Ctrl-C stops all
 	.venv/bin/exgrpo ui
