@@ -1,4 +1,4 @@
-"""The experience pool at scale: packed layout vs the layout before issue 14, one run.
+"""The experience pool at scale: packed layout vs the unpacked legacy layout, one run.
 
 Grows a synthetic pool (questions with 2 correct trajectories of ``--tokens`` tokens each, buckets
 1..7 of K = 8) to each size and prints, per layout: resident bytes per stored token (process RSS),
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 OLD_BYTES_PER_TOKEN = 81
-"""The old layout's resident cost (issue 14's measurement, confirmed by this bench at 10 k)."""
+"""The old layout's resident cost (measured, and confirmed by this bench at 10 k)."""
 
 
 def _rss() -> int:

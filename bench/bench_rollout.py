@@ -9,7 +9,7 @@ tokens, 1 thread (a sweep/compare worker's setting); SmolLM2-135M 16 rows (4 x 4
 ``generate``: ``static-kv`` (oneDNN-packed weights), ``unpacked`` (the same decoder on the model's
 own weights, ``policy.prepack_weights: false``), ``fused`` and ``fused-unp`` (``policy.decoder:
 fused``, the decode step of fewer kernels, packed and not) and ``hf`` (the engine's loop over the
-model's own forward, the decoder before stop 19). The goal is recorded for the variant the tier's
+model's own forward, the slowest decoder). The goal is recorded for the variant the tier's
 policy config defaults to.
 
 Before timing it checks what the speed must not cost: greedy tokens equal to HF ``generate``'s,

@@ -1,4 +1,4 @@
-"""The experience pool's layout before issue 14, kept only as the baseline of ``bench_pool.py``.
+"""The experience pool's unpacked layout (a Python tuple per trajectory), kept only as the baseline of ``bench_pool.py``.
 
 Same semantics as :class:`exgrpo.core.pool.ExperiencePool` for what the bench does (collect,
 dedup, bucket, retire), in the old representation: a ``Trajectory`` of Python tuples per stored

@@ -1,4 +1,4 @@
-"""Starting the embedded default's private local Ray, safely (issue 10, item 1).
+"""Starting the embedded default's private local Ray, safely.
 
 Ray 2.60's GCS, raylet and workers listen on every interface whatever ``node_ip_address`` says
 (measured with ``ss -ltnp``; README "Security and failure behaviour"), so the private Ray is

@@ -1,8 +1,26 @@
 import os
+from pathlib import Path
+
+import pytest
 
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+E2E_MODULES = {
+    "test_bench_scripts", "test_compare", "test_dashboards", "test_flows", "test_golden", "test_lm_tier",
+    "test_mlflow_outage", "test_prefect_server", "test_ray_local", "test_sweep", "test_team_mode",
+    "test_verl_backend", "test_vllm_rollout",
+}
+"""Modules whose tests run the product end to end (servers, Ray, veRL, vLLM, the CLI on real runs, the
+golden runs in fresh interpreters): marked ``e2e``. ``make test-fast`` runs the rest (``-m "not e2e and
+not slow"``): the core, config, rewards and unit tests."""
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if Path(str(item.fspath)).stem in E2E_MODULES:
+            item.add_marker(pytest.mark.e2e)
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -14,3 +32,11 @@ def pytest_sessionfinish(session, exitstatus):
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
         ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def exgrpo_cache(tmp_path_factory):
+    """One ``EXGRPO_CACHE`` for the pytest run: the tiny LM's SFT warm start, its veRL export and the
+    converted models are built once and shared. Each is a deterministic function of its config (the
+    cache key), so sharing changes no number."""
+    return tmp_path_factory.mktemp("exgrpo-cache")

@@ -1,8 +1,8 @@
-"""Golden runs: per-step metrics of fixed-seed runs, recorded before the replay-core refactor
-(issue 8) and compared bit for bit after it. ``python -m tests.golden --record`` rewrites them.
+"""Golden runs: per-step metrics of fixed-seed runs, recorded before the replay core was shared
+by the backends (pre-0.1.0) and compared bit for bit since. ``python -m tests.golden --record`` rewrites them.
 
 The tiny-lm runs grade with the lenient answer format, the rule they were recorded under (strict
-grading became the default later, issue 10): a behaviour change, not a refactor."""
+grading became the default before 0.1.0): a behaviour change, not a refactor."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ FIXTURES = Path(__file__).parent / "fixtures" / "golden_metrics.json"
 TOY = {
     "task.max_operand": 6, "policy.hidden": 32, "policy.layers": 2, "algorithm.group_size": 4,
     "train.batch_size": 16, "train.epochs": 4, "train.lr": 1e-2, "train.mini_batches": 2,
-    "train.fused_optimizer": False,  # recorded with the for-loop optimiser (the default before stop 20)
+    "train.fused_optimizer": False,  # recorded with the for-loop optimiser (pre-0.1.0 default; fused AdamW since 0.1.0)
 }
 EARLY = {"algorithm.replay_start_pass_rate": 0.0}
 NOTEBOOK = {"algorithm.notebook.warm": 1, "algorithm.notebook.peak": 2, "algorithm.notebook.per": 8,
@@ -25,10 +25,10 @@ TINY_LM = {
     "policy.model.intermediate_size": 128, "policy.max_new_tokens": 24, "task.n_train": 48, "task.n_val": 16,
     "train.batch_size": 8, "algorithm.group_size": 4, "train.max_steps": 4, "train.eval_every_steps": 2, "train.eval_before_train": True, "train.lr": 1e-4,
     "task.answer_format": "boxed_or_last_number",
-    # recorded before the static-KV decoder and the shared-prompt forward (stop 19) became the defaults
+    # recorded before the static-KV decoder and the shared-prompt forward became the defaults (pre-0.1.0)
     "policy.decoder": "hf", "policy.share_prompt_forward": False, "policy.prepack_weights": False,
-    "train.fused_optimizer": False,  # ... and the for-loop optimiser (stop 20)
-    "policy.unpadded_scoring": False,  # ... and the padded training forward (stop 22)
+    "train.fused_optimizer": False,  # ... and the for-loop optimiser
+    "policy.unpadded_scoring": False,  # ... and the padded training forward
 }
 RUNS = {
     "toy-grpo": ("experiments/toy-exgrpo.yaml", TOY, {"algorithm.replay": "none"}),
@@ -36,7 +36,7 @@ RUNS = {
     "toy-notebook": ("experiments/toy-exgrpo.yaml", TOY, {"algorithm.replay": "notebook", **NOTEBOOK}),
     "tiny-lm-grpo": ("experiments/tiny-lm.yaml", TINY_LM, {"algorithm.replay": "none"}),
     "tiny-lm-exgrpo": ("experiments/tiny-lm.yaml", TINY_LM, {"algorithm.replay": "buckets", **EARLY}),
-    # recorded at stop 19 with the defaults of the time
+    # recorded with the static-KV decoder, the pre-0.1.0 default (fused since 0.1.0)
     "tiny-lm-exgrpo-static-kv": (
         "experiments/tiny-lm.yaml", TINY_LM,
         {"algorithm.replay": "buckets", **EARLY, "policy.decoder": "static-kv", "policy.share_prompt_forward": True,

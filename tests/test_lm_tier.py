@@ -26,8 +26,8 @@ TINY = {
 
 
 @pytest.fixture(autouse=True)
-def _cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("EXGRPO_CACHE", str(tmp_path_factory.getbasetemp() / "exgrpo-cache"))
+def _cache(exgrpo_cache, monkeypatch):
+    monkeypatch.setenv("EXGRPO_CACHE", str(exgrpo_cache))
 
 
 def cfg(tmp_path, **extra):

@@ -127,7 +127,7 @@ def test_lowest_entropy_retention_keeps_the_lowest_in_collection_order():
 
 
 class _ReferencePool:
-    """The pool's semantics written the obvious O(pool) way (the layout before issue 14)."""
+    """The pool's semantics written the obvious O(pool) way (the unpacked layout of bench/legacy_pool.py)."""
 
     def __init__(self, group_size, max_per_question=None, max_questions=None):
         from collections import OrderedDict

@@ -248,7 +248,8 @@ def test_sweep_deployment_has_two_schedules_with_their_own_parameters(deployed):
     assert seen == want
 
 
-def test_a_train_verl_deployment_run_on_a_worker_is_evaluated_by_the_triggered_deployment(deployed, tmp_path):
+def test_a_train_verl_deployment_run_on_a_worker_is_evaluated_by_the_triggered_deployment(deployed, tmp_path,
+                                                                                          exgrpo_cache):
     """What a user does in the Prefect UI: run the train-verl deployment. A process worker runs the
     flow, which launches veRL's trainer as a Ray Job into MLflow; the run's completion triggers the
     evaluate deployment, whose run (on a worker too) scores the veRL checkpoint and logs eval/* on the
@@ -257,7 +258,7 @@ def test_a_train_verl_deployment_run_on_a_worker_is_evaluated_by_the_triggered_d
     srv = deployed
     queue = f"e2e-{uuid.uuid4().hex[:8]}"
     _cli(["work-queue", "create", queue, "--pool", "local-pool"], srv.env)
-    env = {**srv.env, "EXGRPO_CACHE": str(tmp_path / "cache")}  # the tiny LM's warm start, made on first use
+    env = {**srv.env, "EXGRPO_CACHE": str(exgrpo_cache)}  # the tiny LM's warm start, made once per pytest run
     dep = srv.get("/deployments/name/train/train-verl")
     ev = srv.get("/deployments/name/evaluate/evaluate")
     uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"

@@ -1,4 +1,4 @@
-"""Hardening (issue 10, item 1): the embedded default always starts its own local Ray."""
+"""The embedded default always starts its own local Ray."""
 
 import os
 import subprocess

@@ -42,7 +42,7 @@ def test_assemble_batch_layout_is_group_major_with_stored_row_first():
     assert [(g.qid, g.num_correct, len(g.correct)) for g in groups] == [(7, 2, 2), (9, 0, 0)]
     assert groups[0].correct[0].tokens == (5, 6, 7, 8) and groups[0].correct[0].step == 4
 
-    # fresh_solved counts the fresh questions' groups only (issue 11): the replayed group's new
+    # fresh_solved counts the fresh questions' groups only: the replayed group's new
     # rollouts (1 of 2 solved) have their own metric and do not inflate it
     m = batch_metrics(rewards, batch)
     assert m["batch/fresh_solved"] == 0.0 and m["batch/replayed_fresh_solved"] == 0.5

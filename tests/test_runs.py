@@ -1,4 +1,4 @@
-"""Hardening (issue 10, item 2): a run resumes only from its own checkpoints; a fresh run never
+"""A run resumes only from its own checkpoints; a fresh run never
 mixes with an earlier one."""
 
 import json

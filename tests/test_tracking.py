@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
 import time
 from pathlib import Path
 
@@ -13,6 +14,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 mlflow = pytest.importorskip("mlflow")
 
+import exgrpo  # noqa: E402
 from exgrpo.config import load_experiment  # noqa: E402
 from exgrpo.tracking import (  # noqa: E402
     Tracker,
@@ -105,6 +107,11 @@ def test_tracked_toy_run_reads_back(tmp_path):
     assert {tags[k] for k in ("algo", "arm", "tier", "task", "seed", "study")} == {
         "exgrpo", "exgrpo-early", "toy", "toy_arithmetic", "0", "s1"}
     assert tags["model"].startswith("mlp-")
+    # traceable to the code: the package version, and the commit of this checkout
+    assert tags["exgrpo_version"] == exgrpo.__version__
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    assert tags["git_commit"].removesuffix("-dirty") == head
+    assert client.get_run(parent).data.tags["exgrpo_version"] == exgrpo.__version__
     assert r.data.params["train.max_steps"] == "8" and r.data.params["algorithm.replay"] == "buckets"
 
     hist = client.get_metric_history(run.run_id, "batch/solved")

@@ -110,7 +110,7 @@ def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
         Trainer(small_cfg(tmp_path)).fit(progress=False, resume=True)
 
 
-# ------------------------------------------------------------------ torn files (issue 10, item 5)
+# ------------------------------------------------------------------ torn files
 def test_torn_newest_checkpoint_falls_back_to_the_newest_intact_one(tmp_path, capsys):
     """Before: a truncated newest checkpoint crashed --resume. Now resume says which file is torn,
     continues from the one before, and ends where the uninterrupted run ends."""

@@ -64,7 +64,7 @@ class Decoder(StrEnum):
 
     STATIC_KV = "static-kv"  # own loop: preallocated KV cache, finished rows drop out, inverse-CDF sampling
     FUSED = "fused"  # static-kv with a decode step of fewer kernels (weights rewritten once per rollout)
-    HF = "hf"  # the model's own forward with transformers' growing cache (any causal LM; before stop 19)
+    HF = "hf"  # the model's own forward with transformers' growing cache (any causal LM; the slowest, kept as a reference)
 
 
 class Shaping(StrEnum):

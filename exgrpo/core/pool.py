@@ -13,7 +13,7 @@ Beyond the reference (off by default): a cap per question (a retention policy ch
 trajectories stay: the newest, or the lowest-entropy ones) and a global cap on questions (least
 recently updated evicted).
 
-Scale (issue 14): trajectories are packed in a :class:`TrajectoryStore` (8 bytes per token); bucket
+Scale: trajectories are packed in a :class:`TrajectoryStore` (8 bytes per token); bucket
 membership, counts and the eviction order are maintained on every insert, retire and evict, so a
 step costs O(batch), not O(pool); a checkpoint is a dozen flat tensors.
 """

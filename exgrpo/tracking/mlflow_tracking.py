@@ -13,6 +13,7 @@ Team mode: ``MLFLOW_TRACKING_URI=postgresql://...`` (``scripts/setup-postgres.sh
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -136,6 +137,28 @@ def sanitize_metric_name(name: str) -> str:
     return "/".join(part.strip("_") or "_" for part in out.split("/"))
 
 
+@functools.cache
+def code_version_tags() -> dict[str, str]:
+    """``exgrpo_version`` and, in a git checkout of the project, ``git_commit`` (with ``-dirty`` when
+    tracked files differ from it): what traces a result to the code that produced it."""
+    import subprocess
+
+    from exgrpo import __version__
+
+    tags = {"exgrpo_version": __version__}
+    src = Path(__file__).resolve().parents[2]
+    if (src / ".git").exists():
+        try:
+            head = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                  timeout=10, check=True).stdout.strip()
+            dirty = subprocess.run(["git", "-C", str(src), "status", "--porcelain", "--untracked-files=no"],
+                                   capture_output=True, text=True, timeout=10).stdout.strip()
+            tags["git_commit"] = head + ("-dirty" if dirty else "")
+        except (OSError, subprocess.SubprocessError):  # no git binary, or not a checkout after all
+            pass
+    return tags
+
+
 def algo_tag(cfg: ExperimentConfig) -> str:
     """The replay strategy's label: ``grpo`` (no replay), ``exgrpo`` (bucketed pool), ``notebook``, ..."""
     from exgrpo.core.replay import REPLAY_STRATEGIES
@@ -221,8 +244,9 @@ class Tracker:
 
     def start_run(self, experiment: str, run_name: str | None = None, tags: Mapping[str, str] | None = None,
                   parent_run_id: str | None = None) -> str:
-        """Create a RUNNING run (a child of ``parent_run_id`` if given); returns its id."""
-        tags = dict(tags or {})
+        """Create a RUNNING run (a child of ``parent_run_id`` if given), tagged with the code's version
+        (:func:`code_version_tags`); returns its id."""
+        tags = {**code_version_tags(), **(tags or {})}
         if parent_run_id:
             tags["mlflow.parentRunId"] = parent_run_id
         run = self.client.create_run(self.experiment_id(experiment), run_name=run_name, tags=tags)
