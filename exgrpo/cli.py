@@ -133,6 +133,18 @@ def _cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from exgrpo.config.experiment import read_yaml
+    from exgrpo.doctor import run
+
+    if args.config and "arms" in read_yaml(args.config):
+        comparison = load_compare(args.config, parse_set(args.set))
+        cfg = comparison.arm_config(next(iter(comparison.arms)), comparison.seeds[0])
+    else:
+        cfg = load_experiment(args.config, parse_set(args.set))
+    return run(cfg, args.tracking_uri)
+
+
 def _cmd_sweep(args: argparse.Namespace) -> int:
 
     from exgrpo.sweep import load_sweep
@@ -208,7 +220,10 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from exgrpo import __version__
+
     p = argparse.ArgumentParser(prog="exgrpo", description="ExGRPO Lab: GRPO with experience replay.")
+    p.add_argument("--version", action="version", version=f"exgrpo {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     fmt = argparse.RawDescriptionHelpFormatter
 
@@ -315,6 +330,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("-n", "--limit", type=int, default=20, help="how many (default 20)")
     r.add_argument("--tracking-uri", help="MLflow store (default: MLFLOW_TRACKING_URI, else <project>/mlruns/mlflow.db)")
     r.set_defaults(fn=_cmd_runs)
+
+    h = sub.add_parser("doctor", help="check this machine before a long run: job environment, GPUs, Ray, MLflow",
+                       description="One line per finding (ok or PROBLEM) for the run CONFIG describes; exit 1 on a "
+                       "problem. Checks the training job's environment (backend.verl.python: veRL, torch, Ray, "
+                       "vLLM versions), CUDA GPUs where device=cuda, a configured Ray cluster, the MLflow store.")
+    h.add_argument("config", nargs="?", help="experiment or comparison YAML (a comparison: its first arm)")
+    h.add_argument("--set", action="append", metavar="FIELD=VALUE")
+    h.add_argument("--tracking-uri", help="MLflow store (default: MLFLOW_TRACKING_URI, else <project>/mlruns/mlflow.db)")
+    h.set_defaults(fn=_cmd_doctor)
 
     g = sub.add_parser("config", help="print every config field with its doc, or a resolved config")
     g.add_argument("config", nargs="?", help="experiment YAML to resolve")

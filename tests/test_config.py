@@ -85,6 +85,13 @@ def test_cli_rejects_bad_config_before_any_work(tmp_path):
     assert not any(tmp_path.iterdir())  # nothing was created
 
 
+def test_version_flag_prints_the_package_version():
+    import exgrpo
+
+    out = subprocess.run([sys.executable, "-m", "exgrpo.cli", "--version"], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == f"exgrpo {exgrpo.__version__}"
+
+
 def test_train_help_documents_every_field():
     out = subprocess.run([sys.executable, "-m", "exgrpo.cli", "train", "--help"], capture_output=True, text=True)
     assert out.returncode == 0

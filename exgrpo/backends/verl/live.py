@@ -25,6 +25,8 @@ from typing import Any
 RUN_ID_ENV = "MLFLOW_RUN_ID"
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
 FILE_LOGGER_ENV = "VERL_FILE_LOGGER_PATH"
+LOOPBACK_ENV = "EXGRPO_BIND_LOOPBACK"
+"""Set (to 1) for a run on a private local Ray: its rollout servers bind 127.0.0.1 (platform/patches.py)."""
 
 
 def verl_row(record: dict[str, Any]) -> tuple[int, dict[str, float]]:

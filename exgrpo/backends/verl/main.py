@@ -17,7 +17,8 @@ import ray
 from exgrpo.config import ExperimentConfig
 
 
-FORWARDED_ENV = ("VERL_PLATFORM", "VERL_ENGINE_DEVICE", "EXGRPO_SEED", "PYTHONPATH", "VERL_FILE_LOGGER_PATH")
+FORWARDED_ENV = ("VERL_PLATFORM", "VERL_ENGINE_DEVICE", "EXGRPO_SEED", "PYTHONPATH", "VERL_FILE_LOGGER_PATH",
+                 "EXGRPO_BIND_LOOPBACK", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND")
 """Variables passed on to veRL's Ray workers (with every ``MLFLOW_*``: the run and store to report to)."""
 
 

