@@ -308,8 +308,9 @@ def test_verl_grpo_end_to_end_through_the_cli(grpo_run):
     assert [r["step"] for r in rows if "batch/solved" in r] == [1, 2, 3, 4, 5, 6]
     assert all(r["replay/questions"] == 0 and r["actor/off_token_fraction"] == 0 for r in rows if "batch/solved" in r)
     assert [r["step"] for r in rows if "val/accuracy" in r] == [3, 6]
-    # weight sync: the hf rollout's log-probs equal the actor's recomputed ones after every update
-    assert max(r["training/rollout_probs_diff_mean"] for r in rows if "batch/solved" in r) < 0.01
+    # weight sync: the hf rollout's log-probs equal the fp32 actor's recomputed ones after every update
+    # (about 2.6e-7; 1.2e-3 with veRL's default bf16 compute, backend.verl.actor_dtype=bfloat16)
+    assert max(r["training/rollout_probs_diff_mean"] for r in rows if "batch/solved" in r) < 1e-5
 
 
 @pytest.mark.slow
