@@ -13,7 +13,6 @@ Team mode: ``MLFLOW_TRACKING_URI=postgresql://...`` (``scripts/setup-postgres.sh
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import os
@@ -29,6 +28,7 @@ from urllib.parse import urlparse
 
 from exgrpo.config import ExperimentConfig, flatten, mlflow_param_keys
 from exgrpo.sqlite_wal import ensure_wal, sqlite_file
+from exgrpo.tracking.code_version import code_version_tags
 from exgrpo.tracking.step_logger import MLflowStepLogger  # noqa: F401  (re-exported)
 
 
@@ -135,28 +135,6 @@ def sanitize_metric_name(name: str) -> str:
     out = _BAD.sub("_", name.replace("@", "_at_"))
     out = re.sub(r"_+", "_", out)
     return "/".join(part.strip("_") or "_" for part in out.split("/"))
-
-
-@functools.cache
-def code_version_tags() -> dict[str, str]:
-    """``exgrpo_version`` and, in a git checkout of the project, ``git_commit`` (with ``-dirty`` when
-    tracked files differ from it): what traces a result to the code that produced it."""
-    import subprocess
-
-    from exgrpo import __version__
-
-    tags = {"exgrpo_version": __version__}
-    src = Path(__file__).resolve().parents[2]
-    if (src / ".git").exists():
-        try:
-            head = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                  timeout=10, check=True).stdout.strip()
-            dirty = subprocess.run(["git", "-C", str(src), "status", "--porcelain", "--untracked-files=no"],
-                                   capture_output=True, text=True, timeout=10).stdout.strip()
-            tags["git_commit"] = head + ("-dirty" if dirty else "")
-        except (OSError, subprocess.SubprocessError):  # no git binary, or not a checkout after all
-            pass
-    return tags
 
 
 def algo_tag(cfg: ExperimentConfig) -> str:

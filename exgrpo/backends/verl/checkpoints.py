@@ -53,6 +53,14 @@ def read_tracker(ckpt_dir: Path) -> int | None:
         return None
 
 
+def newest_intact(ckpt_dir: Path) -> int | None:
+    """The newest intact step at or before the one the tracker names (any step if it is missing),
+    read only: what a resume would start from, or None."""
+    tracked = read_tracker(ckpt_dir)
+    whole = [n for n, path in step_dirs(ckpt_dir) if (tracked is None or n <= tracked) and why_torn(path) is None]
+    return whole[-1] if whole else None
+
+
 def repair_tracker(ckpt_dir: Path, say: Callable[[str], None] = print) -> int | None:
     """Point the tracker at the newest intact step at or before the one it names (any step if it is
     missing or torn); returns that step, or None when there is none (a fresh start)."""

@@ -103,14 +103,10 @@ def prepare(cfg: ExperimentConfig, resume: bool = False, progress: bool = False,
 def ended_at(run_dir: Path, max_steps: int | None) -> int | None:
     """The step a run already ended at: its newest intact checkpoint, if at or past ``max_steps``
     (a run bounded by epochs is left to the job, which knows its length)."""
-    from exgrpo.backends.verl.checkpoints import read_tracker, step_dirs, why_torn
+    from exgrpo.backends.verl.checkpoints import newest_intact
 
-    if not max_steps:
-        return None
-    ckpts = run_dir / "checkpoints"
-    tracked = read_tracker(ckpts)
-    whole = [n for n, path in step_dirs(ckpts) if (tracked is None or n <= tracked) and why_torn(path) is None]
-    return whole[-1] if whole and whole[-1] >= max_steps else None
+    step = newest_intact(run_dir / "checkpoints") if max_steps else None
+    return step if step is not None and step >= max_steps else None
 
 
 def job_python(v: VerlSettings) -> str:
