@@ -282,6 +282,17 @@ def test_vllm_on_cpu_composes_without_sleep_mode_with_an_fp32_actor_and_a_short_
     assert compose(hydra_overrides(gpu, gpu_paths)).actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype == "bf16"
 
 
+def test_a_missing_job_environment_is_one_line_before_any_work(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "exgrpo.cli", "train", GRPO, "--output-dir", str(tmp_path),
+                          "--set", "backend.verl.python=.venv-job-elsewhere/bin/python"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr[-2000:]
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith("error: backend.verl.python=.venv-job-elsewhere/bin/python: no interpreter at ")
+    assert "make job-env" in line
+    assert not any(tmp_path.iterdir())  # nothing was created
+
+
 def test_bad_verl_config_fails_before_any_work():
     with pytest.raises(ConfigError, match="rollout=hf runs on device=cpu only"):
         load_experiment(EXGRPO, {"backend.verl.device": "cuda"})
