@@ -293,6 +293,17 @@ def test_a_missing_job_environment_is_one_line_before_any_work(tmp_path):
     assert not any(tmp_path.iterdir())  # nothing was created
 
 
+def test_a_job_that_goes_silent_is_stopped_after_the_stall_bound(tmp_path):
+    """run_local on a real child that prints once and then hangs: stopped once it has been silent
+    for stall_seconds, and the run fails with one line naming the setting (a hang is bounded)."""
+    from exgrpo.backends.verl.runner import PreparedRun, VerlRunError, run_local
+
+    hang = [sys.executable, "-c", "import time; print('RuntimeError: rollout server gone', flush=True); time.sleep(600)"]
+    with pytest.raises(VerlRunError, match=r"stalled: no output for 2 s \(backend.verl.stall_timeout_s\)") as err:
+        run_local(PreparedRun(tmp_path, hang, {}), progress=False, stall_seconds=2)
+    assert "RuntimeError: rollout server gone" in str(err.value).splitlines()[0]
+
+
 def test_bad_verl_config_fails_before_any_work():
     with pytest.raises(ConfigError, match="rollout=hf runs on device=cpu only"):
         load_experiment(EXGRPO, {"backend.verl.device": "cuda"})
