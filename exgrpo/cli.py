@@ -39,6 +39,10 @@ def _load_flow(module: str, name: str):
         ) from e
 
 
+RAY_ADDRESS_HELP = ("Ray cluster to run on, e.g. 10.0.0.5:6379 (default: RAY_ADDRESS, else a private local Ray); "
+                    "needs RAY_AUTH_TOKEN for a token-auth cluster and an MLflow server every node reaches")
+
+
 class FlowMissing(RuntimeError):
     """A Prefect flow of the ``flows`` package cannot be imported."""
 
@@ -52,12 +56,32 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.output_dir is not None:
         overrides["output_dir"] = args.output_dir
     cfg = load_experiment(args.config, overrides)  # fails here, before any work, on bad input
-    from exgrpo.backends.base import train
+    from exgrpo.cluster import cluster_address, on_cluster, require_shared_stores
 
-    result = train(cfg, resume=args.resume or args.force_resume, progress=not args.no_progress,
-                   force_resume=args.force_resume)
+    address = cluster_address(args.ray_address)
+    if address is not None and args.no_tracking:
+        raise ConfigError("--no-tracking with --ray-address: a run on a cluster is recorded in MLflow; "
+                          "drop --no-tracking and pass --tracking-uri of a server every node reaches")
+    cfg = on_cluster(cfg, address)
+    require_shared_stores(address, args.tracking_uri)
+    resume = args.resume or args.force_resume
+    if args.no_tracking:
+        from exgrpo.backends.base import train
+
+        result = train(cfg, resume=resume, progress=not args.no_progress, force_resume=args.force_resume)
+        record = {}
+    else:
+        from exgrpo.cluster import train_on_cluster
+        from exgrpo.tracking import tracked_train
+
+        kwargs = {"tracking_uri": args.tracking_uri, "resume": resume, "force_resume": args.force_resume}
+        if address is not None and cfg.backend.name == "native":  # the run itself goes to the cluster
+            run = train_on_cluster(cfg, address, **kwargs)
+        else:
+            run = tracked_train(cfg, progress=not args.no_progress, **kwargs)
+        result, record = run.result, {"mlflow_run_id": run.run_id, "mlflow_url": run.url}
     final = {k: v for k, v in result.final_metrics.items() if k.startswith(("val/", "train/accuracy", "pool/", "batch/solved"))}
-    print(json.dumps({"run_dir": str(result.run_dir), "checkpoint": str(result.checkpoint), **final}, indent=2))
+    print(json.dumps({"run_dir": str(result.run_dir), "checkpoint": str(result.checkpoint), **record, **final}, indent=2))
     return 0
 
 
@@ -68,10 +92,12 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     cc = load_compare(args.config, overrides)  # fails here, before any work, on bad input
     if args.seeds is not None:
         cc = cc.model_copy(update={"seeds": list(range(args.seeds))})
+    from exgrpo.cluster import cluster_address, require_shared_stores
     from exgrpo.compare import RunOutcome, format_table, jobs, run_local, summarize
     from exgrpo.report import comparison_figure
     from exgrpo.tracking import TrackingError
 
+    require_shared_stores(cluster_address(args.ray_address), args.tracking_uri)  # before Prefect starts
     if args.no_prefect:
         from rich.progress import Progress
 
@@ -84,12 +110,15 @@ def _cmd_compare(args: argparse.Namespace) -> int:
                 bar.console.print(f"  {o.arm:>12s} seed {o.seed}: final {cc.metric} = {o.final:.4f}")
                 bar.advance(task)
 
+            if cluster_address(args.ray_address) is not None:
+                raise ConfigError("--ray-address (or RAY_ADDRESS) runs on Ray, --no-prefect in local processes: drop one")
             outcomes = run_local(cc, workers=args.workers, on_done=done, resume=args.resume)
     else:
         try:
             flow = _load_flow("compare", "compare_flow")
             out = flow(config=str(args.config), seeds=args.seeds, overrides=overrides,
-                       tracking_uri=args.tracking_uri, executor="ray", workers=args.workers, resume=args.resume)
+                       tracking_uri=args.tracking_uri, executor="ray", workers=args.workers, resume=args.resume,
+                       ray_address=args.ray_address)
         except (TrackingError, FlowMissing) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
@@ -154,6 +183,11 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     if args.study_name:
         overrides["study.name"] = args.study_name
     sc = load_sweep(args.config, overrides)  # fails here, before any work, on a bad space
+    from exgrpo.cluster import cluster_address, require_shared_stores
+    from exgrpo.sweep.space import resolve_storage
+
+    require_shared_stores(cluster_address(args.ray_address), args.tracking_uri,
+                          resolve_storage(args.storage or sc.study.storage))
     try:
         if args.no_prefect:
             from exgrpo.sweep import run_sweep
@@ -240,6 +274,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--max-steps", type=int, help="stop after this many steps (same as --set train.max_steps=N)")
     t.add_argument("--output-dir", help="root of run directories (default: runs/)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.add_argument("--tracking-uri", help="MLflow store (default: MLFLOW_TRACKING_URI, else <project>/mlruns/mlflow.db)")
+    t.add_argument("--no-tracking", action="store_true", help="record nothing in MLflow (metrics.jsonl only)")
+    t.add_argument("--ray-address", help=RAY_ADDRESS_HELP)
     t.set_defaults(fn=_cmd_train)
 
     c = sub.add_parser("compare", help="compare algorithms (arms) over seeds",
@@ -258,6 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--report", help="comparison figure path (default OUTPUT_DIR/NAME/comparison.png)")
     c.add_argument("--no-progress", action="store_true", help="no progress bar")
     c.add_argument("--tracking-uri", help="MLflow store (default: MLFLOW_TRACKING_URI, else <project>/mlruns/mlflow.db)")
+    c.add_argument("--ray-address", help=RAY_ADDRESS_HELP)
     c.add_argument("--no-prefect", action="store_true",
                    help="run in local processes without Prefect and MLflow (default: the Prefect compare flow on "
                         "its local API, runs as Ray tasks, recorded in MLflow)")
@@ -274,7 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override the sweep file: study.*, budget_steps, base.<config field>, space.<field>.<attr>")
     w.add_argument("--storage", help="Optuna storage URL (default: the file's, else sqlite:///<project>/studies/optuna.db)")
     w.add_argument("--tracking-uri", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, else <project>/mlruns/mlflow.db)")
-    w.add_argument("--ray-address", help="Ray cluster address (default: a local Ray with 2 CPUs)")
+    w.add_argument("--ray-address", help=RAY_ADDRESS_HELP)
     w.add_argument("--no-prefect", action="store_true", help="run the study directly, without a Prefect flow run")
     w.set_defaults(fn=_cmd_sweep)
 
@@ -360,11 +398,12 @@ _WRITE_ERRORS = {
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from exgrpo.cluster import ClusterError
     from exgrpo.runs import ResumeMismatch
 
     try:
         return args.fn(args)
-    except (ConfigError, ResumeMismatch) as e:
+    except (ConfigError, ResumeMismatch, ClusterError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except OSError as e:

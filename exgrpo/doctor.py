@@ -9,7 +9,6 @@ GPUs where ``device: cuda``; a configured Ray cluster's resources; and the MLflo
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -87,28 +86,28 @@ def job_environment(cfg: ExperimentConfig) -> list[Finding]:
 
 
 def ray_cluster(cfg: ExperimentConfig) -> list[Finding]:
-    """A configured cluster's resources (the private local Ray is started per run)."""
-    address = cfg.backend.verl.ray_address or os.environ.get("RAY_ADDRESS")
-    if not address or address == "local":
+    """A configured cluster's resources against what the veRL job asks for (the private local Ray is
+    started per run)."""
+    from exgrpo.backends.verl import resources
+    from exgrpo.cluster import ClusterError, alive_nodes, cluster_address, describe, join_failure
+
+    address = cluster_address(cfg.backend.verl.ray_address)
+    if address is None:
         return [Finding(True, "Ray: a private local Ray is started for each run (127.0.0.1, token auth)")]
     import ray
 
     try:
         ray.init(address=address, logging_level="ERROR", log_to_driver=False)
-        res = ray.cluster_resources()
-        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        where, nodes = describe(address), alive_nodes()
     except Exception as e:  # noqa: BLE001
-        return [Finding(False, f"Ray at {address}: {type(e).__name__}: {str(e).splitlines()[0]} "
-                               "(a token-auth cluster needs RAY_AUTH_TOKEN in the environment)")]
+        return [Finding(False, join_failure(address, e))]
     finally:
         ray.shutdown()
-    found = [Finding(True, f"Ray at {address}: {len(nodes)} node(s), {res.get('CPU', 0):g} CPU, "
-                           f"{res.get('GPU', 0):g} GPU")]
-    need = cfg.backend.verl.workers_per_node * cfg.backend.verl.nnodes
-    if cfg.backend.name == "verl" and res.get("GPU", 0) < need:
-        found.append(Finding(False, f"Ray at {address}: {res.get('GPU', 0):g} GPU, the run needs {need} "
-                                    "(on CPU nodes: `ray start --num-gpus=N` gives logical GPUs)"))
-    return found
+    try:
+        resources.check(cfg.backend.verl, nodes, address)
+    except ClusterError as e:
+        return [Finding(True, where), Finding(False, str(e))]
+    return [Finding(True, f"{where}; it can hold the veRL job")]
 
 
 def mlflow_store(tracking_uri: str | None = None) -> list[Finding]:

@@ -5,15 +5,18 @@ Ray 2.60's GCS, raylet and workers listen on every interface whatever ``node_ip_
 protected by Ray's **token authentication**: a random token per process, in ``RAY_AUTH_TOKEN``,
 with ``RAY_AUTH_MODE=token``. Every process Ray starts inherits both; a client that does not hold
 the token (another user, another host) is refused by the GCS and the job server. The dashboard
-and job server bind to 127.0.0.1.
+and job server bind to 127.0.0.1. Its Prometheus metrics export is off (:data:`LOCAL_SYSTEM_CONFIG`):
+it would serve, on every interface and without a token, the session name, driver PIDs, node address
+and task and actor names.
 
-A configured cluster (``ray_address``) is joined as it is: its operator secures it (README,
-team mode). :func:`ensure_ray` is the one entry point of sweeps and comparisons; :func:`task_cpus`
+A configured cluster (``ray_address``) is joined as it is (:mod:`exgrpo.cluster`): its operator
+secures it. :func:`ensure_ray` is the one entry point of sweeps and comparisons; :func:`task_cpus`
 is what each of their runs asks Ray for.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import secrets
 import sys
@@ -23,6 +26,9 @@ from typing import Any
 
 AUTH_MODE_VAR = "RAY_AUTH_MODE"
 TOKEN_VAR = "RAY_AUTH_TOKEN"
+
+LOCAL_SYSTEM_CONFIG = {"enable_metrics_collection": False}
+"""Ray system config of every private local Ray: no metrics agent exporting on every interface."""
 
 
 def enable_token_auth() -> dict[str, str]:
@@ -54,6 +60,26 @@ def local_temp_dir() -> str:
     return tempfile.mkdtemp(prefix="exgrpo-ray-", dir=str(Path(tmp).resolve()) if tmp else None)
 
 
+def agent_port_any() -> None:
+    """Give a local Ray's dashboard agent any free port (idempotent). ``ray.init`` always asks for
+    port 52365, so a second private Ray on the host (a Prefect worker's job server beside a sweep's
+    Ray) got an agent without its HTTP server, and every Ray Job submitted to it failed with "No
+    available agent to submit job". Ray's agent supports port 0 (``dashboard/agent.py``)."""
+    from ray._private import parameter
+
+    init = parameter.RayParams.__init__
+    if getattr(init, "__exgrpo_patched__", False):
+        return
+
+    @functools.wraps(init)
+    def any_agent_port(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("dashboard_agent_listen_port", 0)
+        init(self, *args, **kwargs)
+
+    any_agent_port.__exgrpo_patched__ = True  # type: ignore[attr-defined]
+    parameter.RayParams.__init__ = any_agent_port
+
+
 def init_local_ray(num_cpus: int, **kwargs: Any):
     """``ray.init`` of a private local Ray (``address="local"``, its own temp dir, token auth).
 
@@ -62,33 +88,39 @@ def init_local_ray(num_cpus: int, **kwargs: Any):
     import ray
 
     env = enable_token_auth()
+    agent_port_any()
     runtime_env = dict(kwargs.pop("runtime_env", None) or {})
     runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **env}
-    return ray.init(address="local", num_cpus=num_cpus, _temp_dir=local_temp_dir(), runtime_env=runtime_env, **kwargs)
+    return ray.init(address="local", num_cpus=num_cpus, _temp_dir=local_temp_dir(), runtime_env=runtime_env,
+                    _system_config=LOCAL_SYSTEM_CONFIG, **kwargs)
 
 
 def ensure_ray(address: str | None = None, num_cpus: int = 2) -> None:
-    """``ray.init`` once per process: a cluster only when ``address`` is given; otherwise always a
-    private local Ray with token authentication (:func:`init_local_ray`)."""
+    """``ray.init`` once per process: the cluster of ``address`` (else ``RAY_ADDRESS``) with the code
+    shipped (:func:`exgrpo.cluster.join`); otherwise a private local Ray with token authentication
+    (:func:`init_local_ray`)."""
     import ray
+
+    from exgrpo.cluster import cluster_address, join
 
     if ray.is_initialized():
         return
-    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True,
-                              "runtime_env": {"env_vars": {"OMP_NUM_THREADS": "1"}}}
+    address = cluster_address(address)
+    runtime_env = {"env_vars": {"OMP_NUM_THREADS": "1"}}
     if address:
-        ray.init(address=address, **kwargs)
+        join(address, log_to_driver=True, runtime_env=runtime_env)
     else:
-        init_local_ray(num_cpus, **kwargs)
+        init_local_ray(num_cpus, include_dashboard=False, log_to_driver=True, runtime_env=runtime_env)
 
 
 def task_cpus(cfg: Any) -> int:
     """CPUs the Ray task of a run of ``cfg`` (a sweep trial, a compare run) asks for: a native run's
     torch threads (``train.threads``), so Ray never runs more of them at once than the cluster has
     cores for (2 runs x 2 threads on 2 cores ran each far below its speed alone), capped by the
-    cluster's CPUs; a veRL run 1 (its job's actors ask for their own)."""
-    import ray
+    largest node's CPUs (a task no node can hold would wait forever); a veRL run 1 (its job's actors
+    ask for their own)."""
+    from exgrpo.cluster import largest_node_cpus
 
     if cfg.backend.name != "native":
         return 1
-    return max(1, min(int(cfg.train.threads), int(ray.cluster_resources().get("CPU", 1))))
+    return max(1, min(int(cfg.train.threads), largest_node_cpus()))

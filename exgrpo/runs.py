@@ -88,3 +88,16 @@ def move_aside(run_dir: Path) -> Path | None:
     run_dir.rename(target)
     print(f"note: {run_dir} held an earlier run; moved it to {target} (use --resume to continue a run)")
     return target
+
+
+def resumed_line(step: int, replay_stats: dict[str, float], where: Path | str) -> str:
+    """What a resumed run tells the user, on either backend: the step and the pool it continues with."""
+    if "pool/questions" in replay_stats:
+        pool = (f"the replay pool restored with {int(replay_stats['pool/questions'])} questions "
+                f"({int(replay_stats.get('pool/trajectories', 0))} trajectories, "
+                f"{int(replay_stats.get('pool/retired', 0))} retired)")
+    elif "notebook/buffer_size" in replay_stats or any(k.startswith("notebook/") for k in replay_stats):
+        pool = "the notebook variant's replay buffer restored"
+    else:
+        pool = "no replay pool (on-policy)"
+    return f"resumed at step {step} from {where}: {pool}"

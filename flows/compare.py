@@ -11,6 +11,9 @@ import time
 from typing import Any
 
 from prefect import flow, get_run_logger, task
+
+from flows import failed as failed_run
+from flows import user_errors
 from prefect.cache_policies import NO_CACHE
 from prefect.artifacts import (
     create_link_artifact,
@@ -88,9 +91,12 @@ def compare_flow(
             update_progress_artifact(progress, shown["percent"],
                                      description=f"{len(finished)} of {total} runs finished; steps {shown['percent']:.0f}% done")
 
-    res = run_tracked_compare(cc, tracking_uri=tracking_uri, executor=executor, workers=workers,
-                              ray_address=ray_address, on_done=done, on_parent=started, on_progress=stepped,
-                              on_failed=failed, resume=resume)
+    try:
+        res = run_tracked_compare(cc, tracking_uri=tracking_uri, executor=executor, workers=workers,
+                                  ray_address=ray_address, on_done=done, on_parent=started, on_progress=stepped,
+                                  on_failed=failed, resume=resume)
+    except user_errors() as e:
+        return failed_run(e)
     links = "\n".join(f"- [{o.arm} seed {o.seed}]({res.child_url(o)}): {o.final:.4f}"
                       for o in sorted(res.outcomes, key=lambda o: (o.arm, o.seed)))
     key = _key(cc.name, "comparison")

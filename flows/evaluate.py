@@ -20,26 +20,6 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 
-def evaluate_as_in_training(checkpoint: str) -> tuple[Any, dict[str, float]]:
-    """(config, metrics): the checkpoint's policy (a native step_*.pt or a veRL global_step_N/) on a
-    native trainer built from the run's config, evaluated as the run evaluates (``Trainer.evaluate``:
-    greedy val and train-probe accuracy; ``exgrpo eval`` scores benchmarks with sampling settings)."""
-    from exgrpo.backends.native.trainer import Trainer
-    from exgrpo.evaluation.runner import load_checkpoint_policy
-
-    loaded = load_checkpoint_policy(checkpoint)
-    trainer = Trainer(loaded.config, loaded.task, loaded.policy)
-    trainer.step = loaded.step
-    return loaded.config, {**trainer.evaluate(), "step": float(trainer.step)}
-
-
-def eval_names(metrics: dict[str, float]) -> dict[str, float]:
-    """The evaluation's metrics under ``eval/``: ``val/accuracy`` -> ``eval/accuracy``,
-    ``train/accuracy`` -> ``eval/train_accuracy``."""
-    return {f"eval/{k.split('/', 1)[-1]}" if k.startswith("val/") else f"eval/{k.replace('/', '_')}": v
-            for k, v in metrics.items()}
-
-
 def find_train_run(train_flow_run: str, tracking_uri: str | None) -> tuple[str, str, str | None]:
     """(checkpoint, MLflow run id, tracking URI) of the run a train flow run created; ``train_flow_run``
     is the flow run's id or its event resource id (``prefect.flow-run.<id>``)."""
@@ -82,9 +62,11 @@ async def evaluate_flow(checkpoint: str | None = None, run_id: str | None = None
         from exgrpo.tracking.registry import resolve_checkpoint
 
         checkpoint = str(resolve_checkpoint(checkpoint, tracking_uri))
+    from exgrpo.evaluation.runner import eval_names, evaluate_as_in_training, load_checkpoint_policy
+
     tracker = Tracker(tracking_uri)
-    cfg, metrics = evaluate_as_in_training(checkpoint)
-    step = int(metrics.pop("step"))
+    loaded = load_checkpoint_policy(checkpoint)
+    cfg, step, metrics = loaded.config, loaded.step, evaluate_as_in_training(loaded)
     if run_id is None:
         run_id = tracker.start_run(cfg.name, f"eval-seed{cfg.seed}-step{step}",
                                    run_tags(cfg, extra={"kind": "evaluate", "checkpoint": checkpoint}))

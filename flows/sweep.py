@@ -9,6 +9,8 @@ import re
 from typing import Any
 
 from prefect import flow, get_run_logger
+
+from flows import failed, user_errors
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
 
 
@@ -39,8 +41,11 @@ def sweep_flow(
     def on_trial(o):
         log.info("trial %d %s value=%s %s", o["number"], o["state"], o.get("value"), o.get("error") or "")
 
-    res = run_sweep(sc, storage=storage, tracking_uri=tracking_uri, ray_address=ray_address, n_trials=n_trials,
-                    on_trial=on_trial)
+    try:
+        res = run_sweep(sc, storage=storage, tracking_uri=tracking_uri, ray_address=ray_address, n_trials=n_trials,
+                        on_trial=on_trial)
+    except user_errors() as e:
+        return failed(e)
     url = run_url(res.experiment_id, res.parent_run_id, res.tracking_uri)
     best = "\n".join(f"- `{k}` = {v}" for k, v in res.best_params.items()) or "- (no completed trial yet)"
     create_markdown_artifact(

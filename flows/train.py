@@ -18,6 +18,8 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import acreate_link_artifact
 
+from flows import failed, user_errors
+
 
 @flow(name="train", log_prints=True)
 async def train_flow(
@@ -26,8 +28,12 @@ async def train_flow(
     seed: int | None = None,
     tracking_uri: str | None = None,
     resume: bool = False,
+    ray_address: str | None = None,
 ) -> dict[str, Any]:
-    """One tracked training run: MLflow run with tags, params, per-step metrics and the checkpoint."""
+    """One tracked training run: MLflow run with tags, params, per-step metrics and the checkpoint.
+    ``ray_address`` (else ``RAY_ADDRESS``): the Ray cluster the run (a veRL job, or a native run as a
+    Ray task) goes to."""
+    from exgrpo.cluster import cluster_address, on_cluster, require_shared_stores, train_on_cluster
     from exgrpo.config import load_experiment
     from exgrpo.tracking import tracked_train
 
@@ -42,7 +48,17 @@ async def train_flow(
 
     # the tag lets the evaluate deployment (triggered by this flow run's completion) find the run
     tags = {"prefect_flow_run_id": str(flow_run.id)} if flow_run.id else None
-    run = tracked_train(cfg, tracking_uri=tracking_uri, resume=resume, progress=cfg.backend.name == "verl", tags=tags)
+    address = cluster_address(ray_address)
+    cfg = on_cluster(cfg, address)
+    try:
+        require_shared_stores(address, tracking_uri)
+        if address is not None and cfg.backend.name == "native":
+            run = train_on_cluster(cfg, address, tracking_uri=tracking_uri, resume=resume, tags=tags)
+        else:
+            run = tracked_train(cfg, tracking_uri=tracking_uri, resume=resume, progress=cfg.backend.name == "verl",
+                                tags=tags)
+    except user_errors() as e:
+        return failed(e)
     final = {k: v for k, v in run.result.final_metrics.items() if k.startswith(("val/", "batch/solved"))}
     get_run_logger().info("%s seed %d: %s (mlflow run %s)", cfg.name, cfg.seed, final, run.run_id)
     await acreate_link_artifact(run.url, link_text=f"MLflow: {cfg.name} seed {cfg.seed}")

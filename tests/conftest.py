@@ -9,12 +9,21 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 E2E_MODULES = {
     "test_bench_scripts", "test_compare", "test_dashboards", "test_flows", "test_golden", "test_lm_tier",
-    "test_mlflow_outage", "test_prefect_server", "test_ray_local", "test_sweep", "test_team_mode",
+    "test_mlflow_outage", "test_prefect_server", "test_ray_cluster", "test_ray_local", "test_sweep", "test_team_mode",
     "test_verl_backend", "test_vllm_rollout",
 }
 """Modules whose tests run the product end to end (servers, Ray, veRL, vLLM, the CLI on real runs, the
 golden runs in fresh interpreters): marked ``e2e``. ``make test-fast`` runs the rest (``-m "not e2e and
 not slow"``): the core, config, rewards and unit tests."""
+
+
+def pytest_configure(config):
+    """Runs that track by default (``exgrpo train``, ``compare``) record into a store of this pytest
+    run, never into the checkout's ``mlruns/`` (a test that needs the default unsets the variable)."""
+    import tempfile
+
+    if "MLFLOW_TRACKING_URI" not in os.environ:
+        os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{tempfile.mkdtemp(prefix='exgrpo-test-mlflow-')}/mlflow.db"
 
 
 def pytest_collection_modifyitems(config, items):

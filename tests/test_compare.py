@@ -89,7 +89,7 @@ def _check_outputs(out, tmp_path):
     assert (tmp_path / "runs" / "tiny" / "comparison.png").stat().st_size > 10_000
     for arm in ("grpo", "exgrpo"):
         for seed in (0, 1):
-            assert (tmp_path / "runs" / f"tiny-{arm}" / f"seed{seed}" / "metrics.jsonl").exists()
+            assert (tmp_path / "runs" / "tiny" / f"tiny-{arm}" / f"seed{seed}" / "metrics.jsonl").exists()
 
 
 def test_compare_cli_local_processes(tmp_path):
@@ -112,7 +112,7 @@ def test_compare_cli_resume_trains_only_the_new_seeds(tmp_path):
             "--output-dir", str(tmp_path / "runs"), "--no-progress", "--no-prefect"]
     first = subprocess.run([*base, "--seeds", "1"], capture_output=True, text=True)
     assert first.returncode == 0, first.stderr[-3000:]
-    ckpts = sorted((tmp_path / "runs").glob("tiny-*/seed0/checkpoints/*.pt"))
+    ckpts = sorted((tmp_path / "runs").glob("tiny/tiny-*/seed0/checkpoints/*.pt"))
     stamps = {p: p.stat().st_mtime_ns for p in ckpts}
     assert len(stamps) == 2
     out = subprocess.run([*base, "--seeds", "2", "--resume"], capture_output=True, text=True)
@@ -121,7 +121,32 @@ def test_compare_cli_resume_trains_only_the_new_seeds(tmp_path):
     finals = lambda text: [line for line in text.splitlines() if "seed 0: final" in line]  # noqa: E731
     said = lambda p: finals(p.stdout + p.stderr)  # noqa: E731  (the progress lines go to stderr)
     assert len(said(first)) == 2 and said(out) == said(first)  # seed 0 reports what it ended with the first time
-    assert not list((tmp_path / "runs").glob("tiny-*/seed0.old-*"))  # nothing moved aside
+    assert not list((tmp_path / "runs").glob("**/seed0.old-*"))  # nothing moved aside
+
+
+def test_a_comparison_and_a_single_run_of_the_same_name_never_move_each_other(tmp_path):
+    """A comparison's runs live under its own directory (runs/<comparison>/<comparison>-<arm>/seed<k>):
+    a single run named like an arm keeps its directory, and the comparison keeps its own."""
+    cfg = tmp_path / "cmp.yaml"
+    cfg.write_text(TINY_COMPARE)
+    runs = tmp_path / "runs"
+    single = subprocess.run([sys.executable, "-m", "exgrpo.cli", "train", "experiments/toy-exgrpo.yaml", "--no-progress",
+                             "--no-tracking", "--output-dir", str(runs), "--set", "name=tiny-exgrpo", "--max-steps", "2",
+                             "--set", "task.max_operand=4", "--set", "policy.hidden=16", "--set", "train.batch_size=8"],
+                            capture_output=True, text=True)
+    assert single.returncode == 0, single.stderr[-3000:]
+    single_ckpt = next((runs / "tiny-exgrpo" / "seed0" / "checkpoints").glob("*.pt"))
+    stamp = single_ckpt.stat().st_mtime_ns
+    cmp = [sys.executable, "-m", "exgrpo.cli", "compare", str(cfg), "--seeds", "1", "--workers", "1",
+           "--output-dir", str(runs), "--no-progress", "--no-prefect"]
+    for _ in range(2):  # and a second comparison into the same directory moves only its own runs aside
+        out = subprocess.run(cmp, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr[-3000:]
+    assert single_ckpt.stat().st_mtime_ns == stamp and not list(runs.glob("tiny-exgrpo/seed0.old-*"))
+    assert sorted(p.relative_to(runs).as_posix() for p in runs.glob("tiny/*/seed0")) == [
+        "tiny/tiny-exgrpo/seed0", "tiny/tiny-grpo/seed0"]
+    assert len(list(runs.glob("tiny/tiny-*/seed0.old-*"))) == 2
+    assert (runs / "tiny" / "comparison.png").is_file()
 
 
 def test_compare_cli_runs_the_prefect_flow_into_mlflow(tmp_path):

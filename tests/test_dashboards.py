@@ -160,7 +160,8 @@ def check_comparison_dom(dom: Dom, cmp, rendered: bool) -> None:
             assert t.startswith(f"{diff.mean:+.4f} [{diff.low:+.4f}, {diff.high:+.4f}]")
             assert float(a["data-value"]) == pytest.approx(diff.mean, rel=1e-12, abs=1e-12)
         reach = exp["reach"]
-        assert dom.cell(arm=arm, col="steps_to_target")[1] == ("never" if reach is None else str(int(reach)))
+        shown = "— (baseline)" if arm == cmp.baseline else "never" if reach is None else str(int(reach))
+        assert dom.cell(arm=arm, col="steps_to_target")[1] == shown  # as the CLI's table says
         assert dom.cell(arm=arm, col="parent_check")[1] == "✓ matches"
         for o in (o for o in cmp.outcomes if o.arm == arm):
             a, t = dom.cell(arm=arm, seed=o.seed, col="seed_final")
@@ -370,3 +371,18 @@ def test_cli_serves_until_interrupted(chromium, lab, tmp_path):
         proc.send_signal(signal.SIGINT)
         rc = proc.wait(timeout=30)
     assert rc == 0 and "stopped." in proc.stdout.read()
+
+
+def test_bands_stay_inside_what_the_metric_can_take():
+    """Two seeds give a Student-t band many times wider than [0, 1]: drawn clipped to the metric's
+    possible range (pass rates to [0, 1], pool counts to >= 0); an unbounded metric keeps it whole."""
+    from exgrpo.dashboard.comparison import band, metric_range
+
+    series = [{1: 0.0, 2: 1.0}, {1: 1.0, 2: 1.0}]
+    _, mean, lo, hi, n = band(series, "batch/solved")
+    assert mean[0] == 0.5 and (lo[0], hi[0]) == (0.0, 1.0) and n[0] == 2
+    _, _, lo, hi, _ = band(series, "actor/pg_loss")
+    assert lo[0] < -5 and hi[0] > 6
+    _, _, lo, _, _ = band([{1: 0.0}, {1: 3.0}], "pool/retired")
+    assert lo[0] == 0.0
+    assert metric_range("val/accuracy") == metric_range("eval/train_accuracy") == (0.0, 1.0)

@@ -82,7 +82,7 @@ def test_read_only_run_dir_is_one_line(tmp_path):
     immutable = subprocess.run(["chattr", "+i", str(ro)], capture_output=True).returncode == 0
     target = ro if immutable else Path("/sys/exgrpo-read-only-test")
     try:
-        out = _run_cli(["train", "experiments/toy-exgrpo.yaml", "--output-dir", str(target), *TOY])
+        out = _run_cli(["train", "experiments/toy-exgrpo.yaml", "--output-dir", str(target), "--no-tracking", *TOY])
     finally:
         if immutable:
             subprocess.run(["chattr", "-i", str(ro)], check=True)
@@ -99,7 +99,8 @@ def test_full_disk_is_one_line_and_leaves_no_tmp(tmp_path):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails instead of the process dying
         resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
 
-    out = _run_cli(["train", "experiments/toy-exgrpo.yaml", "--output-dir", str(tmp_path), *TOY], preexec=small_files)
+    out = _run_cli(["train", "experiments/toy-exgrpo.yaml", "--output-dir", str(tmp_path), "--no-tracking", *TOY],
+                   preexec=small_files)  # the run directory's writes (MLflow's store is elsewhere)
     err = out.stderr.strip().splitlines()
     assert out.returncode == 2, out.stderr[-2000:]
     assert len(err) == 1 and "error: cannot write" in err[0] and "--output-dir" in err[0], err

@@ -90,3 +90,54 @@ def test_disabled_ray_auth_is_refused_with_a_one_line_error(monkeypatch):
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     with pytest.raises(RuntimeError, match="RAY_AUTH_MODE=disabled .* unset it"):
         enable_token_auth()
+
+
+def test_the_private_local_ray_exports_no_prometheus_metrics():
+    """Ray's metrics agent would serve, on every interface and without a token, the session name,
+    driver PIDs, the node address and task names; the private local Ray runs without it (the same Ray
+    started without LOCAL_SYSTEM_CONFIG serves /metrics on its metrics export port)."""
+    code = (
+        "import ray, requests\n"
+        "from exgrpo.raylocal import ensure_ray\n"
+        "ensure_ray()\n"
+        "ray.get(ray.remote(lambda: 1).remote())\n"
+        "port = ray._private.worker.global_worker.node.metrics_export_port\n"
+        "try:\n"
+        "    served = requests.get(f'http://127.0.0.1:{port}/metrics', timeout=3).ok if port > 0 else False\n"
+        "except requests.RequestException:\n"
+        "    served = False\n"
+        "print('SERVED' if served else 'NOT SERVED', port)\n"
+        "ray.shutdown()\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[:2] == ["NOT", "SERVED"], out.stdout
+
+
+def test_a_job_server_beside_another_private_ray_accepts_jobs():
+    """Two private Rays on one host (a sweep's, and a Prefect worker's job server for a veRL Ray Job):
+    both agents asked for port 52365, the second's HTTP server failed, and every job submitted to it
+    was refused with "No available agent to submit job" (seen with agent_port_any removed)."""
+    other = subprocess.Popen([sys.executable, "-c", "import sys\nfrom exgrpo.raylocal import ensure_ray\n"
+                              "ensure_ray()\nprint('UP', flush=True)\nsys.stdin.read()\n"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline().strip() == "UP"
+        code = ("import time\nfrom ray.job_submission import JobSubmissionClient\n"
+                "from exgrpo.backends.verl.jobs import local_job_server\n"
+                "client = JobSubmissionClient(local_job_server())\n"
+                "deadline = time.monotonic() + 40\n"
+                "while True:\n"
+                "    try:\n"
+                "        print('SUBMITTED', client.submit_job(entrypoint='echo hi'))\n"
+                "        break\n"
+                "    except RuntimeError as e:\n"
+                "        if time.monotonic() > deadline:\n"
+                "            print('REFUSED', str(e)[:120])\n"
+                "            break\n"
+                "        time.sleep(2)\n")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+        assert out.stdout.split()[:1] == ["SUBMITTED"], out.stdout + out.stderr[-2000:]
+    finally:
+        other.stdin.close()
+        other.wait(timeout=60)

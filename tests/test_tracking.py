@@ -222,7 +222,7 @@ def test_a_killed_comparison_resumes_its_runs_and_mlflow_gets_their_whole_histor
         assert client.get_run(o.run_id).data.tags.get("checkpoint", "").endswith("step_0000008.pt")
     # without --resume the same call starts afresh and moves the earlier runs aside
     res = run_tracked_compare(cc, tracking_uri=uri, executor="process", workers=1)
-    assert len(list((tmp_path / "runs").glob("rs-grpo/seed0.old-*"))) == 1
+    assert len(list((tmp_path / "runs").glob("rs/rs-grpo/seed0.old-*"))) == 1
 
 
 def test_log_every_steps_thins_mlflow_not_metrics_jsonl(tmp_path):

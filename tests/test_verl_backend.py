@@ -44,14 +44,14 @@ def _train(config, out, cache, *extra, check=True):
     return res
 
 
-def _train_in_a_terminal(config, out, cache, timeout=900):
+def _train_in_a_terminal(config, out, cache, *extra, timeout=900):
     """The CLI as a person runs it: in a pseudo-terminal, with its progress display; -> what the
     terminal showed (the run must succeed)."""
     import pty
     import select
 
     master, child_side = pty.openpty()
-    cmd = [sys.executable, "-m", "exgrpo.cli", "train", config, "--output-dir", str(out)]
+    cmd = [sys.executable, "-m", "exgrpo.cli", "train", config, "--output-dir", str(out), *extra]
     proc = subprocess.Popen(cmd, stdin=child_side, stdout=child_side, stderr=child_side,
                             env={**_env(cache), "COLUMNS": "120"}, start_new_session=True)
     os.close(child_side)
@@ -348,6 +348,61 @@ def test_a_verl_run_in_a_terminal_shows_a_step_bar_and_keeps_verls_output_in_its
     assert "step:1 - " in (grpo_run / "verl.log").read_text()
 
 
+def _record(run):
+    """What an MLflow run holds, by kind: artifact folders, a logged model, dataset contexts, eval/* keys."""
+    import mlflow
+
+    client = mlflow.MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    return {
+        "status": run.info.status,
+        "artifacts": sorted(a.path for a in client.list_artifacts(run.info.run_id)),
+        "checkpoint_files": [Path(a.path).suffix for a in client.list_artifacts(run.info.run_id, "checkpoints")],
+        "models": len(run.outputs.model_outputs) if run.outputs else 0,
+        "datasets": sorted(d.tags[0].value for d in run.inputs.dataset_inputs),
+        "eval": sorted(k for k in run.data.metrics if k.startswith("eval/")),
+    }
+
+
+def _run_of(run_dir):
+    import mlflow
+
+    client = mlflow.MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    exps = [e.experiment_id for e in client.search_experiments()]
+    (run,) = [r for r in client.search_runs(exps) if r.data.tags.get("checkpoint", "").startswith(str(run_dir))]
+    return run
+
+
+@pytest.mark.slow
+def test_exgrpo_train_records_the_same_things_in_mlflow_on_both_backends(cache, tmp_path):
+    """`exgrpo train` tracks to MLflow on either backend, and a veRL run's record has every kind a
+    native run's has: metrics and config artifacts, the final policy as a checkpoint file (merged from
+    veRL's shards) and as an MLflow model, the questions as dataset inputs, eval/* scores. The veRL run
+    is piped, as in a log: its console is a line per step and the job's own lines, under 100 lines
+    for 6 steps (veRL's own output stays in verl.log)."""
+    from exgrpo.evaluation.runner import evaluate_as_in_training
+
+    piped = subprocess.run([sys.executable, "-m", "exgrpo.cli", "train", GRPO, "--output-dir", str(tmp_path / "verl")],
+                           capture_output=True, text=True, env=_env(cache), timeout=900)
+    assert piped.returncode == 0, piped.stdout[-3000:] + piped.stderr[-3000:]
+    console = (piped.stdout + piped.stderr).splitlines()
+    grpo_run = tmp_path / "verl" / "verl-tiny-grpo" / "seed0"
+    assert len(console) < 100, "\n".join(console)
+    assert [line for line in console if line.startswith("step ")][-1].startswith("step 6/6  batch pass@1 ")
+    assert "step:6 - " in (grpo_run / "verl.log").read_text()  # veRL's own output, kept whole in its log
+    _train(GRPO, tmp_path, cache, "--set", "backend.name=native", "--max-steps", "2")
+    native = _run_of(tmp_path / "verl-tiny-grpo" / "seed0")
+    verl = _run_of(grpo_run)
+    assert _record(verl) == _record(native)
+    assert _record(verl) == {"status": "FINISHED", "artifacts": ["checkpoints", "config", "metrics"],
+                             "checkpoint_files": [".pt"], "models": 1, "datasets": ["eval", "training"],
+                             "eval": ["eval/accuracy", "eval/train_accuracy"]}
+    # the veRL run's checkpoint tag names veRL's own directory; its policy file evaluates to its eval/*
+    assert verl.data.tags["checkpoint"] == str(grpo_run / "checkpoints" / "global_step_6")
+    merged = grpo_run / "checkpoints" / "verl_global_step_6.pt"
+    scores = evaluate_as_in_training(merged)
+    assert verl.data.metrics["eval/accuracy"] == pytest.approx(scores["val/accuracy"])
+
+
 @pytest.mark.slow
 def test_a_verl_checkpoint_evaluates_as_the_run_validated_it_and_registers_as_a_champion(grpo_run, cache, tmp_path,
                                                                                           monkeypatch):
@@ -360,7 +415,7 @@ def test_a_verl_checkpoint_evaluates_as_the_run_validated_it_and_registers_as_a_
     from exgrpo.backends.verl.actor_weights import policy_state
     from exgrpo.evaluation.runner import load_checkpoint_policy
     from exgrpo.tracking.registry import register_champion, resolve_checkpoint
-    from flows.evaluate import evaluate_as_in_training
+    from exgrpo.evaluation.runner import evaluate_as_in_training
 
     monkeypatch.setenv("EXGRPO_CACHE", str(cache))
     validated = {int(r["step"]): r["val/accuracy"] for r in _rows(grpo_run) if "val/accuracy" in r}
@@ -372,8 +427,9 @@ def test_a_verl_checkpoint_evaluates_as_the_run_validated_it_and_registers_as_a_
     for step, acc in validated.items():
         loaded = load_checkpoint_policy(steps[step]).policy.state_dict()
         assert loaded.keys() == weights[step].keys() and all(torch.equal(loaded[k], weights[step][k]) for k in loaded)
-        cfg, scores[step] = evaluate_as_in_training(str(steps[step]))
-        assert cfg.backend.name == "verl" and scores[step]["step"] == step
+        restored = load_checkpoint_policy(steps[step])
+        assert restored.config.backend.name == "verl" and restored.step == step
+        scores[step] = evaluate_as_in_training(str(steps[step]))
         assert scores[step]["val/accuracy"] == pytest.approx(acc, abs=ONE_VAL_QUESTION)
     value, problems = _cli_val_score(str(steps[6]), cache)
     assert problems == 64
@@ -386,7 +442,7 @@ def test_a_verl_checkpoint_evaluates_as_the_run_validated_it_and_registers_as_a_
     assert registered.name == "verl_global_step_6.pt" and version == "1"
     loaded = load_checkpoint_policy(registered).policy.state_dict()
     assert all(torch.equal(loaded[k], weights[6][k]) for k in weights[6])
-    assert evaluate_as_in_training(str(registered))[1] == scores[6]
+    assert evaluate_as_in_training(str(registered)) == scores[6]
 
 
 @pytest.mark.slow
@@ -480,7 +536,7 @@ def killed_exgrpo_run(tmp_path_factory, cache):
     tracker.write_text(str(saved + 1))
     # it resumes only with its own config (checked before anything starts)
     refused = _train(EXGRPO, out, cache, *KILL_RUN, "--resume", "--set=train.lr=0.1", check=False)
-    resumed = _train(EXGRPO, out, cache, *KILL_RUN, "--resume")
+    resumed = _train_in_a_terminal(EXGRPO, out, cache, *KILL_RUN, "--resume")  # as a person resumes it
     return {"out": out, "run_dir": run_dir, "saved": saved, "killed_at": killed_at, "refused": refused,
             "resumed": resumed}
 
@@ -495,7 +551,9 @@ def test_verl_exgrpo_killed_then_resumed_keeps_its_pool(killed_exgrpo_run, cache
     assert run["refused"].returncode == 2 and "train.lr (1e-05 -> 0.1)" in run["refused"].stderr
     log = (run_dir / "verl.log").read_text()
     assert f"global_step_{saved + 1} is torn (no actor weights)" in log
-    assert f"exgrpo: restored the replay state of step {saved}" in log
+    assert f"exgrpo: resumed at step {saved} from " in log and " questions (" in log
+    shown = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", run["resumed"])  # the terminal says it too, above the bar
+    assert f"exgrpo: resumed at step {saved} from " in shown, shown[-2000:]
     assert sorted(p.name for p in ckpts.glob("global_step_*")) == ["global_step_4", "global_step_6"]
     rows = {int(r["step"]): r for r in _rows(run_dir) if "batch/solved" in r}
     assert max(rows) == 6
@@ -690,3 +748,12 @@ def test_verl_callbacks_see_each_step_while_the_job_runs_and_a_pruning_callback_
         time.sleep(1)
     left = ray_processes()
     assert not left, f"the stopped job's Ray processes are still running:\n{left}"
+
+
+def test_the_jobs_own_lines_are_found_under_rays_actor_prefix():
+    from exgrpo.backends.verl.runner import own_line
+
+    assert own_line("\x1b[36m(ExGRPOTaskRunner pid=17254)\x1b[0m exgrpo: resumed at step 4 from /r: x\n") == \
+        "exgrpo: resumed at step 4 from /r: x"
+    assert own_line("exgrpo: veRL job on Ray cluster at h:1: 2 nodes") == "exgrpo: veRL job on Ray cluster at h:1: 2 nodes"
+    assert own_line("(TaskRunner pid=1) step:1 - exgrpo: is not at the start") is None

@@ -42,8 +42,8 @@ class VerlSettings(_Strict):
     gpu_memory_utilization: float = Field(0.6, gt=0.0, le=1.0)
     """vLLM's KV-cache share of GPU memory (vllm only)."""
     ray_address: str | None = Field(None, json_schema_extra=RESUME_SAFE)
-    """Ray cluster to run on (e.g. ray://head:10001); None: a private local Ray per run (token auth; its
-    dashboard and the rollout servers on 127.0.0.1, its other ports on every interface)."""
+    """Ray cluster the job runs on (head:6379); None: the command's --ray-address or RAY_ADDRESS, else a private
+    local Ray per run (token auth; its dashboard and rollout servers on 127.0.0.1, other ports on every interface)."""
     num_cpus: int | None = Field(None, ge=1, json_schema_extra=RESUME_SAFE)
     """Logical CPUs of the local Ray (None: enough for the workers; the CPU box has 2 real cores)."""
     launch: Literal["process", "ray_job"] = Field("process", json_schema_extra=RESUME_SAFE)

@@ -221,13 +221,20 @@ class CompareConfig(_Strict):
 
     def base_config(self) -> ExperimentConfig:
         """What every arm shares (tier, task, policy, train, output_dir), as the baseline arm's config
-        under the comparison's name."""
-        return self.arm_config(self.baseline, self.seeds[0]).model_copy(update={"name": self.name})
+        under the comparison's name (``output_dir / name`` is the comparison's directory)."""
+        return self.arm_config(self.baseline, self.seeds[0]).model_copy(
+            update={"name": self.name, "output_dir": self._output_root()})
+
+    def _output_root(self) -> Path:
+        return Path(str(self.base.get("output_dir", ExperimentConfig.model_fields["output_dir"].default)))
 
     def arm_config(self, arm: str, seed: int) -> ExperimentConfig:
         """The validated config of one (arm, seed): the base, without the algorithm fields that the
-        arm's algorithm does not have, plus the arm's overrides."""
-        overrides = {**self.arms[arm], "seed": seed, "name": f"{self.name}-{arm}"}
+        arm's algorithm does not have, plus the arm's overrides. Its runs live in the comparison's
+        directory, ``<output_dir>/<comparison>/<comparison>-<arm>/seed<k>``: never in the directory of a
+        single run or of another comparison."""
+        overrides = {"output_dir": str(self._output_root() / self.name), **self.arms[arm], "seed": seed,
+                     "name": f"{self.name}-{arm}"}
         data = apply_overrides(self.base, overrides)
         algo = data.get("algorithm")
         if isinstance(algo, dict):

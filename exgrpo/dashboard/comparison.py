@@ -109,9 +109,25 @@ def load_comparison(client: Any, tracking_uri: str, parent: Any) -> ComparisonDa
 
 
 # ------------------------------------------------------------------------------------ curves
-def band(series: list[dict[int, float]]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+RATE_SUFFIXES = ("accuracy", "solved", "pass_rate", "fraction", "ratio")
+"""Metric names ending so are shares in [0, 1]; ``pool/*`` are counts, at least 0."""
+
+
+def metric_range(key: str) -> tuple[float, float]:
+    """The values metric ``key`` can take: [0, 1] for accuracies and rates, [0, inf) for the pool's
+    counts, else unbounded."""
+    if key.rsplit("/", 1)[-1].endswith(RATE_SUFFIXES):
+        return 0.0, 1.0
+    if key.startswith("pool/"):
+        return 0.0, float("inf")
+    return float("-inf"), float("inf")
+
+
+def band(series: list[dict[int, float]], key: str = "") -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                                               np.ndarray]:
     """steps, mean, 95% CI low/high, n seeds: at the steps every seed has (aligned on the step), or,
-    if they share none, at every step with the seeds that have it."""
+    if they share none, at every step with the seeds that have it. The Student-t interval is clipped
+    to what metric ``key`` can take (:func:`metric_range`): with 2 or 3 seeds it reaches far outside."""
     series = [s for s in series if s]
     if not series:
         e = np.array([])
@@ -127,7 +143,9 @@ def band(series: list[dict[int, float]]) -> tuple[np.ndarray, np.ndarray, np.nda
         lo.append(est.low)
         hi.append(est.high)
         n.append(est.n)
-    return np.array(steps), np.array(mean), np.array(lo), np.array(hi), np.array(n)
+    low, high = metric_range(key)
+    return (np.array(steps), np.array(mean), np.clip(np.array(lo, dtype=float), low, high),
+            np.clip(np.array(hi, dtype=float), low, high), np.array(n))
 
 
 def _color(data: ComparisonData, arm: str) -> str:
@@ -146,7 +164,7 @@ def curves_figure(data: ComparisonData) -> str:
             runs = [c for c in data.runs_of(arm) if key in c.curves]
             if not runs:
                 continue
-            steps, mean, lo, hi, _ = band([c.curves[key] for c in runs])
+            steps, mean, lo, hi, _ = band([c.curves[key] for c in runs], key)
             color = _color(data, arm)
             ax.plot(steps, mean, color=color, label=f"{arm} (n={len(runs)})", marker="o" if len(steps) < 30 else None,
                     markersize=3)
@@ -156,7 +174,8 @@ def curves_figure(data: ComparisonData) -> str:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
     return H.figure_html(fig, "fig-curves", f"Learning curves: {data.metric} per arm, mean over seeds with a 95% "
-                         "Student-t band, aligned on the training step.", alt=f"learning curves of {data.metric}")
+                         "Student-t band clipped to the metric's possible range (accuracies and pass rates to [0, 1]), "
+                         "aligned on the training step.", alt=f"learning curves of {data.metric}")
 
 
 def pool_figure(data: ComparisonData) -> tuple[str, list[str]]:
@@ -173,7 +192,7 @@ def pool_figure(data: ComparisonData) -> tuple[str, list[str]]:
         if bkeys:
             import matplotlib
 
-            per_bucket = [band([c.curves.get(k, {}) for c in runs]) for k in bkeys]
+            per_bucket = [band([c.curves.get(k, {}) for c in runs], k) for k in bkeys]
             common = sorted(set.intersection(*(set(b[0].tolist()) for b in per_bucket)))
             ys = [np.array([dict(zip(b[0].tolist(), b[1], strict=True))[s] for s in common]) for b in per_bucket]
             cmap = matplotlib.colormaps["viridis"]
@@ -187,7 +206,7 @@ def pool_figure(data: ComparisonData) -> tuple[str, list[str]]:
             for key, style in (("pool/questions", "-"), ("pool/trajectories", "--")):
                 series = [c.curves[key] for c in runs if key in c.curves]
                 if series:
-                    steps, mean, lo, hi, _ = band(series)
+                    steps, mean, lo, hi, _ = band(series, key)
                     ax_b.plot(steps, mean, style, color=_color(data, arm), label=key.split("/")[1])
                     ax_b.fill_between(steps, lo, hi, color=_color(data, arm), alpha=0.15, linewidth=0)
             if ax_b.get_legend_handles_labels()[0]:
@@ -198,7 +217,7 @@ def pool_figure(data: ComparisonData) -> tuple[str, list[str]]:
         for key, style, label in (("pool/retired", "-", "retired"), ("pool/questions", "--", "in pool")):
             series = [c.curves[key] for c in runs if key in c.curves]
             if series:
-                steps, mean, lo, hi, _ = band(series)
+                steps, mean, lo, hi, _ = band(series, key)
                 ax_r.plot(steps, mean, style, color=color, label=f"{label} (mean)")
                 ax_r.fill_between(steps, lo, hi, color=color, alpha=0.15, linewidth=0)
         ax_r.set(title=f"{arm}: retired questions (—) and pool size (--), 95% CI", xlabel="training step")
@@ -249,8 +268,9 @@ def summary_table(data: ComparisonData) -> str:
                  high=None if d is None else repr(d.high), n=None if d is None else d.n),
             H.td("—" if p is None else f"{p.mean:.2f} [{p.low:.2f}, {p.high:.2f}]", arm=r.arm, col="p_improve",
                  value=None if p is None else repr(p.mean)),
-            H.td("never" if reach is None else str(int(reach)), arm=r.arm, col="steps_to_target",
-                 value="never" if reach is None else int(reach)),
+            H.td("— (baseline)" if r.arm == base else "never" if reach is None else str(int(reach)),
+                 arm=r.arm, col="steps_to_target",
+                 value="baseline" if r.arm == base else "never" if reach is None else int(reach)),
             check,
         ])
     headers = ["arm", "algo", "seeds", f"final {data.metric} (mean ± 95% CI)", "95% CI", "IQM [95% bootstrap CI]",

@@ -79,6 +79,25 @@ def load_checkpoint_policy(path: str | Path) -> CheckpointPolicy:
     return CheckpointPolicy(cfg, task, policy, int(state.get("step", 0)))
 
 
+def evaluate_as_in_training(checkpoint: str | Path | CheckpointPolicy) -> dict[str, float]:
+    """The checkpoint's policy (a native step_*.pt, a veRL global_step_N/, or one already loaded) on a
+    native trainer built from the run's config, evaluated as the run evaluates (``Trainer.evaluate``:
+    greedy val and train-probe accuracy; ``exgrpo eval`` scores benchmarks with sampling settings)."""
+    from exgrpo.backends.native.trainer import Trainer
+
+    loaded = checkpoint if isinstance(checkpoint, CheckpointPolicy) else load_checkpoint_policy(checkpoint)
+    trainer = Trainer(loaded.config, loaded.task, loaded.policy)
+    trainer.step = loaded.step
+    return trainer.evaluate()
+
+
+def eval_names(metrics: dict[str, float]) -> dict[str, float]:
+    """The evaluation's metrics under ``eval/``: ``val/accuracy`` -> ``eval/accuracy``,
+    ``train/accuracy`` -> ``eval/train_accuracy``."""
+    return {f"eval/{k.split('/', 1)[-1]}" if k.startswith("val/") else f"eval/{k.replace('/', '_')}": v
+            for k, v in metrics.items()}
+
+
 def _sample(policy, prompts: list, settings: EvalSettings, max_tokens: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """n rollouts per prompt row: list over samples of (tokens, mask)."""
     g = torch.Generator().manual_seed(settings.seed)

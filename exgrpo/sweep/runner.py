@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from exgrpo.raylocal import ensure_ray, task_cpus
-from exgrpo.sweep.space import SweepConfig, base_config, space_signature, trial_config
+from exgrpo.sweep.space import SweepConfig, base_config, resolve_storage, space_signature, trial_config
 from exgrpo.sweep.study import make_pruner, open_study
 
 
@@ -184,6 +184,10 @@ def run_sweep(
 
     from exgrpo.tracking import Tracker
 
+    from exgrpo.cluster import cluster_address, require_shared_stores
+
+    ray_address = cluster_address(ray_address)
+    require_shared_stores(ray_address, tracking_uri, resolve_storage(storage or sc.study.storage))  # before any work
     tracker = Tracker(tracking_uri)  # unreachable store: an error here, before any trial
     base = base_config(sc)
     experiment = sc.mlflow_experiment or base.name
@@ -226,7 +230,15 @@ def run_sweep(
     if todo:
         from exgrpo.live_progress import ProgressBoard, progress_display
 
-        ensure_ray(ray_address)
+        try:
+            ensure_ray(ray_address)
+        except Exception as e:  # e.g. a cluster that refuses us: the parent run must not stay RUNNING
+            tracker.client.set_tag(parent, "error", str(e)[:5000])
+            tracker.end_run(parent, "FAILED")
+            raise
+        from exgrpo.cluster import describe
+
+        print(f"running on {describe(ray_address)}", flush=True)
         board = ray.remote(num_cpus=0)(ProgressBoard).remote()
         remote = ray.remote(num_cpus=task_cpus(base), max_retries=0)(run_trial)
         sweep_json = sc.model_dump(mode="json")

@@ -120,6 +120,10 @@ def run_tracked_compare(
     as soon as the parent run exists; ``on_done(outcome)`` as each child finishes; with Ray,
     ``on_progress(fraction)`` as steps advance (finished runs 1, running ones step/total);
     ``on_failed(arm, seed, error)`` as a run fails."""
+    from exgrpo.cluster import cluster_address, on_cluster, require_shared_stores
+
+    ray_address = cluster_address(ray_address) if executor == "ray" else None
+    require_shared_stores(ray_address, tracking_uri)  # before any work
     tracker = Tracker(tracking_uri)  # unreachable store: an error here, before any training
     base = cc.base_config()
     experiment = base.name
@@ -138,7 +142,8 @@ def run_tracked_compare(
         tracker.client.log_dict(parent, cc.model_dump(mode="json"), "config/compare.json")
         todo = []
         for cfg, arm in jobs(cc):  # absolute run dirs: workers may not share the driver's cwd
-            todo.append((cfg.model_copy(update={"output_dir": Path(cfg.output_dir).resolve()}), arm))
+            todo.append((on_cluster(cfg.model_copy(update={"output_dir": Path(cfg.output_dir).resolve()}),
+                                    ray_address), arm))
         runner = partial(tracked_run_one, tracking_uri=tracker.uri, experiment=experiment, parent_run_id=parent)
         outcomes: list[RunOutcome] = []
         failures: list[str] = []
@@ -153,7 +158,14 @@ def run_tracked_compare(
             from exgrpo.live_progress import ProgressBoard, progress_display
             from exgrpo.raylocal import ensure_ray, task_cpus
 
-            ensure_ray(ray_address)
+            try:
+                ensure_ray(ray_address)
+            except Exception as e:  # e.g. a cluster that refuses us: say why on the parent run (it ends FAILED)
+                tracker.client.set_tag(parent, "error", str(e)[:5000])
+                raise
+            from exgrpo.cluster import describe
+
+            print(f"running on {describe(ray_address)}", flush=True)
             board = ray.remote(num_cpus=0)(ProgressBoard).remote()
             remote = ray.remote(max_retries=0)(tracked_run_one)
             refs = {remote.options(num_cpus=task_cpus(cfg)).remote(

@@ -13,13 +13,11 @@ Team mode: ``MLFLOW_TRACKING_URI=postgresql://...`` (``scripts/setup-postgres.sh
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import re
 import socket
 import time
-import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +27,7 @@ from urllib.parse import urlparse
 from exgrpo.config import ExperimentConfig, flatten, mlflow_param_keys
 from exgrpo.sqlite_wal import ensure_wal, sqlite_file
 from exgrpo.tracking.code_version import code_version_tags
+from exgrpo.tracking.finished_run import log_finished_run
 from exgrpo.tracking.step_logger import MLflowStepLogger  # noqa: F401  (re-exported)
 
 
@@ -273,82 +272,6 @@ def _status_for(exc: BaseException) -> str:
     return "KILLED" if type(exc).__name__ in ("TrialPruned", "KeyboardInterrupt") else "FAILED"
 
 
-def log_task_datasets(client: Any, run_id: str, cfg: ExperimentConfig, task: Any) -> None:
-    """Record the run's training and evaluation questions as MLflow dataset inputs (contexts
-    ``training`` / ``eval``; one row per question: id and text; the source names the generator and
-    the task config, so the digest changes when the questions do)."""
-    import mlflow.data
-    import pandas as pd
-    from mlflow.data.code_dataset_source import CodeDatasetSource
-    from mlflow.entities import DatasetInput, InputTag
-
-    source = CodeDatasetSource({"task": cfg.task.model_dump_json()})
-    inputs = []
-    with warnings.catch_warnings():  # mlflow's schema hint about integer columns is noise here
-        warnings.simplefilter("ignore", UserWarning)
-        for split, ids, context in (("train", task.train_ids, "training"), ("val", task.val_ids, "eval")):
-            if not len(ids):
-                continue
-            frame = pd.DataFrame({"qid": [int(q) for q in ids], "question": [task.question_text(int(q)) for q in ids]})
-            ds = mlflow.data.from_pandas(frame, source=source, name=f"{cfg.task.kind}-{split}")
-            inputs.append(DatasetInput(ds._to_mlflow_entity(), [InputTag("mlflow.data.context", context)]))
-    # Sibling runs of a compare log the same dataset at the same moment; MLflow checks for it and
-    # then inserts it, so one of two concurrent writers can lose the race (an IntegrityError). The
-    # retry then finds the row the other one wrote.
-    from mlflow.exceptions import MlflowException
-
-    for attempt in range(4):
-        try:
-            client.log_inputs(run_id, datasets=inputs)
-            return
-        except MlflowException:
-            if attempt == 3:
-                raise
-            time.sleep(0.2 * (attempt + 1))
-
-
-MAX_LOGGED_MODEL_PARAMS = 20_000_000
-"""Policies up to this size are logged as an MLflow model; larger ones only as the checkpoint
-artifact plus a ``model_uri`` tag (a 135M-parameter fp32 model would be ~540 MB per run)."""
-
-
-def log_final_model(tracking_uri: str, run_id: str, policy: Any, step: int, metrics: Iterable[Any] = ()) -> None:
-    """Log the trained policy as an MLflow PyTorch model (``name="model"``, a LoggedModel linked to
-    the run at ``step``, with the run's params and those of ``metrics`` (the run's logged
-    ``mlflow.entities.Metric`` values) that are at ``step``), or, above
-    :data:`MAX_LOGGED_MODEL_PARAMS`, tag where its checkpoint is.
-
-    The LoggedModel is created here and linked to the run explicitly: ``log_model`` inside the run
-    would read the whole history of every metric to find the values at ``step`` (one query per
-    metric, every row of it: 0.1-0.2 s on a 100-step toy run, growing with the run's length), where
-    the caller already has them. Each value is logged again with the model's id and its original
-    timestamp, so the run's history gains no row (MLflow does the same)."""
-    import mlflow
-    import mlflow.pytorch
-    from mlflow.entities import LoggedModelOutput, Metric
-
-    n_params = sum(p.numel() for p in policy.parameters())
-    client = mlflow.MlflowClient(tracking_uri)
-    run = client.get_run(run_id)
-    if n_params > MAX_LOGGED_MODEL_PARAMS:
-        client.set_tag(run_id, "model_uri", run.data.tags.get("checkpoint", ""))
-        return
-    mlflow.set_tracking_uri(tracking_uri)
-    model = client.create_logged_model(run.info.experiment_id, name="model", source_run_id=run_id,
-                                       params=dict(run.data.params))
-    # mlflow.pytorch warns on every pickled save; the trade-off is stated once, in the README
-    logging.getLogger("mlflow.pytorch").setLevel(logging.ERROR)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        info = mlflow.pytorch.log_model(policy, model_id=model.model_id, serialization_format="pickle",
-                                        pip_requirements=["torch==2.13.0", "exgrpo-lab"])
-    client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step=step)])
-    values = [Metric(m.key, m.value, m.timestamp, m.step, model_id=model.model_id) for m in metrics if m.step == step]
-    for i in range(0, len(values), 1000):
-        client.log_batch(run_id, metrics=values[i:i + 1000])
-    client.set_tag(run_id, "model_uri", info.model_uri)
-
-
 def backfill_steps(client: Any, run_id: str, history: list[dict[str, float]], logger: MLflowStepLogger,
                    probe: str = "batch/solved") -> int:
     """After a job that logged to MLflow by itself: log the steps of ``history`` (metrics.jsonl)
@@ -399,6 +322,7 @@ def tracked_train(
     log_checkpoint: bool = True,
     log_model: bool = True,
     resume: bool = False,
+    force_resume: bool = False,
     progress: bool = False,
     check: bool = True,
     on_start: Callable[[str], None] | None = None,
@@ -440,7 +364,7 @@ def tracked_train(
 
         try:
             result = train(cfg, callbacks=[*callbacks, saw] if live else [logger, saw, *callbacks], resume=resume,
-                           progress=progress, mlflow_run=MLflowRun(tracker.uri, run_id) if live else None)
+                           force_resume=force_resume, progress=progress, mlflow_run=MLflowRun(tracker.uri, run_id) if live else None)
             if live:  # the job logged its steps; those that did not arrive are logged now, loudly
                 trained = [r for r in result.history if not resume or int(r["step"]) in seen]
                 backfill_steps(client, run_id, trained, logger)
@@ -461,17 +385,8 @@ def tracked_train(
             return TrackedRun(result, run_id, exp_id, tracker.uri, synced=False)
         step = int(result.final_metrics.get("step", 0))
         final_logged = tracker.log_metrics(run_id, final, step=step)
-        if result.task is not None:
-            log_task_datasets(client, run_id, cfg, result.task)
-        metrics_file = Path(result.run_dir) / "metrics.jsonl" if result.run_dir else None
-        if metrics_file is not None and metrics_file.is_file():
-            client.log_artifact(run_id, str(metrics_file), "metrics")
-        if log_checkpoint and result.checkpoint is not None:
-            if Path(result.checkpoint).is_file():  # a veRL checkpoint is a directory of shards: tagged only
-                client.log_artifact(run_id, str(result.checkpoint), "checkpoints")
-            client.set_tag(run_id, "checkpoint", str(result.checkpoint))
-        if log_model and result.policy is not None:
-            log_final_model(tracker.uri, run_id, result.policy, step, [*logger.last_logged, *final_logged])
+        log_finished_run(tracker, run_id, cfg, result, step, [*logger.last_logged, *final_logged],
+                         log_checkpoint=log_checkpoint, log_model=log_model)
     except BaseException as e:
         status = _status_for(e)
         try:

@@ -14,6 +14,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from exgrpo.tracking.finished_run import policy_checkpoint
+
 CHAMPION = "champion"
 """The alias of a sweep's best policy."""
 MODELS_PREFIX = "models:/"
@@ -40,10 +42,8 @@ def register_champion(client: Any, study_name: str, run_id: str, checkpoint: str
     path = Path(checkpoint)
     if not path.exists():
         raise FileNotFoundError(f"the best trial's checkpoint {path} is missing; nothing to register")
-    with tempfile.TemporaryDirectory(prefix="exgrpo-verl-policy-") as tmp:
-        if path.is_dir():  # veRL's global_step_N: its policy (merged FSDP shards + the run's config) as one file
-            path = _verl_policy_file(path, Path(tmp))
-        client.log_artifact(run_id, str(path), "checkpoint")
+    path = policy_checkpoint(path)  # veRL's global_step_N: its policy (merged FSDP shards + config) as one file
+    client.log_artifact(run_id, str(path), "checkpoint")
     try:
         client.get_registered_model(name)
     except MlflowException:
@@ -52,17 +52,6 @@ def register_champion(client: Any, study_name: str, run_id: str, checkpoint: str
                                           tags={"file": path.name, **(tags or {})})
     client.set_registered_model_alias(name, CHAMPION, version.version)
     return name, str(version.version)
-
-
-def _verl_policy_file(step_dir: Path, out_dir: Path) -> Path:
-    """A veRL step directory's policy as a native checkpoint file in ``out_dir`` (config, model,
-    step; no optimiser or pool: it evaluates, it does not resume)."""
-    from exgrpo.atomic import torch_save_atomic
-    from exgrpo.backends.verl.actor_weights import is_step_dir, policy_state
-
-    if not is_step_dir(step_dir):
-        raise FileNotFoundError(f"the best trial's checkpoint {step_dir} is a directory but not a veRL checkpoint")
-    return torch_save_atomic(policy_state(step_dir), out_dir / f"verl_{step_dir.name}.pt")
 
 
 def resolve_checkpoint(spec: str, tracking_uri: str | None = None) -> Path:

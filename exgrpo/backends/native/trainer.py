@@ -297,6 +297,10 @@ class Trainer:
             last_ckpt, state = found
             check_resume(state["config"], self.cfg.model_dump_json(), last_ckpt, force=force_resume)
             self.load_state_dict(state)
+            if progress:
+                from exgrpo.runs import resumed_line
+
+                print(resumed_line(self.step, self.replay.stats(), last_ckpt), flush=True)
             self.history = ckpt.read_metrics(metrics_path, up_to_step=self.step, warn=_say)
             ckpt.write_metrics(metrics_path, self.history)
         else:

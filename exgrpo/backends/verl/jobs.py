@@ -17,6 +17,7 @@ from pathlib import Path
 
 from exgrpo.backends.verl.live import StepFeed
 from exgrpo.backends.verl.runner import PreparedRun, VerlRunError
+from exgrpo.cluster import runtime_env
 
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 
@@ -48,15 +49,17 @@ def run_ray_job(prepared: PreparedRun, address: str, on_line: Callable[[str], No
     ``on_submit(job_id)`` runs once the job is accepted. ``feed`` is polled every ``poll_seconds``;
     when one of its callbacks raises, the job is stopped and this raises VerlRunError (STOPPED). A job
     whose log stays the same for ``stall_seconds`` is stopped and this raises VerlRunError."""
-    from exgrpo.backends.verl.runner import last_error
+    from exgrpo.backends.verl.runner import diagnosed, last_error
 
     from ray.job_submission import JobStatus, JobSubmissionClient
 
     client = JobSubmissionClient(address)
+    # a cluster's job server gets the code (its nodes may not hold this checkout); our own local one shares it
+    job_env = {"env_vars": prepared.env} if address == _LOCAL_JOB_SERVER else runtime_env(prepared.env)
     deadline = time.monotonic() + 120
     while True:  # a just-started job server has no job agent for a few seconds
         try:
-            job_id = client.submit_job(entrypoint=shlex.join(prepared.command), runtime_env={"env_vars": prepared.env})
+            job_id = client.submit_job(entrypoint=shlex.join(prepared.command), runtime_env=job_env)
             break
         except RuntimeError as e:
             if "No available agent" not in str(e) or time.monotonic() > deadline:
@@ -95,6 +98,6 @@ def run_ray_job(prepared: PreparedRun, address: str, on_line: Callable[[str], No
         last = "\n".join(tail)
         why = (f"stalled: no output for {stall_seconds:.0f} s (backend.verl.stall_timeout_s), so it was stopped"
                if stalled else (info.message or "no message").strip().splitlines()[0][:300])  # the job's log follows
-        raise VerlRunError(f"Ray Job {job_id} {final}: {why}; {last_error(tail)}see {log_path}. "
-                           f"Last lines:\n{last}")
+        raise VerlRunError(diagnosed(tail) or f"Ray Job {job_id} {final}: {why}; {last_error(tail)}see {log_path}. "
+                                              f"Last lines:\n{last}")
     return job_id

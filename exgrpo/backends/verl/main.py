@@ -21,6 +21,9 @@ FORWARDED_ENV = ("VERL_PLATFORM", "VERL_ENGINE_DEVICE", "EXGRPO_SEED", "PYTHONPA
                  "EXGRPO_BIND_LOOPBACK", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND")
 """Variables passed on to veRL's Ray workers (with every ``MLFLOW_*``: the run and store to report to)."""
 
+JOB_ERROR = "exgrpo: error: "
+"""Prefix of the one line a job prints when it diagnosed its own failure (the runner reports just that)."""
+
 
 @ray.remote(num_cpus=1)
 class ExGRPOTaskRunner:
@@ -91,12 +94,21 @@ def run(cfg: ExperimentConfig, overrides: list[str]) -> None:
                 env[key] = value
         init = {k: v for k, v in init.items() if v is not None}
         if init.get("address") == "local":  # a private Ray, even inside a Ray Job (its env is forwarded above)
-            from exgrpo.raylocal import enable_token_auth
+            from exgrpo.raylocal import LOCAL_SYSTEM_CONFIG, agent_port_any, enable_token_auth
 
             os.environ.pop("RAY_JOB_CONFIG_JSON_ENV_VAR", None)
             os.environ.pop("RAY_ADDRESS", None)
             env.update(enable_token_auth())
-        ray.init(runtime_env=runtime_env, **init)
+            init["_system_config"] = LOCAL_SYSTEM_CONFIG
+            agent_port_any()
+            ray.init(runtime_env=runtime_env, **init)
+        else:
+            from exgrpo.backends.verl import resources
+            from exgrpo.cluster import alive_nodes, describe, join
+
+            join(init.pop("address"), runtime_env=runtime_env, **init)
+            print(f"exgrpo: veRL job on {describe(cfg.backend.verl.ray_address)}", flush=True)
+            resources.check(cfg.backend.verl, alive_nodes(), cfg.backend.verl.ray_address or "")
     runner = ExGRPOTaskRunner.remote()
     ray.get(runner.run.remote(config, cfg.model_dump_json()))
 
@@ -107,7 +119,13 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("usage: python -m exgrpo.backends.verl.main <run_dir>/verl_run.json")
     spec = json.loads(Path(argv[0]).read_text())
     cfg = ExperimentConfig.model_validate_json(json.dumps(spec["config"]))
-    run(cfg, list(spec["overrides"]) + argv[1:])
+    from exgrpo.cluster import ClusterError
+
+    try:
+        run(cfg, list(spec["overrides"]) + argv[1:])
+    except ClusterError as e:  # diagnosed here: one line for the caller (runner.JOB_ERROR), no traceback
+        print(f"{JOB_ERROR}{e}", flush=True)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from exgrpo.backends.verl.resources import needs
 from exgrpo.config import ExperimentConfig, LossAggregation
 
 NO_CLIP = 1e9
@@ -124,7 +125,7 @@ def hydra_overrides(cfg: ExperimentConfig, paths: RunPaths) -> list[str]:
         "trainer.balance_batch=False",
     ]
     if cpu:
-        n_cpus = v.num_cpus or max(4, 3 * v.workers_per_node + 2)
+        n_cpus = v.num_cpus or max(4, needs(v).total_cpus)
         out += [
             "+ray_kwargs.ray_init.address=local" if v.ray_address is None else f"+ray_kwargs.ray_init.address={v.ray_address}",
             f"ray_kwargs.ray_init.num_cpus={n_cpus if v.ray_address is None else 'null'}",

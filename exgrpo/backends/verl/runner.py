@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +28,15 @@ from exgrpo.config.backend import VerlSettings
 from exgrpo.progress import StepProgress, console, is_watched
 
 SPEC_FILE = "verl_run.json"
+OWN_LINE = re.compile(r"^(?:\x1b\[[0-9;]*m)?(?:\([^)]*\)\s*)?(?:\x1b\[[0-9;]*m)?\s*(exgrpo: .*)$")
+"""The job's own lines for the user (a resume, where it runs), shown above the step bar: ``exgrpo: ...``,
+printed by the driver or by one of its Ray actors (whose lines Ray prefixes with ``(Actor pid=N)``)."""
+
+
+def own_line(line: str) -> str | None:
+    """The ``exgrpo: ...`` message of one of the job's output lines, if it is one."""
+    match = OWN_LINE.match(line.rstrip())
+    return match.group(1) if match else None
 RAW_METRICS = "verl_metrics"
 """Directory of veRL's own metric logs, one JSONL file per attempt (veRL truncates its file on open)."""
 
@@ -139,12 +150,14 @@ def collect(run_dir: Path) -> list[dict[str, float]]:
 
 
 def run_local(prepared: PreparedRun, progress: bool = True, log_tail: int = 40, feed: StepFeed | None = None,
-              poll_seconds: float = 1.0, stall_seconds: float | None = None) -> None:
+              poll_seconds: float = 1.0, stall_seconds: float | None = None,
+              notify: Callable[[str], None] | None = None) -> None:
     """Run the prepared command as a child process; its output goes to ``verl.log`` (and the
     terminal with ``progress``). A failure raises :class:`VerlRunError` with the log's last lines.
     ``feed`` is polled as the job prints (at most every ``poll_seconds``); when one of its callbacks
     raises, the job is stopped (SIGTERM, then SIGKILL after 30 s) and this raises VerlRunError. A job
-    that prints nothing for ``stall_seconds`` (a hung worker or rollout server) is stopped and fails."""
+    that prints nothing for ``stall_seconds`` (a hung worker or rollout server) is stopped and fails.
+    Without ``progress``, the job's own ``exgrpo: `` lines (a resume, where it runs) go to ``notify``."""
     import queue
     import threading
 
@@ -178,6 +191,8 @@ def run_local(prepared: PreparedRun, progress: bool = True, log_tail: int = 40, 
             tail.append(line.rstrip())
             if progress:
                 print(line, end="", flush=True)
+            elif notify is not None and (message := own_line(line)):
+                notify(message)
             if feed is not None and time.monotonic() - last_poll >= poll_seconds:
                 last_poll = time.monotonic()
                 if not feed.poll():
@@ -188,8 +203,18 @@ def run_local(prepared: PreparedRun, progress: bool = True, log_tail: int = 40, 
         raise VerlRunError(f"veRL run stalled: no output for {stall_seconds:.0f} s (backend.verl.stall_timeout_s), "
                            f"so it was stopped; {last_error(tail)}see {log_path}. Last lines:\n" + "\n".join(tail))
     if rc != 0:
-        raise VerlRunError(f"veRL run failed (exit code {rc}): {last_error(tail)}see {log_path}. Last lines:\n"
-                           + "\n".join(tail))
+        raise VerlRunError(diagnosed(tail) or f"veRL run failed (exit code {rc}): {last_error(tail)}see {log_path}. "
+                           "Last lines:\n" + "\n".join(tail))
+
+
+def diagnosed(lines) -> str | None:
+    """The job's own one-line diagnosis (e.g. a cluster too small for it), if it printed one."""
+    from exgrpo.backends.verl.main import JOB_ERROR
+
+    for line in reversed(list(lines)):
+        if line.startswith(JOB_ERROR):
+            return line[len(JOB_ERROR):].strip()
+    return None
 
 
 def last_error(lines) -> str:
@@ -209,9 +234,11 @@ def stop_child(proc: subprocess.Popen, grace_seconds: float = 30.0) -> None:
         proc.kill()
 
 
-def _launch(prepared: PreparedRun, v: VerlSettings, feed: StepFeed, echo: bool, mlflow_run: MLflowRun | None) -> None:
+def _launch(prepared: PreparedRun, v: VerlSettings, feed: StepFeed, echo: bool, mlflow_run: MLflowRun | None,
+            notify: Callable[[str], None] | None = None) -> None:
     """Run the job (a child process, or a Ray Job) to its end, feeding each step to ``feed``; ``echo``
-    prints its output as it comes. A callback's exception (e.g. a pruned trial) is raised as is."""
+    prints its output as it comes, else ``notify`` gets the job's own ``exgrpo: `` lines. A callback's
+    exception (e.g. a pruned trial) is raised as is."""
     try:
         if v.launch == "ray_job":
             from exgrpo.backends.verl.jobs import local_job_server, run_ray_job
@@ -222,11 +249,14 @@ def _launch(prepared: PreparedRun, v: VerlSettings, feed: StepFeed, echo: bool, 
 
                     mlflow.MlflowClient(mlflow_run.tracking_uri).set_tag(mlflow_run.run_id, "ray_job_id", job_id)
 
-            run_ray_job(prepared, v.job_address or local_job_server(),
-                        on_line=print if echo else (lambda _: None), on_submit=submitted, feed=feed,
-                        stall_seconds=v.stall_timeout_s)
+            def own(line: str) -> None:
+                if notify is not None and (message := own_line(line)):
+                    notify(message)
+
+            run_ray_job(prepared, v.job_address or local_job_server(), on_line=print if echo else own,
+                        on_submit=submitted, feed=feed, stall_seconds=v.stall_timeout_s)
         else:
-            run_local(prepared, progress=echo, feed=feed, stall_seconds=v.stall_timeout_s)
+            run_local(prepared, progress=echo, feed=feed, stall_seconds=v.stall_timeout_s, notify=notify)
     except VerlRunError:
         if feed.error is not None:  # a callback stopped the job (e.g. pruned): that is the outcome
             raise feed.error from None
@@ -234,6 +264,22 @@ def _launch(prepared: PreparedRun, v: VerlSettings, feed: StepFeed, echo: bool, 
     feed.poll()  # the steps written after the runner's last poll
     if feed.error is not None:
         raise feed.error
+
+
+class StepLines:
+    """A plain line per step of a veRL job (where no person watches a bar): the step, batch pass@1,
+    the pool, and the validation accuracy at evaluation steps."""
+
+    def __init__(self, total: int | None) -> None:
+        self.total = total
+
+    def __call__(self, step: int, m: dict[str, float]) -> None:
+        parts = [f"step {step}" + (f"/{self.total}" if self.total else ""), f"batch pass@1 {m.get('batch/solved', 0):.3f}"]
+        if "pool/questions" in m:
+            parts.append(f"pool {int(m['pool/questions'])}")
+        if "val/accuracy" in m:
+            parts.append(f"val acc {m['val/accuracy']:.4f}")
+        print("  ".join(parts), flush=True)
 
 
 class VerlBackend:
@@ -259,17 +305,27 @@ class VerlBackend:
         if mlflow_run is not None:
             prepared.env.update({TRACKING_URI_ENV: mlflow_run.tracking_uri, RUN_ID_ENV: mlflow_run.run_id})
         v = cfg.backend.verl
-        # a terminal gets a step bar (veRL's own output goes to verl.log only); logs, pipes and a Prefect
-        # flow run's log get veRL's lines as they come
+        # veRL's own output (a line of ~100 metrics per step, its workers' logs) goes to verl.log only; a
+        # terminal gets a step bar, logs, pipes and a Prefect flow run's log a plain line per step; both
+        # get the job's own lines (a resume, where it runs). EXGRPO_VERL_ECHO=1 echoes everything.
         bar = StepProgress(cfg.train.max_steps, enabled=progress and is_watched(), title=cfg.name)
-        echo = progress and not bar.enabled
+        echo = progress and os.environ.get("EXGRPO_VERL_ECHO") == "1"
+        plain = progress and not bar.enabled and not echo
+        shown = [bar.show] if bar.enabled else [StepLines(cfg.train.max_steps)] if plain else []
         # the callbacks see each step while the job runs (live progress, a sweep's pruning), as on the native backend
-        feed = StepFeed(prepared.env[FILE_LOGGER_ENV], [*(callbacks or []), *([bar.show] if bar.enabled else [])])
+        feed = StepFeed(prepared.env[FILE_LOGGER_ENV], [*(callbacks or []), *shown])
         if bar.enabled:
-            console.print(f"veRL ({v.launch}): {prepared.run_dir}; its output: {prepared.run_dir / 'verl.log'}",
+            where = f"the Ray cluster at {v.ray_address}" if v.ray_address else "a private local Ray"
+            console.print(f"veRL ({v.launch}) on {where}: {prepared.run_dir}; its output: {prepared.run_dir / 'verl.log'}",
                           soft_wrap=True)  # unwrapped: the paths stay whole for copy and paste
+        def notify(line: str) -> None:  # above the bar, or as a plain line
+            if bar.enabled:
+                console.print(line, soft_wrap=True, markup=False, highlight=False)
+            else:
+                print(line, flush=True)
+
         with bar:
-            _launch(prepared, v, feed, echo, mlflow_run)
+            _launch(prepared, v, feed, echo, mlflow_run, notify if progress else None)
         return self._result(prepared.run_dir)
 
     @staticmethod

@@ -340,7 +340,9 @@ class ExGRPORayTrainer(RayPPOTrainer):
             self.fresh.load_state_dict(state["fresh"])
             self.rng.bit_generator.state = json.loads(state["rng"]["numpy"])
             self.fresh.rng.bit_generator.state = json.loads(state["rng"]["numpy_fresh"])
-            print(f"exgrpo: restored the replay state of step {state['step']} from {path}")
+            from exgrpo.runs import resumed_line
+
+            print(f"exgrpo: {resumed_line(state['step'], self.strategy.stats(), path)}", flush=True)
         return result
 
 

@@ -1,0 +1,238 @@
+"""Runs on a real multi-node Ray cluster, through the CLI as a user runs them.
+
+The cluster is started on loopback with ``ray start`` (a head and a worker, each with its own temp
+dir and ports, token authentication on) and torn down by PID. Records go to an `mlflow server` the
+test starts on 127.0.0.1; the sweep's study to PostgreSQL (team mode's server).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import mlflow
+import pytest
+import yaml
+
+from exgrpo.backends.verl.resources import check, needs
+from exgrpo.cluster import (
+    EXCLUDES,
+    ClusterError,
+    NodeResources,
+    cluster_address,
+    on_cluster,
+    require_shared_stores,
+    runtime_env,
+    without_job_env,
+)
+from exgrpo.config import ConfigError, load_experiment
+from mlflowserver import Server
+from raycluster import start_cluster
+
+TOY = {"task": {"max_operand": 4}, "policy": {"hidden": 16, "layers": 2}, "algorithm": {"group_size": 4},
+       "train": {"batch_size": 8, "max_steps": 4, "threads": 1, "checkpoint_every": 4}}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A head (1 CPU) and a worker node (1 CPU) on 127.0.0.1, token auth on."""
+    root = Path(tempfile.mkdtemp(prefix="exgrpo-rc-"))  # short: Ray's socket paths must fit 107 characters
+    c = start_cluster(root, head_cpus=1)
+    try:
+        c.add_node(num_cpus=1)
+        yield c
+    finally:
+        c.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def tracking(tmp_path_factory):
+    server = Server(tmp_path_factory.mktemp("mlflow"))
+    server.start()
+    yield server.url
+    server.kill()
+
+
+def _cli(args, env, timeout=600):
+    return subprocess.run([sys.executable, "-m", "exgrpo.cli", *args], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _node_of_tasks(cluster, name):
+    """The nodes finished tasks of function ``name`` ran on, from Ray's state API (as the cluster's client)."""
+    script = ("import sys, json\nfrom ray.util.state import list_tasks\n"
+              "ts = list_tasks(address=sys.argv[1], filters=[('func_or_class_name', '=', sys.argv[2])], detail=True)\n"
+              "print(json.dumps(sorted({t.node_id for t in ts if t.state == 'FINISHED'})))\n")
+    out = subprocess.run([sys.executable, "-c", script, cluster.dashboard, name], env=cluster.env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return set(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def test_native_compare_and_sweep_run_tasks_on_both_nodes(cluster, tracking, tmp_path):
+    cfg = tmp_path / "cmp.yaml"
+    cfg.write_text(yaml.safe_dump({"base": {"name": "cluster-cmp", **TOY},
+                                   "arms": {"grpo": {"algorithm.replay": "none"}, "exgrpo": {"algorithm.replay": "buckets"}},
+                                   "baseline": "grpo", "seeds": [0]}))
+    env = {**cluster.env, "RAY_ADDRESS": cluster.address}  # named the way every Ray tool reads it
+    out = _cli(["compare", str(cfg), "--tracking-uri", tracking, "--output-dir", str(tmp_path / "runs"),
+                "--no-progress"], env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"running on Ray cluster at {cluster.address}: 2 nodes" in out.stdout + out.stderr  # a flow log line
+    assert len(_node_of_tasks(cluster, "tracked_run_one")) == 2, "the two runs should use both nodes"
+
+    client = mlflow.MlflowClient(tracking)
+    exp = client.get_experiment_by_name("cluster-cmp")
+    children = [r for r in client.search_runs([exp.experiment_id]) if "mlflow.parentRunId" in r.data.tags]
+    assert len(children) == 2 and {r.info.status for r in children} == {"FINISHED"}
+    for r in children:  # steps from the workers, the checkpoint as an artifact and on the shared path
+        assert [m.step for m in client.get_metric_history(r.info.run_id, "batch/solved")] == [1, 2, 3, 4]
+        assert [a.path for a in client.list_artifacts(r.info.run_id, "checkpoints")]
+        assert os.path.isfile(r.data.tags["checkpoint"]) and r.data.tags["checkpoint"].startswith(str(tmp_path))
+
+    from test_team_mode import PG_OPTUNA  # skips (or fails, in CI) without PostgreSQL
+
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump({
+        "study": {"name": f"cluster-{os.getpid()}-{time.time_ns()}", "n_trials": 2, "parallel": 2, "pruner": "none"},
+        "base": str(cfg.with_name("base.yaml")), "budget_steps": 4,
+        "space": {"algorithm.experience_ratio": {"type": "float", "low": 0.1, "high": 0.9}}}))
+    cfg.with_name("base.yaml").write_text(yaml.safe_dump({"name": "cluster-sweep", "output_dir": str(tmp_path / "runs"),
+                                                          "algorithm": {"replay": "buckets", **TOY["algorithm"]},
+                                                          **{k: v for k, v in TOY.items() if k != "algorithm"}}))
+    out = _cli(["sweep", str(sweep), "--ray-address", cluster.address, "--tracking-uri", tracking,
+                "--storage", PG_OPTUNA, "--no-prefect"], cluster.env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary, _ = json.JSONDecoder().raw_decode(out.stdout[out.stdout.index('{\n  "study"'):])
+    assert summary["counts"] == {"COMPLETE": 2, "PRUNED": 0, "FAIL": 0}
+    assert len(_node_of_tasks(cluster, "run_trial")) == 2, "the two trials should use both nodes"
+
+
+def test_without_the_token_one_line_and_the_run_ends_failed(cluster, tracking, tmp_path):
+    cfg = tmp_path / "cmp.yaml"
+    cfg.write_text(yaml.safe_dump({"base": {"name": "cluster-no-token", **TOY},
+                                   "arms": {"grpo": {"algorithm.replay": "none"}}, "baseline": "grpo", "seeds": [0]}))
+    env = {k: v for k, v in cluster.env.items() if k != "RAY_AUTH_TOKEN"}
+    out = _cli(["compare", str(cfg), "--ray-address", cluster.address, "--tracking-uri", tracking,
+                "--output-dir", str(tmp_path / "runs")], env, timeout=300)
+    assert out.returncode == 2
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "RAY_AUTH_TOKEN is not set" in errors[0], out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+    client = mlflow.MlflowClient(tracking)
+    (parent,) = client.search_runs([client.get_experiment_by_name("cluster-no-token").experiment_id])
+    assert parent.info.status == "FAILED" and "RAY_AUTH_TOKEN" in parent.data.tags["error"]
+
+
+def test_a_cluster_too_small_for_verl_fails_in_seconds_with_one_line(cluster, tracking, tmp_path):
+    # two workers per node need a node with 6 CPUs and 2 GPUs: neither node has them
+    out = _cli(["train", "experiments/verl-tiny-grpo.yaml", "--ray-address", cluster.address, "--tracking-uri",
+                tracking, "--output-dir", str(tmp_path / "runs"), "--set", "backend.verl.workers_per_node=2",
+                "--no-progress"], cluster.env, timeout=30)
+    assert out.returncode == 1
+    (error,) = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert "can never run this veRL job" in error and "6 CPUs and 2 logical GPUs" in error, out.stderr[-2000:]
+    assert f"ray start --address={cluster.address} --num-cpus=8 --num-gpus=2" in error
+    client = mlflow.MlflowClient(tracking)
+    (run,) = client.search_runs([client.get_experiment_by_name("verl-tiny-grpo").experiment_id],
+                                filter_string="attributes.status = 'FAILED'")
+    assert "can never run" in run.data.tags["error"]
+    # the preflight says the same before a run
+    out = _cli(["doctor", "experiments/verl-tiny-grpo.yaml", "--set", "backend.verl.workers_per_node=2",
+                "--tracking-uri", tracking], {**cluster.env, "RAY_ADDRESS": cluster.address}, timeout=120)
+    assert out.returncode == 1 and f"Ray cluster at {cluster.address}: 2 nodes" in out.stdout, out.stdout
+    assert "can never run this veRL job" in out.stdout
+
+
+@pytest.fixture(scope="module")
+def verl_node(cluster):
+    """A third node with the CPUs and logical GPU one veRL worker needs (resources.needs)."""
+    cluster.add_node(num_cpus=5, num_gpus=1)
+    return cluster
+
+
+@pytest.mark.parametrize("launch", ["process", "ray_job"])
+def test_verl_run_on_the_cluster_reports_live_to_mlflow(verl_node, tracking, tmp_path, launch):
+    cluster = verl_node
+    extra = ["--set", f"backend.verl.job_address={cluster.dashboard}"] if launch == "ray_job" else []
+    out = _cli(["train", "experiments/verl-tiny-grpo.yaml", "--ray-address", cluster.address, "--tracking-uri",
+                tracking, "--output-dir", str(tmp_path / "runs"), "--max-steps", "2", "--no-progress",
+                "--set", f"backend.verl.launch={launch}", *extra], cluster.env, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    record, _ = json.JSONDecoder().raw_decode(out.stdout[out.stdout.rindex('{\n  "run_dir"'):])
+    log = Path(record["run_dir"], "verl.log").read_text()  # the job's own output (echoed only with progress)
+    assert f"exgrpo: veRL job on Ray cluster at {cluster.address}: 3 nodes" in log
+    client = mlflow.MlflowClient(tracking)
+    run = client.get_run(record["mlflow_run_id"])
+    assert run.info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "batch/solved")] == [1, 2]
+    assert ("ray_job_id" in run.data.tags) == (launch == "ray_job")
+
+
+# ---------------------------------------------------------------------------------------------
+# the parts, without a cluster
+# ---------------------------------------------------------------------------------------------
+def test_the_address_comes_from_the_flag_else_ray_address(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert cluster_address(None) is None and cluster_address("10.0.0.5:6379") == "10.0.0.5:6379"
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.9:6379")
+    assert cluster_address(None) == "10.0.0.9:6379" and cluster_address("h:1") == "h:1"
+    monkeypatch.setenv("RAY_ADDRESS", "local")
+    assert cluster_address(None) is None
+
+
+def test_a_local_store_with_a_cluster_is_one_line_before_any_work(tmp_path, capsys):
+    from exgrpo import cli
+
+    with pytest.raises(ConfigError, match="cannot reach a local MLflow store"):
+        require_shared_stores("10.0.0.5:6379", f"sqlite:///{tmp_path}/m.db")
+    with pytest.raises(ConfigError, match="cannot reach a local sqlite study"):
+        require_shared_stores("10.0.0.5:6379", "http://10.0.0.5:5000", f"sqlite:///{tmp_path}/o.db")
+    require_shared_stores(None, f"sqlite:///{tmp_path}/m.db")
+    require_shared_stores("10.0.0.5:6379", "http://10.0.0.5:5000", "postgresql://u@h/optuna")
+    code = cli.main(["compare", "experiments/toy.yaml", "--ray-address", "10.0.0.5:6379", "--tracking-uri",
+                     f"sqlite:///{tmp_path}/m.db", "--output-dir", str(tmp_path / "runs")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "--tracking-uri" in err
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "m.db").exists()
+
+
+def test_the_code_travels_without_runs_stores_or_environments():
+    env = runtime_env({"A": "1"})
+    assert os.path.isfile(os.path.join(env["working_dir"], "exgrpo", "cluster.py"))
+    for excluded in ("runs/", "mlruns/", ".venv*/", "studies/"):
+        assert excluded in EXCLUDES
+    assert env["env_vars"] == {"A": "1"}
+
+
+def test_inside_a_ray_job_the_driver_repeats_none_of_the_jobs_runtime_env(monkeypatch):
+    env = {"working_dir": "/code", "excludes": ["runs/"], "env_vars": {"A": "1", "B": "2"}, "py_executable": None}
+    monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR", raising=False)
+    assert without_job_env(env) == env
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR",
+                       json.dumps({"runtime_env": {"working_dir": "gcs://pkg.zip", "env_vars": {"A": "1"}}}))
+    assert without_job_env(env) == {"env_vars": {"B": "2"}, "py_executable": None}
+
+
+def test_verl_needs_and_the_cluster_check():
+    cfg = load_experiment("experiments/verl-tiny-grpo.yaml")
+    v = cfg.backend.verl
+    need = needs(v)
+    assert (need.nodes, need.cpus_per_node, need.gpus_per_node, need.total_cpus) == (1, 3, 1, 5)
+    check(v, [NodeResources(1, 0), NodeResources(5, 1)], "h:1")  # fits
+    with pytest.raises(ClusterError, match=r"its nodes have: 2 CPU/0 GPU, 4 CPU/0 GPU\. .*--num-gpus=1"):
+        check(v, [NodeResources(2, 0), NodeResources(4, 0)], "h:1")
+    with pytest.raises(ClusterError, match="5 CPUs in all"):  # the bundle fits, the TaskRunner and reward do not
+        check(v, [NodeResources(3, 1)], "h:1")
+    assert on_cluster(cfg, "h:1").backend.verl.ray_address == "h:1"
+    pinned = load_experiment("experiments/verl-tiny-grpo.yaml", {"backend.verl.ray_address": "other:2"})
+    assert on_cluster(pinned, "h:1").backend.verl.ray_address == "other:2"
+    native = load_experiment("experiments/toy-exgrpo.yaml")
+    assert on_cluster(native, "h:1") is native
