@@ -43,6 +43,15 @@ def pytest_sessionfinish(session, exitstatus):
         ray.shutdown()
 
 
+@pytest.fixture(autouse=True)
+def _session_tracking_store():
+    """Each test starts on the session's MLflow store, whatever an earlier one left in the environment."""
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    yield
+    if before is not None:
+        os.environ["MLFLOW_TRACKING_URI"] = before
+
+
 @pytest.fixture(scope="session")
 def exgrpo_cache(tmp_path_factory):
     """One ``EXGRPO_CACHE`` for the pytest run: the tiny LM's SFT warm start, its veRL export and the

@@ -692,7 +692,7 @@ def test_prefect_compare_flow_runs_grpo_and_exgrpo_on_verl_into_mlflow(tmp_path,
     assert max(m.value for m in client.get_metric_history(runs["grpo"].info.run_id, "replay/questions")) == 0
 
     assert again["table"] == out["table"]
-    assert sorted(p.name for p in (tmp_path / "runs").glob("verl-tiny-*/seed0/checkpoints/global_step_*")) == [
+    assert sorted(p.name for p in (tmp_path / "runs").glob("verl-tiny/verl-tiny-*/seed0/checkpoints/global_step_*")) == [
         "global_step_4", "global_step_4"]
     for rid in again["runs"].values():
         run = client.get_run(rid)

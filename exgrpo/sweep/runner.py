@@ -238,7 +238,9 @@ def run_sweep(
             raise
         from exgrpo.cluster import describe
 
-        print(f"running on {describe(ray_address)}", flush=True)
+        where = describe(ray_address)
+        print(f"running on {where}", flush=True)
+        tracker.client.set_tag(parent, "ray", where)
         board = ray.remote(num_cpus=0)(ProgressBoard).remote()
         remote = ray.remote(num_cpus=task_cpus(base), max_retries=0)(run_trial)
         sweep_json = sc.model_dump(mode="json")

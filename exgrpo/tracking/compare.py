@@ -165,7 +165,9 @@ def run_tracked_compare(
                 raise
             from exgrpo.cluster import describe
 
-            print(f"running on {describe(ray_address)}", flush=True)
+            where = describe(ray_address)
+            print(f"running on {where}", flush=True)
+            tracker.client.set_tag(parent, "ray", where)
             board = ray.remote(num_cpus=0)(ProgressBoard).remote()
             remote = ray.remote(max_retries=0)(tracked_run_one)
             refs = {remote.options(num_cpus=task_cpus(cfg)).remote(

@@ -12,7 +12,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import time
 import warnings
 from collections.abc import Iterable
@@ -44,6 +46,25 @@ def log_finished_run(tracker: Any, run_id: str, cfg: ExperimentConfig, result: A
     tracker.log_metrics(run_id, eval_names(evaluate_as_in_training(final)), step=step)
     if log_model:
         log_final_model(tracker.uri, run_id, final.policy, step, logged_metrics)
+
+
+@contextlib.contextmanager
+def _tracking_uri(uri: str):
+    """MLflow's fluent API on ``uri`` for a moment: ``mlflow.set_tracking_uri`` also writes
+    ``MLFLOW_TRACKING_URI`` into this process's environment, which every process started later
+    inherits (a comparison's next run then logged to a server that had gone)."""
+    import mlflow
+
+    before_env, before = os.environ.get("MLFLOW_TRACKING_URI"), mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(before)
+        if before_env is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = before_env
 
 
 def policy_checkpoint(checkpoint: Path) -> Path:
@@ -122,12 +143,11 @@ def log_final_model(tracking_uri: str, run_id: str, policy: Any, step: int, metr
     if n_params > MAX_LOGGED_MODEL_PARAMS:
         client.set_tag(run_id, "model_uri", run.data.tags.get("checkpoint", ""))
         return
-    mlflow.set_tracking_uri(tracking_uri)
     model = client.create_logged_model(run.info.experiment_id, name="model", source_run_id=run_id,
                                        params=dict(run.data.params))
     # mlflow.pytorch warns on every pickled save; the trade-off is stated once, in the README
     logging.getLogger("mlflow.pytorch").setLevel(logging.ERROR)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _tracking_uri(tracking_uri):
         warnings.simplefilter("ignore")
         info = mlflow.pytorch.log_model(policy, model_id=model.model_id, serialization_format="pickle",
                                         pip_requirements=["torch==2.13.0", "exgrpo-lab"])
