@@ -255,3 +255,22 @@ def test_a_champion_checkpoint_that_is_missing_or_a_foreign_directory_is_refused
     with pytest.raises(FileNotFoundError, match="is missing"):
         register_champion(client, "study", run_id, tmp_path / "step_9.pt")
     assert not client.list_artifacts(run_id)
+
+
+def test_importing_exgrpo_turns_mlflow_telemetry_off():
+    """Out of CI (no CI variables), MLflow's telemetry client would start and later unset an env var
+    from a thread, racing the run's own HTTP logging. Importing exgrpo first turns it off; a user's
+    explicit setting wins."""
+    import os
+    import sys
+
+    ci_vars = {"PYTEST_CURRENT_TEST", "CI", "GITHUB_ACTIONS", "MLFLOW_DISABLE_TELEMETRY", "DO_NOT_TRACK"}
+    env = {k: v for k, v in os.environ.items() if k not in ci_vars}
+    probe = ("import exgrpo, mlflow; from mlflow.telemetry.utils import is_telemetry_disabled; "
+             "print(is_telemetry_disabled())")
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True,
+                         timeout=120, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "True"
+    out = subprocess.run([sys.executable, "-c", probe], env={**env, "MLFLOW_DISABLE_TELEMETRY": "false"},
+                         capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "False"
