@@ -190,6 +190,39 @@ def test_hf_rollout_server_samples_concurrent_requests_as_one_batch(cache, monke
         assert all(lp <= 0.0 for lp in out.log_probs)
 
 
+def test_reproducible_hf_rollout_server_answers_a_row_the_same_whatever_the_arrival_order(cache, monkeypatch):
+    """backend.verl.reproducible: a request's tokens and log-probs depend on (seed, weight version, row)
+    only: the same rows sent in another order, amid other requests, come back bit-equal; another
+    weight version samples anew, and a batched server does not promise any of it."""
+    import asyncio
+
+    from exgrpo.backends.verl.assets import export_model
+    from exgrpo.backends.verl.platform.hf_rollout import HFRolloutServer
+
+    monkeypatch.setenv("EXGRPO_CACHE", str(cache))
+    path = str(export_model(load_experiment(EXGRPO)))
+    prompts = [[1] + [4 + (i % 7), 10, 5 + (i % 3)] for i in range(16)]
+
+    def answers(order, reproducible=True, version=None, noise=()):
+        server = HFRolloutServer(path, response_length=8, prompt_length=32, seed=5, reproducible=reproducible)
+        if version is not None:
+            asyncio.run(server.update_weights({}, global_steps=version))
+
+        async def send():
+            calls = [server.generate(f"det-{i}", prompts[i], {"temperature": 1.0}) for i in order]
+            calls += [server.generate(f"det-{100 + j}", [1, 7, 7], {"temperature": 1.0}) for j in noise]
+            return await asyncio.gather(*calls)
+
+        outs = asyncio.run(send())
+        return {i: (o.token_ids, o.log_probs) for i, o in zip(order, outs, strict=False)}
+
+    forward = answers(range(16))
+    assert forward == answers(list(reversed(range(16))), noise=range(5))
+    assert answers(range(16), version=3) != forward
+    batched = [answers(order, reproducible=False) for order in (range(16), list(reversed(range(16))))]
+    assert batched[0] != batched[1]  # batched, a row's sample depends on where it lands in the batch
+
+
 @pytest.mark.parametrize("decoder", ["fused", "hf"])
 def test_hf_rollout_server_samples_with_the_policys_decoder(cache, monkeypatch, decoder):
     """The server's engine is the one ``policy.decoder`` names: its samples are that decoder's (``hf``
@@ -239,10 +272,13 @@ def test_overrides_are_derived_from_the_typed_config_and_compose():
     assert config.algorithm.adv_estimator == "grpo" and config.algorithm.norm_adv_by_std_in_grpo is False
     assert config.ray_kwargs.ray_init.address == "local"
     # the hf rollout server runs the policy's decoder (the tier's defaults, and a changed one)
-    assert dict(a.rollout.custom) == {"decoder": "fused", "prepack_weights": False}
-    other = compose(hydra_overrides(load_experiment(EXGRPO, {"policy.decoder": "static-kv",
-                                                              "policy.prepack_weights": True}), paths))
-    assert dict(other.actor_rollout_ref.rollout.custom) == {"decoder": "static-kv", "prepack_weights": True}
+    assert dict(a.rollout.custom) == {"reproducible": True, "decoder": "fused", "prepack_weights": False}
+    assert a.rollout.full_determinism is True  # veRL names each request by its row: the seed's key
+    other = compose(hydra_overrides(load_experiment(EXGRPO, {"policy.decoder": "static-kv", "policy.prepack_weights": True,
+                                                              "backend.verl.reproducible": False}), paths))
+    assert dict(other.actor_rollout_ref.rollout.custom) == {"reproducible": False, "decoder": "static-kv",
+                                                            "prepack_weights": True}
+    assert other.actor_rollout_ref.rollout.full_determinism is False
 
 
 def test_paper_tier_gpu_config_composes_with_vllm_nccl_and_real_gpu_counts():
@@ -333,6 +369,24 @@ def test_verl_grpo_end_to_end_through_the_cli(grpo_run):
     # weight sync: the hf rollout's log-probs equal the fp32 actor's recomputed ones after every update
     # (about 2.6e-7; 1.2e-3 with veRL's default bf16 compute, backend.verl.actor_dtype=bfloat16)
     assert max(r["training/rollout_probs_diff_mean"] for r in rows if "batch/solved" in r) < 1e-5
+
+
+MEASUREMENTS = ("timing_s/", "timing_per_token_ms/", "perf/", "actor/perf/")
+"""Metrics of how long and how much memory, not of what was learnt: they differ between any two runs."""
+
+
+@pytest.mark.slow
+def test_two_verl_runs_of_one_seed_learn_the_same_at_every_step(grpo_run, cache, tmp_path):
+    """The hf rollout samples each request from (seed, step, row): a second run of the same config and
+    seed, piped instead of in a terminal, equals the first at every step in every metric but timings."""
+    _train(GRPO, tmp_path, cache, "--no-tracking")
+    first, again = _rows(grpo_run), _rows(tmp_path / "verl-tiny-grpo" / "seed0")
+
+    def learnt(rows):
+        return [{k: v for k, v in r.items() if not k.startswith(MEASUREMENTS)} for r in rows]
+
+    assert len(first) == 6 and learnt(again) == learnt(first)
+    assert any(r["actor/pg_loss"] != 0 for r in first)  # the runs trained: equality is not of zeros
 
 
 @pytest.mark.slow

@@ -3,10 +3,16 @@
 Three pieces, as veRL's vLLM rollout has them:
 
 * :class:`HFRolloutServer`, a Ray actor per replica. The agent loop sends it one prompt per
-  request, many at once; it gathers the requests that arrive within a few milliseconds into one
-  batch and samples them together with the KV-cache engine the native backend uses
+  request, many at once. It samples them with the KV-cache engine the native backend uses
   (:class:`exgrpo.backends.native.lm.engine.RolloutEngine`), returning token ids and their
-  log-probs (``rollout_log_probs``: the behaviour log-probs replay needs).
+  log-probs (``rollout_log_probs``: the behaviour log-probs replay needs), in one of two ways:
+
+  - *reproducible* (the default): each request alone, from a generator seeded by (run seed,
+    weight version, the request's row in the step's batch: veRL's ``det-<row>`` request id under
+    ``rollout.full_determinism``). Neither arrival order nor batch-mates change a row's tokens or
+    log-probs, so one seed gives the same run bit for bit;
+  - *batched*: the requests that arrive within a few milliseconds as one batch from one generator:
+    faster, but which requests share a batch depends on timing, and so do the samples.
 * :class:`HFReplica` (``RolloutReplicaRegistry["hf"]``) launches that actor.
 * :class:`HFServerAdapter` (``_ROLLOUT_REGISTRY[("hf", "async")]``) lives in the actor worker and
   pushes the trained weights to the server after every update.
@@ -40,7 +46,7 @@ class HFRolloutServer:
     """Token-in, token-out generation for one replica (a Ray actor with async methods)."""
 
     def __init__(self, model_path: str, response_length: int, prompt_length: int, seed: int = 0,
-                 threads: int = 1, engine: dict[str, Any] | None = None) -> None:
+                 threads: int = 1, engine: dict[str, Any] | None = None, reproducible: bool = False) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         torch.set_num_threads(threads)
@@ -50,7 +56,11 @@ class HFRolloutServer:
         self.eos_id = tok.eos_token_id
         self.response_length = response_length
         self.prompt_length = prompt_length
+        self.seed = seed
         self.generator = torch.Generator().manual_seed(seed)
+        self.reproducible = reproducible
+        self.weight_version = 0
+        """``global_steps`` of the last weight sync: part of every reproducible request's seed."""
         self.engine_options = _engine_options(engine or {})
         """RolloutEngine's decoder/prepack, from the policy's ``decoder`` / ``prepack_weights`` (the
         engine's own defaults for what is not given)."""
@@ -63,6 +73,8 @@ class HFRolloutServer:
     # ---------------------------------------------------------------- generation
     async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: dict[str, Any],
                        image_data: Any = None, video_data: Any = None, **kwargs: Any) -> TokenOutput:
+        if self.reproducible:
+            return await self._generate_alone(request_id, list(prompt_ids), dict(sampling_params))
         fut = asyncio.get_running_loop().create_future()
         self._pending.append((list(prompt_ids), dict(sampling_params), fut))
         if self._flush is None or self._flush.done():
@@ -89,15 +101,24 @@ class HFRolloutServer:
                             if not fut.done():
                                 fut.set_exception(exc)
 
+    async def _generate_alone(self, request_id: str, prompt: list[int], sampling_params: dict[str, Any]) -> TokenOutput:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        generator = torch.Generator().manual_seed(request_seed(self.seed, self.weight_version, request_id))
+        async with self._lock:  # one request at a time, so no other row shares its batch
+            outs = await asyncio.to_thread(self._generate, [prompt], _params_key(sampling_params, self.response_length),
+                                           generator)
+        return outs[0]
+
     @torch.no_grad()
-    def _generate(self, prompts: list[list[int]], key: tuple) -> list[TokenOutput]:
+    def _generate(self, prompts: list[list[int]], key: tuple, generator: torch.Generator | None = None) -> list[TokenOutput]:
         from exgrpo.backends.native.lm.engine import RolloutEngine, SamplingParams
 
         temperature, top_p, max_tokens = key
         greedy = temperature <= 0
         params = SamplingParams(max_new_tokens=max_tokens, temperature=1.0 if greedy else temperature, top_p=top_p)
         engine = RolloutEngine(self.model, self.pad_id, self.eos_id, params, **self.engine_options)
-        out = engine.generate(prompts, self.generator, greedy=greedy)
+        out = engine.generate(prompts, generator or self.generator, greedy=greedy)
         self.batches.append(len(prompts))
         results = []
         for i in range(len(prompts)):
@@ -109,10 +130,12 @@ class HFRolloutServer:
         return results
 
     # ---------------------------------------------------------------- weights and lifecycle
-    async def update_weights(self, state: dict[str, torch.Tensor]) -> int:
+    async def update_weights(self, state: dict[str, torch.Tensor], global_steps: int | None = None) -> int:
         missing, unexpected = self.model.load_state_dict(state, strict=False)
         if unexpected:
             raise KeyError(f"hf rollout: unexpected weights {unexpected[:5]}")
+        if global_steps is not None:
+            self.weight_version = int(global_steps)
         return len(state)
 
     async def batch_sizes(self) -> list[int]:
@@ -129,9 +152,22 @@ class HFRolloutServer:
     async def stop_profile(self) -> None: ...
 
 
+def request_seed(seed: int, weight_version: int, request_id: str) -> int:
+    """The generator seed of one request: (run seed, weight version, the request's row), mixed by numpy's
+    SeedSequence. veRL names a request ``det-<row>`` under full determinism; any other id is hashed
+    (stable across processes, unlike ``hash``)."""
+    import zlib
+
+    import numpy as np
+
+    row = int(request_id[4:]) if request_id.startswith("det-") and request_id[4:].isdigit() \
+        else zlib.crc32(request_id.encode())
+    return int(np.random.SeedSequence([seed, weight_version, row]).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
 def _engine_options(policy: dict[str, Any]) -> dict[str, Any]:
     """``rollout.custom`` (the policy's ``decoder`` / ``prepack_weights``) -> RolloutEngine keywords."""
-    names = {"decoder": "decoder", "prepack_weights": "prepack"}
+    names = {"decoder": "decoder", "prepack_weights": "prepack"}  # "reproducible" is the server's own
     return {names[k]: v for k, v in policy.items() if k in names}
 
 
@@ -155,12 +191,14 @@ class HFReplica(RolloutReplica):
         if not hasattr(model_config, "local_path"):
             model_config = omega_conf_to_dataclass(model_config)
         name = server_name(self.replica_rank)
+        custom = dict(getattr(cfg, "custom", None) or {})
         server = ray.remote(HFRolloutServer).options(
             name=name, num_cpus=0, max_concurrency=self.max_concurrency,
         ).remote(
             model_config.local_path, int(cfg.response_length), int(cfg.prompt_length),
             seed=int(os.environ.get("EXGRPO_SEED", "0")) + self.replica_rank,
-            engine=dict(getattr(cfg, "custom", None) or {}),  # rollout.custom: the policy's decoder settings (overrides.py)
+            engine=custom,  # rollout.custom: the policy's decoder settings (overrides.py)
+            reproducible=bool(custom.get("reproducible", False)),
         )
         self.servers = [server]
         self._server_handle = server
@@ -192,4 +230,4 @@ class HFServerAdapter(BaseRollout):
             return
         if self._server is None:
             self._server = ray.get_actor(server_name(self.replica_rank))
-        await self._server.update_weights.remote(state)
+        await self._server.update_weights.remote(state, kwargs.get("global_steps"))
