@@ -2,6 +2,7 @@
 on gloo), GRPO and ExGRPO end to end through the CLI, a real kill and resume with the pool."""
 
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -567,9 +568,12 @@ KILL_RUN = ["--set=train.max_steps=6", "--set=train.checkpoint_every=2", "--set=
 @pytest.fixture(scope="session")
 def killed_exgrpo_run(tmp_path_factory, cache):
     """experiments/verl-tiny-exgrpo.yaml through the CLI, killed for real (SIGKILL to `exgrpo train`
-    and the veRL driver under it) after its first checkpoint, with a torn newer checkpoint planted
-    as if the kill had hit the next save; then a resume refused for another config, and the resume
-    to the end (6 steps). Returns what the tests look at."""
+    only, as `kill -9` does) after its first checkpoint; the processes it had started are watched
+    until they are gone (at most 120 s). Then a torn newer checkpoint is planted as if the kill had
+    hit the next save, a resume is refused for another config, and the run resumes to the end (6
+    steps). Returns what the tests look at."""
+    import psutil
+
     out = tmp_path_factory.mktemp("verl-killed")
     cmd = [sys.executable, "-m", "exgrpo.cli", "train", EXGRPO, "--no-progress", "--output-dir", str(out), *KILL_RUN]
     proc = subprocess.Popen(cmd, env=_env(cache), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -581,8 +585,13 @@ def killed_exgrpo_run(tmp_path_factory, cache):
     while time.time() < deadline and not tracker.exists() and proc.poll() is None:
         time.sleep(0.2)
     assert tracker.exists(), "no checkpoint before the kill"
-    os.killpg(proc.pid, signal.SIGKILL)
+    started = psutil.Process(proc.pid).children(recursive=True)
+    at_kill = int(tracker.read_text())
+    os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
+    gone, outlived = psutil.wait_procs(started, timeout=120)
+    with contextlib.suppress(ProcessLookupError):  # whatever outlived it, so that the resume starts clean
+        os.killpg(proc.pid, signal.SIGKILL)
     saved = int(tracker.read_text())
     killed_at = torch.load(ckpts / f"global_step_{saved}" / "exgrpo_pool.pt", weights_only=True)
     torn = ckpts / f"global_step_{saved + 1}" / "actor"  # as if killed in the middle of the next save
@@ -592,7 +601,18 @@ def killed_exgrpo_run(tmp_path_factory, cache):
     refused = _train(EXGRPO, out, cache, *KILL_RUN, "--resume", "--set=train.lr=0.1", check=False)
     resumed = _train_in_a_terminal(EXGRPO, out, cache, *KILL_RUN, "--resume")  # as a person resumes it
     return {"out": out, "run_dir": run_dir, "saved": saved, "killed_at": killed_at, "refused": refused,
-            "resumed": resumed}
+            "resumed": resumed, "started": started, "checkpoint_at_kill": at_kill, "outlived": [f"{p.pid} {p.name()}" for p in outlived if p.is_running()]}
+
+
+@pytest.mark.slow
+def test_nothing_of_a_verl_run_outlives_a_kill_9_of_the_command(killed_exgrpo_run):
+    """The veRL job notices its launcher is gone and stops its Ray: none of the processes the command
+    had started (the job, Ray's GCS, raylet, workers) is left running, nor as a zombie, and the run
+    trained no further (an orphaned job went on to its last step and checkpoint)."""
+    run = killed_exgrpo_run
+    assert len(run["started"]) >= 5  # the job, its Ray and veRL's workers were up at the kill
+    assert run["outlived"] == []
+    assert run["saved"] == run["checkpoint_at_kill"]
 
 
 @pytest.mark.slow

@@ -21,6 +21,9 @@ FORWARDED_ENV = ("VERL_PLATFORM", "VERL_ENGINE_DEVICE", "EXGRPO_SEED", "PYTHONPA
                  "EXGRPO_BIND_LOOPBACK", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND")
 """Variables passed on to veRL's Ray workers (with every ``MLFLOW_*``: the run and store to report to)."""
 
+LAUNCHER_ENV = "EXGRPO_LAUNCHER_PID"
+"""PID of the command that started this job as its child process (unset for a Ray Job)."""
+
 JOB_ERROR = "exgrpo: error: "
 """Prefix of the one line a job prints when it diagnosed its own failure (the runner reports just that)."""
 
@@ -113,8 +116,30 @@ def run(cfg: ExperimentConfig, overrides: list[str]) -> None:
     ray.get(runner.run.remote(config, cfg.model_dump_json()))
 
 
+def stop_with_launcher(poll_seconds: float = 1.0) -> None:
+    """When the command that launched this job dies (``kill -9`` of ``exgrpo train``, or a SIGTERM it
+    had no time to pass on), the job SIGTERMs itself: Ray's handler then shuts the private cluster
+    down, and nothing of the run outlives the command by more than a few seconds. Without this the
+    orphaned job trained on, re-parented to init, with its whole Ray."""
+    import signal
+    import threading
+    import time
+
+    launcher = os.environ.pop(LAUNCHER_ENV, None)  # not for the processes this job starts
+    if not launcher:
+        return
+
+    def watch() -> None:
+        while os.getppid() == int(launcher):
+            time.sleep(poll_seconds)
+        os.kill(os.getpid(), signal.SIGTERM)  # (no message: the launcher was the reader of this output)
+
+    threading.Thread(target=watch, daemon=True, name="launcher-watch").start()
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
+    stop_with_launcher()
     if not argv:
         raise SystemExit("usage: python -m exgrpo.backends.verl.main <run_dir>/verl_run.json")
     spec = json.loads(Path(argv[0]).read_text())

@@ -161,7 +161,9 @@ def run_local(prepared: PreparedRun, progress: bool = True, log_tail: int = 40, 
     import queue
     import threading
 
-    env = {**os.environ, **prepared.env}
+    from exgrpo.backends.verl.main import LAUNCHER_ENV
+
+    env = {**os.environ, **prepared.env, LAUNCHER_ENV: str(os.getpid())}  # the job stops if this process dies
     log_path = prepared.run_dir / "verl.log"
     tail: deque[str] = deque(maxlen=log_tail)
     last_poll = time.monotonic()
