@@ -33,6 +33,9 @@ class RunOutcome:
     """Response tokens sampled over the whole run (``compute/rollout_tokens`` summed)."""
     grad_tokens: float | None = None
     """Response tokens that entered the loss over the whole run (``compute/grad_tokens`` summed)."""
+    records_pending: bool = False
+    """MLflow could not take the run's record (down at its start or end): it waits in ``run_dir`` for
+    ``exgrpo sync``."""
 
 
 def outcome_extras(history: Iterable[dict[str, float]]) -> dict[str, float | None]:

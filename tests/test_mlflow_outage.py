@@ -1,4 +1,4 @@
-"""Issue 10, item 4: the MLflow server going away mid-run loses nothing and stalls nothing.
+"""The MLflow server going away, mid-run or before a run starts, loses nothing and stalls nothing.
 
 A real `mlflow server` process on 127.0.0.1, killed (SIGKILL to its process group) during training
 and started again on the same store. Before: training stalled for minutes in MLflow's HTTP retries,
@@ -157,3 +157,40 @@ def test_compare_parent_run_is_kept_for_exgrpo_sync_when_mlflow_dies_at_the_end(
     assert parent.data.tags["mlflow.note.content"] == res.table
     names = {a.path for a in MlflowClient(server.url).list_artifacts(res.parent_run_id)}
     assert {"comparison.md", "outcomes.json"} <= names
+
+
+def test_a_comparison_run_that_starts_during_an_outage_trains_and_is_delivered_by_sync(server, tmp_path, capsys):
+    """The server is killed once the first run has finished, so the second starts while it is down:
+    it trains anyway, the comparison ends with its table naming the run whose record is pending, and
+    after the server returns `exgrpo sync` leaves every run FINISHED with all of its steps."""
+    from mlflow import MlflowClient
+
+    from exgrpo.config import load_compare
+    from exgrpo.tracking.compare import run_tracked_compare
+
+    cc = load_compare("experiments/toy.yaml", {"name": "outage-start", "output_dir": str(tmp_path / "runs"),
+                                               "task.max_operand": 4, "policy.hidden": 16, "policy.layers": 1,
+                                               "train.batch_size": 8, "algorithm.group_size": 4, "train.max_steps": 5})
+    cc = cc.model_copy(update={"arms": {"grpo": cc.arms["grpo"], "exgrpo": cc.arms["exgrpo"]}, "seeds": [0]})
+    res = run_tracked_compare(cc, tracking_uri=server.url, executor="process", workers=1,
+                              on_done=lambda o: server.kill())
+    assert len(res.outcomes) == 2 and not res.failures  # both trained
+    first, second = res.outcomes
+    assert first.run_id and not first.records_pending
+    assert second.run_id is None and second.records_pending
+    assert f"MLflow records pending for 1 run(s): {second.arm} seed 0" in res.table
+    assert "| grpo |" in res.table and "| exgrpo |" in res.table  # the table covers both arms
+    out = capsys.readouterr().out
+    assert f"cannot take run {second.arm}-seed0 now; it trains anyway" in out
+
+    server.start()
+    assert cli.main(["sync", str(tmp_path / "runs")]) == 0
+    client = MlflowClient(server.url)
+    runs = client.search_runs([res.experiment_id], "tags.arm != ''")
+    assert sorted(r.data.tags["arm"] for r in runs) == ["exgrpo", "grpo"]
+    for r in runs:
+        assert r.info.status == "FINISHED" and r.data.tags["mlflow.parentRunId"] == res.parent_run_id
+        assert _history(server.url, r.info.run_id, "batch/solved") == [1, 2, 3, 4, 5]
+        assert r.data.params  # the curated params, also for the run created by sync
+    assert client.get_run(res.parent_run_id).info.status == "FINISHED"
+    assert not list((tmp_path / "runs").rglob(PENDING_FILE))

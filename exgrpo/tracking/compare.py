@@ -33,12 +33,12 @@ def tracked_run_one(cfg: ExperimentConfig, arm: str, metric: str = "val/accuracy
         callbacks.append(ProgressReporter(progress_board, f"{arm} seed {cfg.seed}", cfg.train.max_steps))
     run = tracked_train(cfg, tracking_uri=tracking_uri, experiment=experiment, parent_run_id=parent_run_id,
                         arm=arm, study=study, run_name=f"{arm}-seed{cfg.seed}", check=False, callbacks=callbacks,
-                        resume=continues(cfg, resume))
+                        resume=continues(cfg, resume), defer_if_unreachable=True)  # an outage never costs a run
     evals = [h for h in run.result.history if metric in h]
     return RunOutcome(arm, cfg.seed, float(run.result.final_metrics[metric]),
-                      [h["step"] for h in evals], [h[metric] for h in evals], run_id=run.run_id,
+                      [h["step"] for h in evals], [h[metric] for h in evals], run_id=run.run_id or None,
                       run_dir=str(run.result.run_dir) if run.result.run_dir else None,
-                      **outcome_extras(run.result.history))
+                      records_pending=not run.synced, **outcome_extras(run.result.history))
 
 
 @dataclass
@@ -91,6 +91,17 @@ def _save_locally(base: ExperimentConfig, table: str, outcomes: list[RunOutcome]
     write_text_atomic(where / "comparison.md", table + "\n")
     write_text_atomic(where / "outcomes.json", json.dumps([o.__dict__ for o in outcomes], indent=1, default=str))
     return where
+
+
+def pending_note(outcomes: list[RunOutcome]) -> str:
+    """The runs whose MLflow records wait on disk (MLflow was down), with the command that delivers them."""
+    pending = sorted((o for o in outcomes if o.records_pending), key=lambda o: (o.arm, o.seed))
+    if not pending:
+        return ""
+    names = ", ".join(f"{o.arm} seed {o.seed}" for o in pending)
+    roots = sorted({str(Path(o.run_dir).parent.parent) for o in pending if o.run_dir})
+    return (f"\n\nMLflow records pending for {len(pending)} run(s): {names}; trained and complete on disk, "
+            f"delivered by `exgrpo sync {' '.join(roots)}` once MLflow is back.")
 
 
 def _finite(x: float | None) -> bool:
@@ -192,14 +203,13 @@ def run_tracked_compare(
                                 on_failed(arm, seed, error)
         elif executor == "process":
             sub = cc.model_copy(update={"base": {**cc.base, "output_dir": str(Path(base.output_dir).resolve())}})
-            for o in run_local(sub, workers=workers, runner=runner, resume=resume):
-                done(o)
+            run_local(sub, workers=workers, runner=runner, resume=resume, on_done=done)  # as each run ends
         else:
             raise ValueError(f"executor={executor!r}: use 'ray' or 'process'")
 
         rows = summarize(outcomes, list(cc.arms), cc.baseline) if outcomes else []
         horizon = max((o.curve_steps[-1] for o in outcomes if o.curve_steps), default=None)
-        table = format_table(rows, cc.metric, cc.baseline, horizon)
+        table = format_table(rows, cc.metric, cc.baseline, horizon) + pending_note(outcomes)
         metrics: dict[str, float] = {}
         for r in rows:
             metrics[f"{r.arm}/final_mean"] = r.final.mean

@@ -268,6 +268,47 @@ class TrackedRun:
         return run_url(self.experiment_id, self.run_id, self.tracking_uri)
 
 
+def _final_metrics(result: Any) -> dict[str, float]:
+    """``final/*``: a finished run's last validation and batch metrics (finite ones)."""
+    return {f"final/{k}": v for k, v in result.final_metrics.items()
+            if k.startswith(("val/", "batch/solved")) and isinstance(v, float) and math.isfinite(v)}
+
+
+def _reachable(uri: str) -> bool:
+    try:
+        check_reachable(uri)
+    except TrackingError:
+        return False
+    return True
+
+
+def _train_unrecorded(cfg: ExperimentConfig, uri: str, creation: dict[str, Any], callbacks: list[Any], *,
+                      resume: bool, force_resume: bool, progress: bool) -> TrackedRun:
+    """Train while the store cannot take a new run. ``metrics.jsonl`` holds every step; the marker
+    :func:`exgrpo.tracking.sync.write_pending` leaves carries what creates the run later (experiment,
+    name, parent, tags, params, config). If the store is back at the end the run is delivered now,
+    else by ``exgrpo sync``. A failed run is marked FAILED the same way, and the error re-raised."""
+    from exgrpo.backends.base import train
+    from exgrpo.tracking.sync import sync_run, write_pending
+
+    print(f"note: MLflow ({uri}) cannot take run {creation['run_name']} now; it trains anyway and its "
+          "record waits on disk for the store", flush=True)
+    try:
+        result = train(cfg, callbacks=callbacks, resume=resume, force_resume=force_resume, progress=progress)
+    except BaseException as e:
+        if cfg.run_dir().is_dir():
+            write_pending(cfg.run_dir(), uri, None, _status_for(e), error=f"{type(e).__name__}: {e}", create=creation)
+        raise
+    marker = write_pending(result.run_dir, uri, None, "FINISHED", _final_metrics(result), create=creation)
+    try:
+        synced = sync_run(marker.parent)
+    except Exception:  # noqa: BLE001 - still down
+        print(f"note: MLflow is unreachable; run {creation['run_name']} is complete on disk, record it with "
+              f"`exgrpo sync {marker.parent}`", flush=True)
+        return TrackedRun(result, "", "", uri, synced=False)
+    return TrackedRun(result, synced.run_id, synced.experiment_id, uri)
+
+
 def _status_for(exc: BaseException) -> str:
     return "KILLED" if type(exc).__name__ in ("TrialPruned", "KeyboardInterrupt") else "FAILED"
 
@@ -326,6 +367,7 @@ def tracked_train(
     progress: bool = False,
     check: bool = True,
     on_start: Callable[[str], None] | None = None,
+    defer_if_unreachable: bool = False,
 ) -> TrackedRun:
     """Train ``cfg`` into one MLflow run of experiment ``experiment`` (default ``cfg.name``):
     tags, curated params, the resolved config, per-step metrics, the final checkpoint.
@@ -333,14 +375,25 @@ def tracked_train(
     The run ends FINISHED, FAILED (tag ``error``) or KILLED (pruned; tag ``pruned=true``); the
     exception is re-raised. ``on_start(run_id)`` is called once the run exists. System metrics
     (CPU, memory; ``system/*``) are sampled when ``system_metrics`` is true, or when it is None and
-    ``MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING=true``."""
+    ``MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING=true``. ``defer_if_unreachable`` (a comparison's runs): when
+    the store cannot take a new run, train anyway and leave the whole record to ``exgrpo sync``
+    (:func:`_train_unrecorded`)."""
     from exgrpo.backends.base import MLflowRun, get_backend, train
 
     tracker = Tracker(tracking_uri, check=check)
     exp_name = experiment or cfg.name
-    exp_id = tracker.experiment_id(exp_name)
-    run_id = tracker.start_run(exp_name, run_name or f"{arm or algo_tag(cfg)}-seed{cfg.seed}",
-                               run_tags(cfg, arm, study, tags), parent_run_id)
+    run_name = run_name or f"{arm or algo_tag(cfg)}-seed{cfg.seed}"
+    try:
+        exp_id = tracker.experiment_id(exp_name)
+        run_id = tracker.start_run(exp_name, run_name, run_tags(cfg, arm, study, tags), parent_run_id)
+    except Exception:
+        if not defer_if_unreachable or _reachable(tracker.uri):
+            raise
+        creation = {"experiment": exp_name, "run_name": run_name, "parent_run_id": parent_run_id,
+                    "tags": {**code_version_tags(), **run_tags(cfg, arm, study, tags)},
+                    "params": curated_params(cfg, extra_params), "config": cfg.model_dump(mode="json")}
+        return _train_unrecorded(cfg, tracker.uri, creation, list(callbacks), resume=resume,
+                                 force_resume=force_resume, progress=progress)
     client = tracker.client
     monitor = None
     if system_metrics is None:
@@ -372,8 +425,7 @@ def tracked_train(
                 _log_steps_before_resume(logger, result.history, seen)
         finally:
             delivered = logger.flush(force=True)
-        final = {f"final/{k}": v for k, v in result.final_metrics.items()
-                 if k.startswith(("val/", "batch/solved")) and isinstance(v, float) and math.isfinite(v)}
+        final = _final_metrics(result)
         if not delivered and result.run_dir:  # the server is down at the end: leave it to `exgrpo sync`
             from exgrpo.tracking.sync import write_pending
 

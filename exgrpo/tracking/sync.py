@@ -2,7 +2,9 @@
 
 When the server is unreachable at the end of a run (it died mid-run and has not come back), the run
 cannot be ended remotely. :func:`write_pending` then leaves ``mlflow_pending.json`` in the run
-directory: the run id, the store, the final status and metrics. :func:`sync_run` replays what
+directory: the run id, the store, the final status and metrics. A run that could not even be
+created (the store was down when it started) has no id yet; its marker carries what creates it
+(experiment, name, parent, tags, params, config), and :func:`sync_run` creates it first. :func:`sync_run` replays what
 MLflow lacks from ``metrics.jsonl`` (the local truth: every (metric, step) past the last step MLflow
 has for it), logs the final metrics and the metrics file, sets the final status (FINISHED, FAILED
 or KILLED: never RUNNING) and removes the marker. It is idempotent.
@@ -13,6 +15,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,15 +25,43 @@ PENDING_FILE = "mlflow_pending.json"
 """The marker of a run that MLflow has not fully received."""
 
 
-def write_pending(run_dir: str | Path, tracking_uri: str, run_id: str, status: str,
+def write_pending(run_dir: str | Path, tracking_uri: str, run_id: str | None, status: str,
                   final_metrics: Mapping[str, float] | None = None, error: str | None = None,
-                  artifacts: Mapping[str, str] | None = None, tags: Mapping[str, str] | None = None) -> Path:
+                  artifacts: Mapping[str, str] | None = None, tags: Mapping[str, str] | None = None,
+                  create: Mapping[str, Any] | None = None) -> Path:
     """Leave the marker that ``exgrpo sync`` completes; returns its path. ``artifacts``: file name in
-    ``run_dir`` -> artifact directory ("" for the root); ``tags``: tags to set."""
+    ``run_dir`` -> artifact directory ("" for the root); ``tags``: tags to set; ``create`` (with
+    ``run_id`` None): experiment, run_name, parent_run_id, tags, params and config of the run to create."""
     record = {"tracking_uri": tracking_uri, "run_id": run_id, "status": status,
               "final_metrics": dict(final_metrics or {}), "error": error, "written": time.time(),
-              "artifacts": dict(artifacts or {}), "tags": dict(tags or {})}
-    return write_text_atomic(Path(run_dir) / PENDING_FILE, json.dumps(record, indent=1))
+              "artifacts": dict(artifacts or {}), "tags": dict(tags or {}), "create": dict(create or {})}
+    return write_text_atomic(Path(run_dir) / PENDING_FILE, json.dumps(record, indent=1, default=str))
+
+
+@dataclass(frozen=True)
+class Synced:
+    """A run :func:`sync_run` ended."""
+
+    status: str
+    run_id: str
+    experiment_id: str
+
+    def __str__(self) -> str:
+        return f"{self.status} (run {self.run_id})"
+
+
+def _created(marker: Path, record: dict[str, Any], tracker: Any) -> str:
+    """The run's id: the marker's, or a run created now from its ``create`` record (the id is written
+    back at once, so a sync that fails later does not create a second run)."""
+    if record.get("run_id"):
+        return record["run_id"]
+    create = record["create"]
+    run_id = tracker.start_run(create["experiment"], create["run_name"], create.get("tags"), create.get("parent_run_id"))
+    tracker.log_params(run_id, create.get("params") or {})
+    tracker.client.log_dict(run_id, create.get("config") or {}, "config/resolved_config.json")
+    record["run_id"] = run_id
+    write_text_atomic(marker, json.dumps(record, indent=1, default=str))
+    return run_id
 
 
 def pending_runs(root: str | Path) -> list[Path]:
@@ -48,8 +79,8 @@ def _rows(metrics_file: Path) -> list[dict[str, Any]]:
     return read_metrics(metrics_file, up_to_step=float("inf"), warn=lambda _msg: None)
 
 
-def sync_run(run_dir: str | Path) -> str:
-    """Deliver what MLflow lacks of the run in ``run_dir`` and end it; returns the final status."""
+def sync_run(run_dir: str | Path) -> Synced:
+    """Deliver what MLflow lacks of the run in ``run_dir`` (creating the run if it never was) and end it."""
     from mlflow.entities import Metric
 
     from exgrpo.tracking.mlflow_tracking import Tracker, sanitize_metric_name
@@ -57,8 +88,9 @@ def sync_run(run_dir: str | Path) -> str:
     run_dir = Path(run_dir)
     marker = run_dir / PENDING_FILE
     record = json.loads(marker.read_text())
-    client = Tracker(record["tracking_uri"]).client
-    run_id = record["run_id"]
+    tracker = Tracker(record["tracking_uri"])
+    client = tracker.client
+    run_id = _created(marker, record, tracker)
     rows = _rows(run_dir / "metrics.jsonl")
     keys = sorted({k for r in rows for k, v in r.items() if k != "step" and isinstance(v, (int, float))})
     last: dict[str, int] = {}
@@ -83,4 +115,4 @@ def sync_run(run_dir: str | Path) -> str:
     client.set_tag(run_id, "synced_after_outage", "true")
     client.set_terminated(run_id, record["status"])
     marker.unlink()
-    return record["status"]
+    return Synced(record["status"], run_id, client.get_run(run_id).info.experiment_id)
