@@ -53,7 +53,7 @@ lint: $(STAMP)
 	.venv/bin/ruff check .
 
 test: $(STAMP) $(JOB_STAMP) lint docs services
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=40
 
 test-fast: $(STAMP) lint   # the inner loop: core, config, rewards and unit tests (no servers, Ray or veRL)
 	$(PY) -m pytest -q -m "not e2e and not slow"
