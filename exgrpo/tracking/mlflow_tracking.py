@@ -298,6 +298,11 @@ def _train_unrecorded(cfg: ExperimentConfig, uri: str, creation: dict[str, Any],
     except BaseException as e:
         if cfg.run_dir().is_dir():
             write_pending(cfg.run_dir(), uri, None, _status_for(e), error=f"{type(e).__name__}: {e}", create=creation)
+            try:
+                sync_run(cfg.run_dir())
+            except Exception:  # noqa: BLE001 - still down
+                print(f"note: run {creation['run_name']} ended {_status_for(e)} while MLflow is unreachable; record "
+                      f"it with `exgrpo sync {cfg.run_dir()}`", flush=True)
         raise
     marker = write_pending(result.run_dir, uri, None, "FINISHED", _final_metrics(result), create=creation)
     try:

@@ -57,10 +57,10 @@ def _created(marker: Path, record: dict[str, Any], tracker: Any) -> str:
         return record["run_id"]
     create = record["create"]
     run_id = tracker.start_run(create["experiment"], create["run_name"], create.get("tags"), create.get("parent_run_id"))
-    tracker.log_params(run_id, create.get("params") or {})
-    tracker.client.log_dict(run_id, create.get("config") or {}, "config/resolved_config.json")
     record["run_id"] = run_id
     write_text_atomic(marker, json.dumps(record, indent=1, default=str))
+    tracker.log_params(run_id, create.get("params") or {})
+    tracker.client.log_dict(run_id, create.get("config") or {}, "config/resolved_config.json")
     return run_id
 
 
@@ -113,6 +113,7 @@ def sync_run(run_dir: str | Path) -> Synced:
     if record.get("error"):
         client.set_tag(run_id, "error", record["error"][:5000])
     client.set_tag(run_id, "synced_after_outage", "true")
+    experiment_id = client.get_run(run_id).info.experiment_id
     client.set_terminated(run_id, record["status"])
     marker.unlink()
-    return Synced(record["status"], run_id, client.get_run(run_id).info.experiment_id)
+    return Synced(record["status"], run_id, experiment_id)

@@ -116,11 +116,12 @@ def run(cfg: ExperimentConfig, overrides: list[str]) -> None:
     ray.get(runner.run.remote(config, cfg.model_dump_json()))
 
 
-def stop_with_launcher(poll_seconds: float = 1.0) -> None:
+def stop_with_launcher(poll_seconds: float = 1.0, grace_seconds: float = 60.0) -> None:
     """When the command that launched this job dies (``kill -9`` of ``exgrpo train``, or a SIGTERM it
     had no time to pass on), the job SIGTERMs itself: Ray's handler then shuts the private cluster
     down, and nothing of the run outlives the command by more than a few seconds. Without this the
-    orphaned job trained on, re-parented to init, with its whole Ray."""
+    orphaned job trained on, re-parented to init, with its whole Ray. If the shutdown has not ended the
+    process after ``grace_seconds``, it exits at once."""
     import signal
     import threading
     import time
@@ -128,11 +129,17 @@ def stop_with_launcher(poll_seconds: float = 1.0) -> None:
     launcher = os.environ.pop(LAUNCHER_ENV, None)  # not for the processes this job starts
     if not launcher:
         return
+    if os.getppid() != int(launcher):  # started through a wrapper (a shell script, `conda run`...)
+        print("exgrpo: the job's parent is not the command that launched it; it will not stop with that command",
+              flush=True)
+        return
 
     def watch() -> None:
         while os.getppid() == int(launcher):
             time.sleep(poll_seconds)
         os.kill(os.getpid(), signal.SIGTERM)  # (no message: the launcher was the reader of this output)
+        time.sleep(grace_seconds)  # Ray's shutdown hung
+        os._exit(1)
 
     threading.Thread(target=watch, daemon=True, name="launcher-watch").start()
 

@@ -59,6 +59,7 @@ class HFRolloutServer:
         self.seed = seed
         self.generator = torch.Generator().manual_seed(seed)
         self.reproducible = reproducible
+        self._warned_ids = False
         self.weight_version = 0
         """``global_steps`` of the last weight sync: part of every reproducible request's seed."""
         self.engine_options = _engine_options(engine or {})
@@ -104,6 +105,10 @@ class HFRolloutServer:
     async def _generate_alone(self, request_id: str, prompt: list[int], sampling_params: dict[str, Any]) -> TokenOutput:
         if self._lock is None:
             self._lock = asyncio.Lock()
+        if not request_id.startswith("det-") and not self._warned_ids:
+            self._warned_ids = True
+            logger.warning("hf rollout: request id %r is not veRL's det-<row> (rollout.full_determinism off?): "
+                           "samples are seeded by the id and the run is not reproducible", request_id)
         generator = torch.Generator().manual_seed(request_seed(self.seed, self.weight_version, request_id))
         async with self._lock:  # one request at a time, so no other row shares its batch
             outs = await asyncio.to_thread(self._generate, [prompt], _params_key(sampling_params, self.response_length),
@@ -134,8 +139,8 @@ class HFRolloutServer:
         missing, unexpected = self.model.load_state_dict(state, strict=False)
         if unexpected:
             raise KeyError(f"hf rollout: unexpected weights {unexpected[:5]}")
-        if global_steps is not None:
-            self.weight_version = int(global_steps)
+        # the step the weights are of; without it (a caller that does not say), count the syncs
+        self.weight_version = int(global_steps) if global_steps is not None else self.weight_version + 1
         return len(state)
 
     async def batch_sizes(self) -> list[int]:
@@ -192,13 +197,16 @@ class HFReplica(RolloutReplica):
             model_config = omega_conf_to_dataclass(model_config)
         name = server_name(self.replica_rank)
         custom = dict(getattr(cfg, "custom", None) or {})
+        reproducible = bool(custom.get("reproducible", False))
         server = ray.remote(HFRolloutServer).options(
             name=name, num_cpus=0, max_concurrency=self.max_concurrency,
         ).remote(
             model_config.local_path, int(cfg.response_length), int(cfg.prompt_length),
-            seed=int(os.environ.get("EXGRPO_SEED", "0")) + self.replica_rank,
+            # reproducible: one seed for every replica (veRL routes a row to a replica by Python's
+            # per-process string hash, so which replica answers a row changes from run to run)
+            seed=int(os.environ.get("EXGRPO_SEED", "0")) + (0 if reproducible else self.replica_rank),
             engine=custom,  # rollout.custom: the policy's decoder settings (overrides.py)
-            reproducible=bool(custom.get("reproducible", False)),
+            reproducible=reproducible,
         )
         self.servers = [server]
         self._server_handle = server
