@@ -140,6 +140,15 @@ def describe(address: str | None) -> str:
             f"{sum(n.gpus for n in nodes):g} GPUs")
 
 
+def announce(address: str | None, client: Any, run_id: str) -> str:
+    """Say where a comparison's or sweep's work runs: in the terminal, and as the tag ``ray`` of its
+    MLflow parent run (``client`` an MlflowClient). Returns the description."""
+    where = describe(address)
+    print(f"running on {where}", flush=True)
+    client.set_tag(run_id, "ray", where)
+    return where
+
+
 def largest_node_cpus() -> int:
     """The most CPUs one live node has: a task asking for more could never be scheduled."""
     return int(max((n.cpus for n in alive_nodes()), default=1))

@@ -236,11 +236,9 @@ def run_sweep(
             tracker.client.set_tag(parent, "error", str(e)[:5000])
             tracker.end_run(parent, "FAILED")
             raise
-        from exgrpo.cluster import describe
+        from exgrpo.cluster import announce
 
-        where = describe(ray_address)
-        print(f"running on {where}", flush=True)
-        tracker.client.set_tag(parent, "ray", where)
+        announce(ray_address, tracker.client, parent)
         board = ray.remote(num_cpus=0)(ProgressBoard).remote()
         remote = ray.remote(num_cpus=task_cpus(base), max_retries=0)(run_trial)
         sweep_json = sc.model_dump(mode="json")

@@ -174,11 +174,9 @@ def run_tracked_compare(
             except Exception as e:  # e.g. a cluster that refuses us: say why on the parent run (it ends FAILED)
                 tracker.client.set_tag(parent, "error", str(e)[:5000])
                 raise
-            from exgrpo.cluster import describe
+            from exgrpo.cluster import announce
 
-            where = describe(ray_address)
-            print(f"running on {where}", flush=True)
-            tracker.client.set_tag(parent, "ray", where)
+            announce(ray_address, tracker.client, parent)
             board = ray.remote(num_cpus=0)(ProgressBoard).remote()
             remote = ray.remote(max_retries=0)(tracked_run_one)
             refs = {remote.options(num_cpus=task_cpus(cfg)).remote(

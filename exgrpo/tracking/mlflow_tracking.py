@@ -248,6 +248,11 @@ class Tracker:
             self.client.log_batch(run_id, metrics=items[i:i + 1000])
         return items
 
+    def log_identity(self, run_id: str, params: Mapping[str, Any], config: Mapping[str, Any]) -> None:
+        """What a training run is: its curated params and its resolved config (``config/resolved_config.json``)."""
+        self.log_params(run_id, params)
+        self.client.log_dict(run_id, dict(config), "config/resolved_config.json")
+
     def end_run(self, run_id: str, status: str = "FINISHED") -> None:
         self.client.set_terminated(run_id, status)
 
@@ -293,23 +298,24 @@ def _train_unrecorded(cfg: ExperimentConfig, uri: str, creation: dict[str, Any],
 
     print(f"note: MLflow ({uri}) cannot take run {creation['run_name']} now; it trains anyway and its "
           "record waits on disk for the store", flush=True)
+    def deliver(run_dir: Path, status: str, **record: Any) -> Any:
+        """Leave the marker, then deliver it now if the store is back (its ``Synced``), else say how."""
+        write_pending(run_dir, uri, None, status, create=creation, **record)
+        try:
+            return sync_run(run_dir)
+        except Exception:  # noqa: BLE001 - still down
+            print(f"note: run {creation['run_name']} ended {status} while MLflow is unreachable; it is on disk, "
+                  f"record it with `exgrpo sync {run_dir}`", flush=True)
+            return None
+
     try:
         result = train(cfg, callbacks=callbacks, resume=resume, force_resume=force_resume, progress=progress)
     except BaseException as e:
         if cfg.run_dir().is_dir():
-            write_pending(cfg.run_dir(), uri, None, _status_for(e), error=f"{type(e).__name__}: {e}", create=creation)
-            try:
-                sync_run(cfg.run_dir())
-            except Exception:  # noqa: BLE001 - still down
-                print(f"note: run {creation['run_name']} ended {_status_for(e)} while MLflow is unreachable; record "
-                      f"it with `exgrpo sync {cfg.run_dir()}`", flush=True)
+            deliver(cfg.run_dir(), _status_for(e), error=f"{type(e).__name__}: {e}")
         raise
-    marker = write_pending(result.run_dir, uri, None, "FINISHED", _final_metrics(result), create=creation)
-    try:
-        synced = sync_run(marker.parent)
-    except Exception:  # noqa: BLE001 - still down
-        print(f"note: MLflow is unreachable; run {creation['run_name']} is complete on disk, record it with "
-              f"`exgrpo sync {marker.parent}`", flush=True)
+    synced = deliver(Path(result.run_dir), "FINISHED", final_metrics=_final_metrics(result))
+    if synced is None:
         return TrackedRun(result, "", "", uri, synced=False)
     return TrackedRun(result, synced.run_id, synced.experiment_id, uri)
 
@@ -388,14 +394,15 @@ def tracked_train(
     tracker = Tracker(tracking_uri, check=check)
     exp_name = experiment or cfg.name
     run_name = run_name or f"{arm or algo_tag(cfg)}-seed{cfg.seed}"
+    tags = run_tags(cfg, arm, study, tags)
     try:
         exp_id = tracker.experiment_id(exp_name)
-        run_id = tracker.start_run(exp_name, run_name, run_tags(cfg, arm, study, tags), parent_run_id)
+        run_id = tracker.start_run(exp_name, run_name, tags, parent_run_id)
     except Exception:
         if not defer_if_unreachable or _reachable(tracker.uri):
             raise
         creation = {"experiment": exp_name, "run_name": run_name, "parent_run_id": parent_run_id,
-                    "tags": {**code_version_tags(), **run_tags(cfg, arm, study, tags)},
+                    "tags": {**code_version_tags(), **tags},
                     "params": curated_params(cfg, extra_params), "config": cfg.model_dump(mode="json")}
         return _train_unrecorded(cfg, tracker.uri, creation, list(callbacks), resume=resume,
                                  force_resume=force_resume, progress=progress)
@@ -406,8 +413,7 @@ def tracked_train(
     try:
         if on_start is not None:
             on_start(run_id)
-        tracker.log_params(run_id, curated_params(cfg, extra_params))
-        client.log_dict(run_id, cfg.model_dump(mode="json"), "config/resolved_config.json")
+        tracker.log_identity(run_id, curated_params(cfg, extra_params), cfg.model_dump(mode="json"))
         if system_metrics:
             from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 

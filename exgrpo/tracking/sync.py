@@ -59,8 +59,7 @@ def _created(marker: Path, record: dict[str, Any], tracker: Any) -> str:
     run_id = tracker.start_run(create["experiment"], create["run_name"], create.get("tags"), create.get("parent_run_id"))
     record["run_id"] = run_id
     write_text_atomic(marker, json.dumps(record, indent=1, default=str))
-    tracker.log_params(run_id, create.get("params") or {})
-    tracker.client.log_dict(run_id, create.get("config") or {}, "config/resolved_config.json")
+    tracker.log_identity(run_id, create.get("params") or {}, create.get("config") or {})
     return run_id
 
 
