@@ -52,11 +52,13 @@ services:   # PostgreSQL on 127.0.0.1:55432 (team-mode tests) and Chromium (dash
 lint: $(STAMP)
 	.venv/bin/ruff check .
 
+# two workers, each running a whole module at a time, the longest modules first (tests/conftest.py):
+# module fixtures (a veRL run read by many tests, a Prefect server) are still made once
 test: $(STAMP) $(JOB_STAMP) lint docs services
-	$(PY) -m pytest -q --durations=40
+	$(PY) -m pytest -q --durations=40 -n 2 --dist loadfile --no-loadscope-reorder
 
 test-fast: $(STAMP) lint   # the inner loop: core, config, rewards and unit tests (no servers, Ray or veRL)
-	$(PY) -m pytest -q -m "not e2e and not slow"
+	$(PY) -m pytest -q -n 2 -m "not e2e and not slow"
 
 docs: $(STAMP)   # the documentation site (mkdocs.yml, MkDocs Material) into site/; --strict fails on a broken link or a page left out of nav
 	$(PY) -m mkdocs build --strict
@@ -71,7 +73,7 @@ TRL_PIN := trl==1.16.0
 .bench-deps/trl:
 	.venv/bin/pip install -q --no-deps --target .bench-deps "$(TRL_PIN)"
 
-# each script prints its own numbers; issue 12's four goals are collected into one table at the end
+# each script prints its own numbers; the speed goals are collected into one table at the end
 bench: export EXGRPO_BENCH_SUMMARY := $(CURDIR)/.bench-summary.jsonl
 bench: $(STAMP) .bench-deps/trl services
 	rm -f $(EXGRPO_BENCH_SUMMARY)

@@ -10,26 +10,44 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 E2E_MODULES = {
     "test_bench_scripts", "test_compare", "test_dashboards", "test_flows", "test_golden", "test_lm_tier",
     "test_mlflow_outage", "test_prefect_server", "test_ray_cluster", "test_ray_local", "test_sweep", "test_team_mode",
-    "test_verl_backend", "test_vllm_rollout",
+    "test_verl_flows", "test_verl_grpo_run", "test_verl_platform", "test_verl_resume", "test_verl_sweep",
+    "test_vllm_resume", "test_vllm_rollout",
 }
 """Modules whose tests run the product end to end (servers, Ray, veRL, vLLM, the CLI on real runs, the
 golden runs in fresh interpreters): marked ``e2e``. ``make test-fast`` runs the rest (``-m "not e2e and
 not slow"``): the core, config, rewards and unit tests."""
 
 
+LONGEST_FIRST = [
+    "test_vllm_rollout", "test_verl_sweep", "test_vllm_resume", "test_verl_flows", "test_ray_cluster",
+    "test_verl_resume", "test_prefect_server", "test_verl_grpo_run", "test_compare", "test_ray_local",
+    "test_bench_scripts", "test_mlflow_outage", "test_lm_tier", "test_golden", "test_team_mode", "test_verl_platform",
+]
+"""Modules by how long they take (``--durations`` of a whole run), longest first. ``make test`` runs
+the suite on two workers, a module to a worker at a time (``-n 2 --dist loadfile
+--no-loadscope-reorder``): handing out the long ones first and letting the short ones fill in keeps
+both workers busy to the end. The rest follow in their usual order."""
+
+
 def pytest_configure(config):
     """Runs that track by default (``exgrpo train``, ``compare``) record into a store of this pytest
-    run, never into the checkout's ``mlruns/`` (a test that needs the default unsets the variable)."""
+    run, never into the checkout's ``mlruns/`` (a test that needs the default unsets the variable).
+    Prefect's ephemeral API gets a home of its own too: two test workers never share its database,
+    nor does a test run touch the user's ``~/.prefect``."""
     import tempfile
 
     if "MLFLOW_TRACKING_URI" not in os.environ:
         os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{tempfile.mkdtemp(prefix='exgrpo-test-mlflow-')}/mlflow.db"
+    if "PREFECT_HOME" not in os.environ:
+        os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="exgrpo-test-prefect-")
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if Path(str(item.fspath)).stem in E2E_MODULES:
             item.add_marker(pytest.mark.e2e)
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(Path(str(item.fspath)).stem, len(rank)))  # stable: each module in order
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -54,7 +72,13 @@ def _session_tracking_store():
 
 @pytest.fixture(scope="session")
 def exgrpo_cache(tmp_path_factory):
-    """One ``EXGRPO_CACHE`` for the pytest run: the tiny LM's SFT warm start, its veRL export and the
-    converted models are built once and shared. Each is a deterministic function of its config (the
-    cache key), so sharing changes no number."""
-    return tmp_path_factory.mktemp("exgrpo-cache")
+    """One ``EXGRPO_CACHE`` for the pytest run, shared by its workers: the tiny LM's SFT warm start,
+    its veRL export and the converted models are built once (under a file lock, whichever worker
+    needs one first) and shared. Each is a deterministic function of its config (the cache key), so
+    sharing changes no number."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the pytest run's directory, above each worker's own
+    cache = root / "exgrpo-cache"
+    cache.mkdir(exist_ok=True)
+    return cache

@@ -251,10 +251,10 @@ def test_sweep_deployment_has_two_schedules_with_their_own_parameters(deployed):
 def test_a_train_verl_deployment_run_on_a_worker_is_evaluated_by_the_triggered_deployment(deployed, tmp_path,
                                                                                           exgrpo_cache):
     """What a user does in the Prefect UI: run the train-verl deployment. A process worker runs the
-    flow, which launches veRL's trainer as a Ray Job into MLflow; the run's completion triggers the
+    flow, which launches veRL's trainer as a Ray Job that logs its steps live into MLflow; the run's completion triggers the
     evaluate deployment, whose run (on a worker too) scores the veRL checkpoint and logs eval/* on the
     same MLflow run, equal to what veRL's own validation logged at that step (one question of slack,
-    as in tests/test_verl_backend.py). Kept last: the train test counts the evaluate runs."""
+    as in tests/test_verl_grpo_run.py). Kept last: the train test counts the evaluate runs."""
     srv = deployed
     queue = f"e2e-{uuid.uuid4().hex[:8]}"
     _cli(["work-queue", "create", queue, "--pool", "local-pool"], srv.env)
@@ -273,7 +273,13 @@ def test_a_train_verl_deployment_run_on_a_worker_is_evaluated_by_the_triggered_d
     assert mrun.info.status == "FINISHED" and mrun.data.tags["ray_job_id"]
     assert mrun.data.tags["prefect_flow_run_id"] == run["id"]
     assert mrun.data.tags["checkpoint"].endswith("global_step_3")
-    assert [m.step for m in client.get_metric_history(mrun.info.run_id, "batch/solved")] == [1, 2, 3]
+    solved = client.get_metric_history(mrun.info.run_id, "batch/solved")
+    assert [m.step for m in solved] == [1, 2, 3]
+    # live: the job itself logged step 1 before it had saved step 3 (nothing backfilled at the end)
+    run_dir = tmp_path / "runs" / "verl-tiny-exgrpo" / "seed0"
+    saved = (run_dir / "checkpoints" / "latest_checkpointed_iteration.txt").stat().st_mtime
+    assert solved[0].timestamp / 1000 < saved and "live_metrics" not in mrun.data.tags
+    assert "Training Progress" in (run_dir / "verl.log").read_text()  # the job's log, streamed to the run directory
 
     want = f"prefect.flow-run.{run['id']}"
     triggered, deadline = [], time.monotonic() + 90

@@ -243,7 +243,7 @@ def test_log_every_steps_thins_mlflow_not_metrics_jsonl(tmp_path):
 
 def test_a_champion_checkpoint_that_is_missing_or_a_foreign_directory_is_refused_with_its_path(tmp_path):
     """A directory is registered only when it is a veRL step (global_step_N/ with actor/fsdp_config.json;
-    the real one: test_verl_backend.py); anything else is named in the error, nothing is logged."""
+    the real one: test_verl_grpo_run.py); anything else is named in the error, nothing is logged."""
     from exgrpo.tracking.registry import register_champion
 
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")

@@ -1,5 +1,5 @@
 """Reading a veRL actor's FSDP shards: merged across ranks with weights_only loads. The one-rank case
-on a real veRL checkpoint is in test_verl_backend.py; here two real FSDP2 ranks (gloo, CPU) shard a
+on a real veRL checkpoint is in test_verl_grpo_run.py; here two real FSDP2 ranks (gloo, CPU) shard a
 model with uneven row counts, as 8 GPUs shard the paper's model."""
 
 import json

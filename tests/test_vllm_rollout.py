@@ -10,42 +10,19 @@ import json
 import os
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
+from vllmutil import GRPO, JOB_PY, ROOT, _rows, _train, require_job_env
 
-ROOT = Path(__file__).resolve().parents[1]
-JOB_PY = ROOT / ".venv-job" / "bin" / "python"
-GRPO = "experiments/verl-tiny-grpo.yaml"
-EXGRPO = "experiments/verl-tiny-exgrpo.yaml"
-VLLM = ["--set=backend.verl.rollout=vllm", f"--set=backend.verl.python={JOB_PY}"]
 BUCKET_MB = "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes"
 FAULTS = "+actor_rollout_ref.rollout.checkpoint_manager_class=exgrpo.backends.verl._faults."
 
-if not JOB_PY.exists() and not os.environ.get("EXGRPO_REQUIRE_JOB_ENV"):
-    pytest.skip(f"no job environment at {JOB_PY}: run `make job-env`; set EXGRPO_REQUIRE_JOB_ENV=1 to make "
-                "this a failure", allow_module_level=True)
+require_job_env()
 
 
 def _job(code: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(JOB_PY), "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT,
                           env={**os.environ, "VERL_PLATFORM": "cpu"})
-
-
-def _train(config, out, cache, *extra, timeout=900, check=True):
-    cmd = [sys.executable, "-m", "exgrpo.cli", "train", config, "--no-progress", "--output-dir", str(out),
-           *VLLM, *extra]
-    env = {**os.environ, "EXGRPO_CACHE": str(cache), "PYTHONUNBUFFERED": "1"}
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, start_new_session=True)
-    if check:
-        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return res
-
-
-def _rows(run_dir: Path) -> list[dict]:
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in rows if "batch/solved" in r]
 
 
 # ------------------------------------------------------------------------------------ the environment
@@ -193,70 +170,41 @@ def test_vllm_rollout_log_probs_equal_the_fp32_actors_after_every_sync(vllm_grpo
     assert max(m.value for m in diffs) < 1e-5, [m.value for m in diffs]
 
 
-@pytest.mark.slow
-def test_a_rollout_never_synced_after_step_1_drifts_from_the_actor(tmp_path, exgrpo_cache):
-    """The negative control: the same run whose rollout keeps the weights of step 0 (lr raised so
-    that the policy moves) has log-probs far from the actor's after the first update."""
-    _train(GRPO, tmp_path, exgrpo_cache, "--set=train.max_steps=3", "--set=train.lr=1e-2",
-           "--set=train.eval_every_steps=null", "--set=train.checkpoint_every=0",
-           f"--set=backend.verl.extra_overrides=['{FAULTS}SyncOnce']")
-    diffs = [r["training/rollout_probs_diff_mean"] for r in _rows(tmp_path / "verl-tiny-grpo" / "seed0")]
+STALL_S = 120
+
+
+@pytest.fixture(scope="module")
+def stale_then_dead_run(tmp_path_factory, exgrpo_cache):
+    """A vLLM GRPO run (lr raised so that the policy moves) whose rollout is synced before step 1
+    only, then killed with its workers at step 3's sync (``_faults.SyncOnceThenKill``): steps 1 and
+    2 ran, step 3 never ended. -> (the CLI's result, rollout_probs_diff_mean per step from the failed
+    run's metrics.jsonl)."""
+    tmp = tmp_path_factory.mktemp("vllm-faults")
+    res = _train(GRPO, tmp, exgrpo_cache, "--set=train.max_steps=3", "--set=train.lr=1e-2",
+                 "--set=train.eval_every_steps=null", "--set=train.checkpoint_every=0",
+                 f"--set=backend.verl.stall_timeout_s={STALL_S}",
+                 f"--set=backend.verl.extra_overrides=['{FAULTS}SyncOnceThenKill']", check=False,
+                 timeout=300 + STALL_S)
+    diffs = [r["training/rollout_probs_diff_mean"] for r in _rows(tmp / "verl-tiny-grpo" / "seed0")]
     print("rollout_probs_diff_mean per step, never synced after step 1:", diffs)
-    assert diffs[0] < 1e-5 and max(diffs[1:]) > 0.1, diffs
+    return res, diffs
 
 
 @pytest.mark.slow
-def test_a_dead_rollout_server_ends_the_run_failed_within_the_bound(tmp_path, exgrpo_cache):
-    """The vLLM servers are killed under the run (planted at the first weight sync): the CLI exits 1
-    with one error line naming the failure, within the stall bound plus the job's start-up (the
-    subprocess's timeout: a hang fails the test)."""
-    stall = 120
-    res = _train(GRPO, tmp_path, exgrpo_cache, "--set=train.max_steps=2", f"--set=backend.verl.stall_timeout_s={stall}",
-                          "--set=train.eval_every_steps=null", "--set=train.checkpoint_every=0",
-                          f"--set=backend.verl.extra_overrides=['{FAULTS}KillRollout']", check=False, timeout=300 + stall)
+def test_a_rollout_never_synced_after_step_1_drifts_from_the_actor(stale_then_dead_run):
+    """The negative control of the weight-sync test: the rollout keeps the weights of step 0, so its
+    log-probs are far from the actor's once the actor has updated."""
+    _, diffs = stale_then_dead_run
+    assert len(diffs) == 2 and diffs[0] < 1e-5 and diffs[1] > 0.1, diffs
+
+
+@pytest.mark.slow
+def test_a_dead_rollout_server_ends_the_run_failed_within_the_bound(stale_then_dead_run):
+    """The vLLM servers are killed under the run: the CLI exits 1 with one error line naming the
+    failure, within the stall bound plus the job's start-up (the subprocess's timeout: a hang fails
+    the fixture)."""
+    res, _ = stale_then_dead_run
     assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
     (first,) = [line for line in res.stderr.splitlines() if line.startswith("error: ")]
     print(first)
     assert first.startswith("error: veRL run ") and ("Error" in first or "stalled" in first), first
-
-
-@pytest.mark.slow
-def test_vllm_exgrpo_replays_and_a_killed_run_resumes_with_its_pool(tmp_path, exgrpo_cache):
-    """ExGRPO on vLLM: replayed slots are skipped by the rollout and the stored trajectories enter
-    the batch with their behaviour log-probs; SIGKILLed after its first checkpoint, the run resumes
-    with its pool and validates through vLLM."""
-    import signal
-
-    import torch
-
-    extra = [*VLLM, "--set=train.max_steps=4", "--set=train.checkpoint_every=2", "--set=train.eval_every_steps=4"]
-    cmd = [sys.executable, "-m", "exgrpo.cli", "train", EXGRPO, "--no-progress", "--output-dir", str(tmp_path), *extra]
-    env = {**os.environ, "EXGRPO_CACHE": str(exgrpo_cache)}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    run_dir = tmp_path / "verl-tiny-exgrpo" / "seed0"
-    tracker = run_dir / "checkpoints" / "latest_checkpointed_iteration.txt"
-    try:
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and not tracker.exists() and proc.poll() is None:
-            time.sleep(0.2)
-        assert tracker.exists(), "no checkpoint before the kill"
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    saved = int(tracker.read_text())
-    killed_at = torch.load(run_dir / "checkpoints" / f"global_step_{saved}" / "exgrpo_pool.pt", weights_only=True)
-    res = subprocess.run([*cmd[:-len(extra)], *extra, "--resume"], env=env, capture_output=True, text=True,
-                         timeout=900, start_new_session=True)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert f"exgrpo: resumed at step {saved} from " in (run_dir / "verl.log").read_text()
-    rows = {int(r["step"]): r for r in _rows(run_dir)}
-    assert sorted(rows) == [1, 2, 3, 4]
-    resumed = rows[saved + 1]
-    assert resumed["pool/retired"] >= len(killed_at["replay"]["pool"]["retired"])
-    assert max(r["replay/questions"] for r in rows.values()) > 0
-    assert max(r["actor/off_token_fraction"] for r in rows.values()) > 0
-    assert all(r["rollout/generated_rows"] == 16 * 4 - r["replay/questions"] for r in rows.values())
-    replaying = [r for r in rows.values() if r["actor/off_token_fraction"] > 0]
-    assert all(0.5 < r["actor/off_ratio_mean"] < 2.0 for r in replaying)  # behaviour log-probs restored
-    val = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [int(r["step"]) for r in val if "val/accuracy" in r] == [4]

@@ -6,8 +6,9 @@ the job's driver, whatever the test's import mode. Nothing imports this module o
 
 * :class:`SyncOnce`: the rollout gets the actor's weights once, before step 1, and never again (the
   negative control of the weight-sync test: the rollout's log-probs drift from the actor's).
-* :class:`KillRollout`: the rollout servers and their workers are killed at the first weight sync
-  (a rollout server that dies under a run).
+* :class:`SyncOnceThenKill`: the same drift for two steps, then the rollout servers and their
+  workers are killed at step 3's weight sync (a rollout server that dies under a run): one launch
+  serves both the negative control and the failure test.
 """
 
 from __future__ import annotations
@@ -24,13 +25,24 @@ class SyncOnce(CheckpointEngineManager):
         return super().update_weights(global_steps)
 
 
-class KillRollout(CheckpointEngineManager):
+def _kill_rollout(manager: CheckpointEngineManager) -> None:
+    for replica in manager.replicas:
+        for server in getattr(replica, "servers", []):
+            ray.kill(server, no_restart=True)
+        for worker in replica.workers:
+            ray.kill(worker, no_restart=True)
+
+
+class SyncOnceThenKill(CheckpointEngineManager):
+    """veRL syncs with ``global_steps`` 0 before step 1 and with N inside step N, after the actor's
+    update and before the step's metrics are logged: killed there at step 3, the run has logged
+    steps 1 and 2 (step 2 on stale weights) and fails in step 3."""
+
     def update_weights(self, global_steps: int | None = None):
-        if not getattr(self, "_killed", False):
-            self._killed = True
-            for replica in self.replicas:
-                for server in getattr(replica, "servers", []):
-                    ray.kill(server, no_restart=True)
-                for worker in replica.workers:
-                    ray.kill(worker, no_restart=True)
-        return super().update_weights(global_steps)
+        if not getattr(self, "_synced", False):
+            self._synced = True
+            return super().update_weights(global_steps)
+        if global_steps is not None and global_steps >= 3:
+            _kill_rollout(self)
+            return super().update_weights(global_steps)
+        return {}

@@ -327,7 +327,11 @@ class VerlBackend:
                 print(line, flush=True)
 
         with bar:
-            _launch(prepared, v, feed, echo, mlflow_run, notify if progress else None)
+            try:
+                _launch(prepared, v, feed, echo, mlflow_run, notify if progress else None)
+            except BaseException:
+                collect(prepared.run_dir)  # a failed or stopped run keeps the steps it trained, as a native run does
+                raise
         return self._result(prepared.run_dir)
 
     @staticmethod

@@ -1,0 +1,43 @@
+"""What the vLLM rollout's tests share: the job environment (``make job-env`` -> .venv-job) and the
+CLI run on vLLM in it.
+
+Without the job environment the tests skip, unless ``EXGRPO_REQUIRE_JOB_ENV`` is set (CI), where
+they fail."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+JOB_PY = ROOT / ".venv-job" / "bin" / "python"
+GRPO = "experiments/verl-tiny-grpo.yaml"
+EXGRPO = "experiments/verl-tiny-exgrpo.yaml"
+VLLM = ["--set=backend.verl.rollout=vllm", f"--set=backend.verl.python={JOB_PY}"]
+
+
+def require_job_env() -> None:
+    """Skip the calling module without the job environment (fail in CI, where it must be built)."""
+    if not JOB_PY.exists() and not os.environ.get("EXGRPO_REQUIRE_JOB_ENV"):
+        pytest.skip(f"no job environment at {JOB_PY}: run `make job-env`; set EXGRPO_REQUIRE_JOB_ENV=1 to make "
+                    "this a failure", allow_module_level=True)
+
+
+def _train(config, out, cache, *extra, timeout=900, check=True):
+    cmd = [sys.executable, "-m", "exgrpo.cli", "train", config, "--no-progress", "--output-dir", str(out),
+           *VLLM, *extra]
+    env = {**os.environ, "EXGRPO_CACHE": str(cache), "PYTHONUNBUFFERED": "1"}
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, start_new_session=True)
+    if check:
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return res
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if "batch/solved" in r]
