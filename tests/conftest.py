@@ -29,6 +29,10 @@ the suite on two workers, a module to a worker at a time (``-n 2 --dist loadfile
 both workers busy to the end. The rest follow in their usual order."""
 
 
+OWN_STORE = "EXGRPO_TEST_MLFLOW_STORE"
+"""Names the MLflow store this conftest made (never a store the user pointed MLFLOW_TRACKING_URI at)."""
+
+
 def pytest_configure(config):
     """Runs that track by default (``exgrpo train``, ``compare``) record into a store of this pytest
     run, never into the checkout's ``mlruns/`` (a test that needs the default unsets the variable).
@@ -36,10 +40,13 @@ def pytest_configure(config):
     nor does a test run touch the user's ``~/.prefect``."""
     import tempfile
 
-    if "MLFLOW_TRACKING_URI" not in os.environ:
-        os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{tempfile.mkdtemp(prefix='exgrpo-test-mlflow-')}/mlflow.db"
-    if "PREFECT_HOME" not in os.environ:
-        os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="exgrpo-test-prefect-")
+    # a worker inherits the environment of the pytest process that started it: a store made there is
+    # replaced by the worker's own (two processes creating one sqlite store's tables at once fail)
+    process = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    if "MLFLOW_TRACKING_URI" not in os.environ or os.environ["MLFLOW_TRACKING_URI"] == os.environ.get(OWN_STORE):
+        uri = f"sqlite:///{tempfile.mkdtemp(prefix=f'exgrpo-test-mlflow-{process}-')}/mlflow.db"
+        os.environ["MLFLOW_TRACKING_URI"] = os.environ[OWN_STORE] = uri
+    os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix=f"exgrpo-test-prefect-{process}-")
 
 
 def pytest_collection_modifyitems(config, items):

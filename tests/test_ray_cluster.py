@@ -137,7 +137,7 @@ def test_a_cluster_too_small_for_verl_fails_in_seconds_with_one_line(cluster, tr
     # two workers per node need a node with 6 CPUs and 2 GPUs: neither node has them
     out = _cli(["train", "experiments/verl-tiny-grpo.yaml", "--ray-address", cluster.address, "--tracking-uri",
                 tracking, "--output-dir", str(tmp_path / "runs"), "--set", "backend.verl.workers_per_node=2",
-                "--no-progress"], cluster.env, timeout=30)
+                "--no-progress"], cluster.env, timeout=120)  # a hang guard: it fails in seconds when idle
     assert out.returncode == 1
     (error,) = [line for line in out.stderr.splitlines() if line.startswith("error:")]
     assert "can never run this veRL job" in error and "6 CPUs and 2 logical GPUs" in error, out.stderr[-2000:]

@@ -17,3 +17,43 @@ def test_exgrpo_cache_builds_the_tiny_lm_once_for_the_whole_run(exgrpo_cache, re
     load_tiny_lm(cfg, progress=False)
     again = load_tiny_lm(cfg, progress=False)
     assert again.cache_hit and os.path.commonpath([again.path, exgrpo_cache]) == str(exgrpo_cache)
+
+
+def test_exgrpo_cache_is_shared_by_the_runs_workers(exgrpo_cache, tmp_path_factory):
+    """Under ``make test``'s two workers, the cache lies above each worker's own temp directory, so a
+    warm start built by one worker is a hit for the other (not built once per worker)."""
+    own = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        assert not exgrpo_cache.is_relative_to(own) and own.is_relative_to(exgrpo_cache.parent)
+    else:
+        assert exgrpo_cache.is_relative_to(own)
+
+
+def test_prefect_runs_on_a_home_of_this_pytest_run():
+    """Prefect's ephemeral API keeps its database under PREFECT_HOME: one of this run's own (a worker's),
+    never the user's ~/.prefect that another pytest process might be writing."""
+    home = os.environ["PREFECT_HOME"]
+    assert not home.startswith(os.path.expanduser("~/.prefect")) and os.path.isdir(home)
+
+
+def test_the_module_lists_of_conftest_name_modules_that_exist():
+    """A renamed or split test module must not silently lose its ``e2e`` mark (it would join ``make
+    test-fast``) or its place in the longest-first order."""
+    from pathlib import Path
+
+    from conftest import E2E_MODULES, LONGEST_FIRST
+
+    here = {p.stem for p in Path(__file__).parent.glob("test_*.py")}
+    assert set(E2E_MODULES) - here == set() and set(LONGEST_FIRST) - here == set()
+    assert set(LONGEST_FIRST) <= set(E2E_MODULES) and len(set(LONGEST_FIRST)) == len(LONGEST_FIRST)
+
+
+def test_each_worker_records_into_an_mlflow_store_of_its_own():
+    """A worker inherits the environment of the pytest process that started it; the session's store
+    must be the worker's own, not that process's one shared by both workers (two processes creating
+    a sqlite store's tables at once fail a run at its start)."""
+    from conftest import OWN_STORE
+
+    process = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    assert os.environ["MLFLOW_TRACKING_URI"] == os.environ[OWN_STORE]
+    assert f"exgrpo-test-mlflow-{process}-" in os.environ["MLFLOW_TRACKING_URI"]

@@ -312,9 +312,12 @@ def test_trials_of_two_threads_each_do_not_share_two_cores(tmp_path):
     res = run_sweep(sc, storage=f"sqlite:///{tmp_path}/optuna.db", tracking_uri=uri)
     assert res.counts["COMPLETE"] == 2
     client = mlflow.MlflowClient(uri)
-    runs = sorted((r.info.start_time, r.info.end_time) for r in client.search_runs(
-        [client.get_experiment_by_name("tiny-sweep").experiment_id], "tags.mlflow.parentRunId != ''")
-        if r.info.run_id != res.parent_run_id)
+    # when each trial trained: its first and last step as its task logged them (a run's end_time is
+    # set by the driver after the task has returned and freed its CPUs, so it may follow the next start)
+    steps = [[m.timestamp for m in client.get_metric_history(r.info.run_id, "batch/solved")]
+             for r in client.search_runs([client.get_experiment_by_name("tiny-sweep").experiment_id],
+                                         "tags.mlflow.parentRunId != ''") if r.info.run_id != res.parent_run_id]
+    runs = sorted((min(t), max(t)) for t in steps)
     assert len(runs) == 2 and runs[0][1] <= runs[1][0], runs
     # one worker process ran both trials; a later test that expects two trials to overlap would find
     # one warm worker and one cold (seconds of imports) and see them run one after the other

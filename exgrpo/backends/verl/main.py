@@ -28,10 +28,11 @@ JOB_ERROR = "exgrpo: error: "
 """Prefix of the one line a job prints when it diagnosed its own failure (the runner reports just that)."""
 
 
-@ray.remote(num_cpus=1)
 class ExGRPOTaskRunner:
     """veRL's v0 TaskRunner, building :class:`ExGRPORayTrainer` (veRL's own is a Ray actor class
-    and cannot be subclassed)."""
+    and cannot be subclassed). On a cluster it runs as a Ray actor (:data:`RemoteTaskRunner`), as
+    veRL's does; on the job's private local Ray it runs in the job's own process, which has veRL
+    imported already: one interpreter fewer to start and import veRL into (about 8 s of CPU)."""
 
     def run(self, config, exgrpo_json: str) -> None:
         from omegaconf import OmegaConf
@@ -80,6 +81,9 @@ class ExGRPOTaskRunner:
                       "(the caller backfills what is missing)", flush=True)
 
 
+RemoteTaskRunner = ray.remote(num_cpus=1)(ExGRPOTaskRunner)
+
+
 def run(cfg: ExperimentConfig, overrides: list[str]) -> None:
     """Compose veRL's config and train (in this process, as Ray's driver)."""
     from omegaconf import OmegaConf
@@ -88,6 +92,7 @@ def run(cfg: ExperimentConfig, overrides: list[str]) -> None:
     from exgrpo.backends.verl.overrides import compose
 
     config = compose(overrides)
+    private = False
     if not ray.is_initialized():
         init = OmegaConf.to_container(config.ray_kwargs.get("ray_init", {}), resolve=True)
         runtime_env = OmegaConf.to_container(OmegaConf.merge(get_ppo_ray_runtime_env(config), init.pop("runtime_env", {}) or {}))
@@ -105,6 +110,7 @@ def run(cfg: ExperimentConfig, overrides: list[str]) -> None:
             init["_system_config"] = LOCAL_SYSTEM_CONFIG
             agent_port_any()
             ray.init(runtime_env=runtime_env, **init)
+            private = True
         else:
             from exgrpo.backends.verl import resources
             from exgrpo.cluster import alive_nodes, describe, join
@@ -112,8 +118,10 @@ def run(cfg: ExperimentConfig, overrides: list[str]) -> None:
             join(init.pop("address"), runtime_env=runtime_env, **init)
             print(f"exgrpo: veRL job on {describe(cfg.backend.verl.ray_address)}", flush=True)
             resources.check(cfg.backend.verl, alive_nodes(), cfg.backend.verl.ray_address or "")
-    runner = ExGRPOTaskRunner.remote()
-    ray.get(runner.run.remote(config, cfg.model_dump_json()))
+    if private:
+        ExGRPOTaskRunner().run(config, cfg.model_dump_json())
+    else:
+        ray.get(RemoteTaskRunner.remote().run.remote(config, cfg.model_dump_json()))
 
 
 def stop_with_launcher(poll_seconds: float = 1.0, grace_seconds: float = 60.0) -> None:
