@@ -8,6 +8,8 @@ our ``metrics.jsonl`` (METRICS.md names: ``val/accuracy`` among them).
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 import os
 import re
@@ -330,7 +332,8 @@ class VerlBackend:
             try:
                 _launch(prepared, v, feed, echo, mlflow_run, notify if progress else None)
             except BaseException:
-                collect(prepared.run_dir)  # a failed or stopped run keeps the steps it trained, as a native run does
+                with contextlib.suppress(Exception):  # never in place of the run's own error
+                    collect(prepared.run_dir)  # a failed or stopped run keeps the steps it trained, as a native run does
                 raise
         return self._result(prepared.run_dir)
 
