@@ -12,6 +12,13 @@ export PREFECT_CLI_PROMPT := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 90
 export MLFLOW_SERVER_ENABLE_JOB_EXECUTION := false
 export NO_MKDOCS_2_WARNING := 1
+# The environments are installed without bytecode (--no-compile): compiling every module of torch, vLLM
+# and their dependencies at install is most of a fresh install's time, and a run imports a fraction of
+# them. Python writes the bytecode of what it imports on first use, so that is allowed here.
+unexport PYTHONDONTWRITEBYTECODE
+# Independent set-up steps run side by side (the two environments above all: an install waits on the
+# registry and the disk as much as on a core).
+MAKEFLAGS += --jobs=2
 
 JOB_PY    := .venv-job/bin/python
 JOB_STAMP := .venv-job/.installed
@@ -20,7 +27,7 @@ JOB_STAMP := .venv-job/.installed
 
 $(STAMP): requirements-cpu.txt pyproject.toml
 	python3 -m venv .venv
-	.venv/bin/pip install -q -r requirements-cpu.txt
+	.venv/bin/pip install -q --no-compile -r requirements-cpu.txt
 	.venv/bin/pip install -q --no-deps -e .
 	touch $(STAMP)
 
@@ -32,7 +39,7 @@ venv: $(STAMP)
 # transformers need none of them, so they are removed.
 $(JOB_STAMP): requirements-job.txt pyproject.toml
 	python3 -m venv .venv-job
-	$(JOB_PY) -m pip install -q -r requirements-job.txt
+	$(JOB_PY) -m pip install -q --no-compile -r requirements-job.txt
 	$(JOB_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(JOB_PY) -m pip install -q --no-deps -e .
 	touch $(JOB_STAMP)
@@ -45,7 +52,7 @@ demo: $(STAMP)
 demo-toy: $(STAMP)
 	.venv/bin/exgrpo compare experiments/toy.yaml --seeds 5 --workers 2
 
-services:   # PostgreSQL on 127.0.0.1:55432 (team-mode tests) and Chromium (dashboard tests); idempotent
+services: | $(STAMP)   # PostgreSQL on 127.0.0.1:55432 (team-mode tests) and Chromium (dashboard tests); idempotent
 	bash scripts/setup-postgres.sh
 	bash scripts/setup-chromium.sh
 
@@ -70,7 +77,7 @@ ui: $(STAMP)   # Prefect :4200, MLflow :5000, optuna-dashboard :8080 on 127.0.0.
 # already in .venv), never in .venv itself: veRL imports a TRL symbol that TRL 1.x removed as soon as
 # TRL is importable, so the two cannot share one environment.
 TRL_PIN := trl==1.16.0
-.bench-deps/trl:
+.bench-deps/trl: $(STAMP)
 	.venv/bin/pip install -q --no-deps --target .bench-deps "$(TRL_PIN)"
 
 # each script prints its own numbers; the speed goals are collected into one table at the end
