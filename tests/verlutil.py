@@ -21,11 +21,12 @@ def _env(cache):
     return {**os.environ, "EXGRPO_CACHE": str(cache), "PYTHONUNBUFFERED": "1"}
 
 
-def _train(config, out, cache, *extra, check=True, progress=False):
-    """`exgrpo train` piped; ``progress``: without ``--no-progress`` (what a log of a default run shows)."""
+def _train(config, out, cache, *extra, check=True, progress=False, timeout=900):
+    """`exgrpo train` piped, in a session of its own; ``progress``: without ``--no-progress`` (what a
+    log of a default run shows)."""
     quiet = [] if progress else ["--no-progress"]
     cmd = [sys.executable, "-m", "exgrpo.cli", "train", config, *quiet, "--output-dir", str(out), *extra]
-    res = subprocess.run(cmd, capture_output=True, text=True, env=_env(cache), timeout=900)
+    res = subprocess.run(cmd, capture_output=True, text=True, env=_env(cache), timeout=timeout, start_new_session=True)
     if check:
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return res

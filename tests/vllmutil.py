@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+import verlutil
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB_PY = ROOT / ".venv-job" / "bin" / "python"
@@ -29,13 +28,8 @@ def require_job_env() -> None:
 
 
 def _train(config, out, cache, *extra, timeout=900, check=True):
-    cmd = [sys.executable, "-m", "exgrpo.cli", "train", config, "--no-progress", "--output-dir", str(out),
-           *VLLM, *extra]
-    env = {**os.environ, "EXGRPO_CACHE": str(cache), "PYTHONUNBUFFERED": "1"}
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, start_new_session=True)
-    if check:
-        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return res
+    """`exgrpo train` piped, on veRL's vLLM rollout in the job environment."""
+    return verlutil._train(config, out, cache, *VLLM, *extra, check=check, timeout=timeout)
 
 
 def _rows(run_dir: Path) -> list[dict]:

@@ -33,16 +33,13 @@ def _kill_rollout(manager: CheckpointEngineManager) -> None:
             ray.kill(worker, no_restart=True)
 
 
-class SyncOnceThenKill(CheckpointEngineManager):
+class SyncOnceThenKill(SyncOnce):
     """veRL syncs with ``global_steps`` 0 before step 1 and with N inside step N, after the actor's
     update and before the step's metrics are logged: killed there at step 3, the run has logged
     steps 1 and 2 (step 2 on stale weights) and fails in step 3."""
 
     def update_weights(self, global_steps: int | None = None):
-        if not getattr(self, "_synced", False):
-            self._synced = True
-            return super().update_weights(global_steps)
-        if global_steps is not None and global_steps >= 3:
+        if getattr(self, "_synced", False) and global_steps is not None and global_steps >= 3:
             _kill_rollout(self)
-            return super().update_weights(global_steps)
-        return {}
+            return CheckpointEngineManager.update_weights(self, global_steps)  # into the dead servers
+        return super().update_weights(global_steps)
