@@ -44,9 +44,23 @@ def pytest_configure(config):
     # replaced by the worker's own (two processes creating one sqlite store's tables at once fail)
     process = os.environ.get("PYTEST_XDIST_WORKER", "main")
     if "MLFLOW_TRACKING_URI" not in os.environ or os.environ["MLFLOW_TRACKING_URI"] == os.environ.get(OWN_STORE):
-        uri = f"sqlite:///{tempfile.mkdtemp(prefix=f'exgrpo-test-mlflow-{process}-')}/mlflow.db"
-        os.environ["MLFLOW_TRACKING_URI"] = os.environ[OWN_STORE] = uri
+        store = tempfile.mkdtemp(prefix=f"exgrpo-test-mlflow-{process}-")
+        _MADE.append(store)
+        os.environ["MLFLOW_TRACKING_URI"] = os.environ[OWN_STORE] = f"sqlite:///{store}/mlflow.db"
     os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix=f"exgrpo-test-prefect-{process}-")
+    _MADE.append(os.environ["PREFECT_HOME"])
+
+
+_MADE: list[str] = []
+"""The directories pytest_configure made in this process: removed when it ends (a worker's MLflow store
+holds every model and checkpoint its tests logged, over a GB after a whole run)."""
+
+
+def pytest_unconfigure(config):
+    import shutil
+
+    while _MADE:
+        shutil.rmtree(_MADE.pop(), ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):

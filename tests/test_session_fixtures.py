@@ -57,3 +57,29 @@ def test_each_worker_records_into_an_mlflow_store_of_its_own():
     process = os.environ.get("PYTEST_XDIST_WORKER", "main")
     assert os.environ["MLFLOW_TRACKING_URI"] == os.environ[OWN_STORE]
     assert f"exgrpo-test-mlflow-{process}-" in os.environ["MLFLOW_TRACKING_URI"]
+
+
+def test_the_store_and_prefect_home_a_pytest_run_made_are_gone_when_it_ends(tmp_path):
+    """A worker's MLflow store holds every model and checkpoint its tests logged (over a GB after a
+    whole run): a pytest run removes the store and the Prefect home it made, and nothing else."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    shutil.copy(Path(__file__).with_name("conftest.py"), tmp_path / "conftest.py")
+    (tmp_path / "test_inner.py").write_text(
+        "import os\n"
+        "def test_records():\n"
+        "    store = os.environ['MLFLOW_TRACKING_URI'].removeprefix('sqlite:///').removesuffix('/mlflow.db')\n"
+        "    open(os.path.join(store, 'mlflow.db'), 'w').write('x')\n"
+        f"    open({str(tmp_path / 'made.txt')!r}, 'w').write(store + '\\n' + os.environ['PREFECT_HOME'])\n")
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    env = {**os.environ, "PREFECT_HOME": str(kept)}
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                          str(tmp_path / "test_inner.py")], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    store, home = (tmp_path / "made.txt").read_text().splitlines()
+    assert "exgrpo-test-mlflow-" in store and "exgrpo-test-prefect-" in home
+    assert not os.path.exists(store) and not os.path.exists(home) and kept.is_dir()
