@@ -16,7 +16,7 @@ export NO_MKDOCS_2_WARNING := 1
 # environments install without it (--no-compile), then compileall uses every core. Like pip's own
 # compile, it skips the odd file that is not Python 3.11 (torch ships one written for 3.12).
 COMPILE := -W ignore::SyntaxWarning -m compileall -qq -j 0
-# Independent set-up steps run side by side (the two environments above all: an install waits on the
+# Independent set-up steps run side by side (above all the two environments: an install waits on the
 # registry and the disk as much as on a core).
 MAKEFLAGS += --jobs=2
 
@@ -54,6 +54,7 @@ demo: $(STAMP)
 demo-toy: $(STAMP)
 	.venv/bin/exgrpo compare experiments/toy.yaml --seeds 5 --workers 2
 
+# after the venv, whose PostgreSQL driver the script checks
 services: | $(STAMP)   # PostgreSQL on 127.0.0.1:55432 (team-mode tests) and Chromium (dashboard tests); idempotent
 	bash scripts/setup-postgres.sh
 	bash scripts/setup-chromium.sh
