@@ -33,6 +33,11 @@ OWN_STORE = "EXGRPO_TEST_MLFLOW_STORE"
 """Names the MLflow store this conftest made (never a store the user pointed MLFLOW_TRACKING_URI at)."""
 
 
+_MADE: list[str] = []
+"""The directories pytest_configure made in this process: removed when it ends (a worker's MLflow store
+holds every model and checkpoint its tests logged, over a GB after a whole run)."""
+
+
 def pytest_configure(config):
     """Runs that track by default (``exgrpo train``, ``compare``) record into a store of this pytest
     run, never into the checkout's ``mlruns/`` (a test that needs the default unsets the variable).
@@ -49,11 +54,6 @@ def pytest_configure(config):
         os.environ["MLFLOW_TRACKING_URI"] = os.environ[OWN_STORE] = f"sqlite:///{store}/mlflow.db"
     os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix=f"exgrpo-test-prefect-{process}-")
     _MADE.append(os.environ["PREFECT_HOME"])
-
-
-_MADE: list[str] = []
-"""The directories pytest_configure made in this process: removed when it ends (a worker's MLflow store
-holds every model and checkpoint its tests logged, over a GB after a whole run)."""
 
 
 def pytest_unconfigure(config):

@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pytest
 import verlutil
+from verlutil import EXGRPO, GRPO  # noqa: F401  (the same configs, re-exported for the vLLM tests)
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB_PY = ROOT / ".venv-job" / "bin" / "python"
-GRPO = "experiments/verl-tiny-grpo.yaml"
-EXGRPO = "experiments/verl-tiny-exgrpo.yaml"
 VLLM = ["--set=backend.verl.rollout=vllm", f"--set=backend.verl.python={JOB_PY}"]
 
 

@@ -9,7 +9,6 @@ our ``metrics.jsonl`` (METRICS.md names: ``val/accuracy`` among them).
 from __future__ import annotations
 
 import contextlib
-
 import json
 import os
 import re
