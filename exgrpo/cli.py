@@ -94,7 +94,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         cc = cc.model_copy(update={"seeds": list(range(args.seeds))})
     from exgrpo.cluster import cluster_address, require_shared_stores
     from exgrpo.compare import RunOutcome, format_table, jobs, run_local, summarize
-    from exgrpo.report import comparison_figure
+    from exgrpo.report import comparison_figure, mechanism_figure
     from exgrpo.tracking import TrackingError
 
     require_shared_stores(cluster_address(args.ray_address), args.tracking_uri)  # before Prefect starts
@@ -130,6 +130,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     print(format_table(rows, cc.metric, cc.baseline, horizon))
     report = Path(args.report or cc.base_config().output_dir / cc.name / "comparison.png")
     print(f"report: {comparison_figure(outcomes, list(cc.arms), cc.metric, report)}")
+    print(f"why: {mechanism_figure(outcomes, list(cc.arms), report.with_name(report.stem + '-mechanism.png'))}")
     if args.json:
         Path(args.json).write_text(json.dumps([o.__dict__ for o in outcomes], indent=2))
     return 0

@@ -33,6 +33,10 @@ class RunOutcome:
     """Response tokens sampled over the whole run (``compute/rollout_tokens`` summed)."""
     grad_tokens: float | None = None
     """Response tokens that entered the loss over the whole run (``compute/grad_tokens`` summed)."""
+    fresh_questions: float | None = None
+    """Questions drawn fresh from the training set over the whole run (``compute/fresh_questions`` summed)."""
+    train_seconds: float | None = None
+    """Wall time of the run's training steps (``time/step_seconds`` summed; evaluations excluded)."""
     records_pending: bool = False
     """MLflow could not take the run's record (down at its start or end): it waits in ``run_dir`` for
     ``exgrpo sync``."""
@@ -40,12 +44,17 @@ class RunOutcome:
 
 def outcome_extras(history: Iterable[dict[str, float]]) -> dict[str, float | None]:
     """What a comparison keeps of a run's step rows beside its final metric: rollout and gradient
-    tokens summed, the last ``train/accuracy`` (None for what was not logged)."""
+    tokens, fresh questions and step seconds summed, the last ``train/accuracy`` (None for what was
+    not logged)."""
     history = list(history)
-    rows = [h for h in history if "compute/rollout_tokens" in h]
     train = [h["train/accuracy"] for h in history if "train/accuracy" in h]
-    return {"rollout_tokens": float(sum(h["compute/rollout_tokens"] for h in rows)) if rows else None,
-            "grad_tokens": float(sum(h.get("compute/grad_tokens", 0.0) for h in rows)) if rows else None,
+
+    def total(key: str) -> float | None:
+        values = [h[key] for h in history if key in h]
+        return float(sum(values)) if values else None
+
+    return {"rollout_tokens": total("compute/rollout_tokens"), "grad_tokens": total("compute/grad_tokens"),
+            "fresh_questions": total("compute/fresh_questions"), "train_seconds": total("time/step_seconds"),
             "final_train": float(train[-1]) if train else None}
 
 
@@ -66,6 +75,10 @@ class ArmSummary:
     """Mean over seeds of the run's response tokens in the loss."""
     train_final: float | None = None
     """Mean over seeds of the final ``train/accuracy`` (training questions), where measured."""
+    fresh_questions: float | None = None
+    """Mean over seeds of the questions drawn fresh over a run."""
+    train_seconds: float | None = None
+    """Mean over seeds of a run's training wall time (step seconds summed)."""
 
 
 def continues(cfg: ExperimentConfig, resume: bool) -> bool:
@@ -163,10 +176,17 @@ def summarize(outcomes: Iterable[RunOutcome], arms: list[str], baseline: str) ->
         spent = [o for o in runs.values() if o.rollout_tokens is not None]
         rollout = sum(o.rollout_tokens for o in spent) / len(spent) if spent else None
         grad = sum(o.grad_tokens or 0.0 for o in spent) / len(spent) if spent else None
-        trained = [o.final_train for o in runs.values() if o.final_train is not None]
-        train_final = sum(trained) / len(trained) if trained else None
-        rows.append(ArmSummary(arm, final, diff, median, iqm_ci(finals), p_improve, rollout, grad, train_final))
+        rows.append(ArmSummary(arm, final, diff, median, iqm_ci(finals), p_improve, rollout, grad,
+                               _mean_of([o.final_train for o in runs.values()]),
+                               _mean_of([o.fresh_questions for o in runs.values()]),
+                               _mean_of([o.train_seconds for o in runs.values()])))
     return rows
+
+
+def _mean_of(values: Iterable[float | None]) -> float | None:
+    """Mean of the values that are not None; None if there are none."""
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
 
 
 def format_table(rows: list[ArmSummary], metric: str, baseline: str, horizon: float | None = None) -> str:
@@ -175,8 +195,9 @@ def format_table(rows: list[ArmSummary], metric: str, baseline: str, horizon: fl
     ``horizon`` is the last evaluated step (for "not reached within N steps")."""
     lines = [
         f"| arm | seeds | final {metric} (mean ± 95% CI) | train acc. | IQM [95% CI] | diff vs {baseline} (paired, 95% CI) "
-        f"| P(> {baseline}) [95% CI] | step reaching {baseline}'s final | tokens sampled / in loss (M) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"| P(> {baseline}) [95% CI] | step reaching {baseline}'s final | tokens sampled / in loss (M) "
+        "| fresh questions | train min |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     within = f" within {int(horizon)} steps" if horizon else ""
     for r in rows:
@@ -191,7 +212,10 @@ def format_table(rows: list[ArmSummary], metric: str, baseline: str, horizon: fl
         poi = "—" if r.p_improve is None else f"{r.p_improve.mean:.2f} [{r.p_improve.low:.2f}, {r.p_improve.high:.2f}]"
         compute = "—" if r.rollout_tokens is None else f"{r.rollout_tokens / 1e6:.2f} / {(r.grad_tokens or 0) / 1e6:.2f}"
         train = "—" if r.train_final is None else f"{r.train_final:.4f}"
-        lines.append(f"| {r.arm} | {r.final.n} | {r.final} | {train} | {iqm} | {diff} | {poi} | {reach} | {compute} |")
+        fresh = "—" if r.fresh_questions is None else f"{r.fresh_questions:,.0f}"
+        minutes = "—" if r.train_seconds is None else f"{r.train_seconds / 60:.1f}"
+        lines.append(f"| {r.arm} | {r.final.n} | {r.final} | {train} | {iqm} | {diff} | {poi} | {reach} | {compute} "
+                     f"| {fresh} | {minutes} |")
     n = max((r.final.n for r in rows), default=0)
     lines += [
         "",
@@ -207,6 +231,8 @@ def format_table(rows: list[ArmSummary], metric: str, baseline: str, horizon: fl
         f"{baseline}'s mean final value.",
         "- tokens sampled / in loss: response tokens the rollouts generated over a run, and those the "
         "loss saw (a replayed trajectory is in the loss but was not sampled again); mean over seeds, millions.",
+        "- fresh questions: questions drawn from the training set over a run (replay takes some of a batch's "
+        "places); train min: the run's training steps' wall time (evaluations excluded); means over seeds.",
         "",
         verdict(rows, metric, baseline),
     ]

@@ -1,5 +1,6 @@
 """Comparison report: learning curves with 95% CI bands per arm, pool dynamics and the performance
-profile of the final scores, as one PNG.
+profile of the final scores, as one PNG; and the mechanism behind them (how much of each batch is
+replay, the pool's buckets, the importance ratios, the fresh questions each arm saw), as another.
 
 Built from each run's ``metrics.jsonl`` (what the trainer always writes), so it needs no server.
 """
@@ -70,6 +71,90 @@ def comparison_figure(outcomes: Sequence[RunOutcome], arms: Sequence[str], metri
                      transform=axes[2].transAxes, color="0.4")
     axes[3].set(title=f"performance profile: runs with final {metric} > τ", xlabel="τ", ylabel="fraction of runs",
                 ylim=(-0.02, 1.02))
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def _mean_curve(rows: list[list[dict[str, float]]], key: str, cumulative: bool = False) -> tuple[np.ndarray, np.ndarray] | None:
+    """Mean over runs of ``key`` at the steps every run logged it (summed up to each step with
+    ``cumulative``); None if no run logged it."""
+    curves = []
+    for rr in rows:
+        pts = [(r["step"], r[key]) for r in rr if key in r]
+        if not pts:
+            return None
+        steps, values = zip(*pts, strict=True)
+        curves.append((list(steps), list(np.cumsum(values)) if cumulative else list(values)))
+    if not curves:
+        return None
+    common = sorted(set.intersection(*(set(s) for s, _ in curves)))
+    vals = np.array([[dict(zip(s, v, strict=True))[t] for t in common] for s, v in curves])
+    return np.array(common), vals.mean(0)
+
+
+def _replayed_token_share(rows: list[list[dict[str, float]]]) -> tuple[np.ndarray, np.ndarray] | None:
+    """Mean over runs of the share of the loss's response tokens that were replayed, per step."""
+    sampled, in_loss = _mean_curve(rows, "compute/rollout_tokens"), _mean_curve(rows, "compute/grad_tokens")
+    if sampled is None or in_loss is None:
+        return None
+    return sampled[0], 1.0 - sampled[1] / np.maximum(in_loss[1], 1.0)
+
+
+def mechanism_figure(outcomes: Sequence[RunOutcome], arms: Sequence[str], out: str | Path) -> Path:
+    """Write ``out`` (PNG), the why behind a comparison, means over each arm's seeds per step: the
+    replayed share of the loss's tokens (and the notebook's replay weight lambda); the pool's
+    questions by bucket (latest correct count k of K) for the first arm that keeps the paper's pool;
+    the importance ratio of replayed tokens; the questions drawn fresh so far."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 4, figsize=(21, 4.5))
+    pool_drawn = False
+    for i, arm in enumerate(arms):
+        rows = [_read(o.run_dir) for o in outcomes if o.arm == arm and o.run_dir]
+        if not rows:
+            continue
+        color = f"C{i}"
+        share = _replayed_token_share(rows)
+        if share is not None:
+            axes[0].plot(*share, color=color, label=f"{arm}: replayed share of tokens")
+        lam = _mean_curve(rows, "notebook/lambda")
+        if lam is not None:
+            axes[0].plot(*lam, "--", color=color, label=f"{arm}: λ, weight of its replay term")
+        for key, style in (("actor/off_ratio_mean", "-"), ("notebook/off_w_mean", "--")):
+            ratio = _mean_curve(rows, key)
+            if ratio is not None and np.any(ratio[1] != 0):
+                axes[2].plot(*ratio, style, color=color, label=f"{arm} ({key.split('/')[1]})")
+        fresh = _mean_curve(rows, "compute/fresh_questions", cumulative=True)
+        if fresh is not None:
+            axes[3].plot(*fresh, color=color, label=arm)
+        keys = sorted((k for k in rows[0][-1] if k.startswith("pool/bucket_")), key=lambda k: int(k.rsplit("_", 1)[1]))
+        if keys and not pool_drawn:
+            curves = [_mean_curve(rows, k) for k in keys]
+            if all(c is not None for c in curves):
+                axes[1].stackplot(curves[0][0], *[c[1] for c in curves], labels=[f"k={k.rsplit('_', 1)[1]}" for k in keys],
+                                  colors=plt.cm.viridis(np.linspace(0.1, 0.9, len(keys))))
+                axes[1].set_title(f"{arm}: pooled questions by bucket (latest k correct)")
+                pool_drawn = True
+    axes[0].set(title="replay in each step (mean over seeds)", xlabel="step", ylim=(-0.02, 1.02))
+    if not pool_drawn:
+        axes[1].set_title("experience pool by bucket")
+        axes[1].text(0.5, 0.5, "no arm keeps the paper's\nexperience pool", ha="center", va="center",
+                     transform=axes[1].transAxes, color="0.4")
+    axes[1].set_xlabel("step")
+    axes[2].set(title="importance ratio of replayed tokens (mean)", xlabel="step")
+    axes[2].axhline(1.0, color="0.5", lw=0.8)
+    axes[3].set(title="questions drawn fresh so far", xlabel="step")
     for ax in axes:
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:

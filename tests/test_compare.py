@@ -50,17 +50,21 @@ def test_the_table_explains_itself():
 def test_the_table_reports_each_arms_compute_and_train_accuracy():
     from exgrpo.compare import outcome_extras
 
-    assert outcome_extras([{"step": 1, "compute/rollout_tokens": 10.0, "compute/grad_tokens": 12.0},
+    step = {"compute/rollout_tokens": 10.0, "compute/grad_tokens": 12.0, "compute/fresh_questions": 30.0,
+            "time/step_seconds": 1.5}
+    assert outcome_extras([{"step": 1, **step},
                            {"step": 1, "val/accuracy": 0.5, "train/accuracy": 0.6},
-                           {"step": 2, "compute/rollout_tokens": 20.0, "compute/grad_tokens": 22.0},
+                           {"step": 2, **step, "compute/rollout_tokens": 20.0, "compute/grad_tokens": 22.0},
                            {"step": 2, "val/accuracy": 0.5, "train/accuracy": 0.8}]) == {
-        "rollout_tokens": 30.0, "grad_tokens": 34.0, "final_train": 0.8}
-    outs = [RunOutcome("grpo", s, 0.5, [1], [0.5], rollout_tokens=2e6, grad_tokens=2e6, final_train=0.5)
-            for s in range(2)]
-    outs += [RunOutcome("ex", s, 0.5, [1], [0.5], rollout_tokens=3e6, grad_tokens=3.2e6, final_train=0.7 + 0.1 * s)
-             for s in range(2)]
+        "rollout_tokens": 30.0, "grad_tokens": 34.0, "fresh_questions": 60.0, "train_seconds": 3.0, "final_train": 0.8}
+    assert outcome_extras([{"step": 1, "val/accuracy": 0.5}])["fresh_questions"] is None  # not logged: unknown
+    outs = [RunOutcome("grpo", s, 0.5, [1], [0.5], rollout_tokens=2e6, grad_tokens=2e6, final_train=0.5,
+                       fresh_questions=9600, train_seconds=300.0) for s in range(2)]
+    outs += [RunOutcome("ex", s, 0.5, [1], [0.5], rollout_tokens=3e6, grad_tokens=3.2e6, final_train=0.7 + 0.1 * s,
+                        fresh_questions=6000 + 1000 * s, train_seconds=360.0) for s in range(2)]
     text = format_table(summarize(outs, ["grpo", "ex"], "grpo"), "val/accuracy", "grpo")
-    assert "| 2.00 / 2.00 |" in text and "| 3.00 / 3.20 |" in text and "tokens sampled / in loss" in text
+    assert "| 2.00 / 2.00 | 9,600 | 5.0 |" in text and "| 3.00 / 3.20 | 6,500 | 6.0 |" in text
+    assert "tokens sampled / in loss" in text and "| fresh questions | train min |" in text
     assert "| 0.5000 ± 0.0000 | 0.7500 |" in text and "train acc.: greedy accuracy" in text
 
 

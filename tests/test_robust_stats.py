@@ -47,3 +47,36 @@ def test_the_comparison_figure_has_a_performance_profile_panel(tmp_path):
     out = comparison_figure(outcomes, ["grpo", "exgrpo"], "val/accuracy", tmp_path / "cmp.png")
     width, height = Image.open(out).size
     assert width > 3 * height  # four panels side by side
+
+
+def _write_run(path, rows):
+    import json
+
+    path.mkdir(parents=True)
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_the_mechanism_series_are_means_over_seeds_of_what_the_trainer_logged(tmp_path):
+    from PIL import Image
+
+    from exgrpo.compare import RunOutcome
+    from exgrpo.report import _mean_curve, _replayed_token_share, _read, mechanism_figure
+
+    def step(s, replayed, seed):  # 32 questions a step; a replayed question's stored row is not re-sampled
+        return {"step": s, "compute/rollout_tokens": 100.0 - replayed, "compute/grad_tokens": 100.0,
+                "compute/fresh_questions": 32.0 - replayed, "actor/off_ratio_mean": 1.0 + 0.1 * seed,
+                "pool/bucket_1": float(s), "pool/bucket_2": 2.0 * s}
+
+    pool = [RunOutcome("exgrpo", seed, 0.5, [], [], run_dir=_write_run(tmp_path / f"ex{seed}", [
+        step(1, 0, seed), step(2, 10, seed), step(3, 20 + 10 * seed, seed)])) for seed in range(2)]
+    rows = [_read(o.run_dir) for o in pool]
+    steps, share = _replayed_token_share(rows)
+    assert list(steps) == [1, 2, 3] and share == pytest.approx([0.0, 0.1, 0.25])
+    assert _mean_curve(rows, "compute/fresh_questions", cumulative=True)[1] == pytest.approx([32, 54, 61])
+    assert _mean_curve(rows, "notebook/lambda") is None  # an arm without the notebook's term draws none
+    grpo = [RunOutcome("grpo", 0, 0.4, [], [], run_dir=_write_run(tmp_path / "grpo", [
+        {"step": 1, "compute/rollout_tokens": 100.0, "compute/grad_tokens": 100.0, "compute/fresh_questions": 32.0}]))]
+    out = mechanism_figure(pool + grpo, ["grpo", "exgrpo"], tmp_path / "why.png")
+    width, height = Image.open(out).size
+    assert width > 3 * height

@@ -16,11 +16,23 @@ def test_normal_bucket_probabilities_k8_sigma1():
     assert p.sum() == pytest.approx(1.0)
 
 
+def test_normal_center_moves_the_peak_and_the_config_bounds_it():
+    from exgrpo.config import ConfigError, load_experiment
+
+    p = bucket_probabilities(range(1, 8), group_size=8, weighting=BucketWeighting.NORMAL, sigma=1.0, center=6.0)
+    assert int(np.argmax(p)) + 1 == 6
+    assert p[4] == pytest.approx(p[6]) and p[3] == pytest.approx(p[5] * np.exp(-2.0))
+    assert np.allclose(bucket_probabilities(range(1, 8), 8, BucketWeighting.NORMAL, 1.0, center=4.0),
+                       bucket_probabilities(range(1, 8), 8, BucketWeighting.NORMAL, 1.0))
+    with pytest.raises(ConfigError, match="bucket_center=9.0 exceeds group_size"):
+        load_experiment(None, {"algorithm.replay": "buckets", "algorithm.bucket_center": 9})
+
+
 def test_other_weightings_exact():
     k = np.array([1, 2, 4, 6])
-    assert np.allclose(WEIGHTINGS[BucketWeighting.LINEAR](k, 8, 1.0), k / 8)
-    assert np.allclose(WEIGHTINGS[BucketWeighting.SQRT](k, 8, 1.0), np.sqrt(k / 8))
-    assert np.allclose(WEIGHTINGS[BucketWeighting.LINEAR_CLIP](k, 8, 1.0), [1 / 8, 2 / 8, 4 / 8, 0.5])
+    assert np.allclose(WEIGHTINGS[BucketWeighting.LINEAR](k, 8, 1.0, None), k / 8)
+    assert np.allclose(WEIGHTINGS[BucketWeighting.SQRT](k, 8, 1.0, None), np.sqrt(k / 8))
+    assert np.allclose(WEIGHTINGS[BucketWeighting.LINEAR_CLIP](k, 8, 1.0, None), [1 / 8, 2 / 8, 4 / 8, 0.5])
     assert np.allclose(bucket_probabilities([1, 5], 8, BucketWeighting.UNIFORM), [0.5, 0.5])
     assert set(WEIGHTINGS) == set(BucketWeighting)
 

@@ -24,6 +24,7 @@ from optuna.trial import TrialState  # noqa: E402
 
 from exgrpo.config import ConfigError  # noqa: E402
 from exgrpo.sweep.runner import worker_storage  # noqa: E402
+from exgrpo.sweep.space import base_config, check_bounds  # noqa: E402
 from exgrpo.sweep import (  # noqa: E402
     SweepError,
     load_sweep,
@@ -116,6 +117,18 @@ def test_repo_sweep_file_is_valid():
 def test_repo_lm_sweep_file_is_valid_and_uses_the_wilcoxon_pruner():
     sc = load_sweep("experiments/tiny-lm-sweep.yaml")
     assert sc.study.pruner == "wilcoxon" and str(sc.base).endswith("tiny-lm.yaml")
+
+
+def test_chain_sweep_covers_the_design_cards_knobs_and_trial_zero_is_the_paper():
+    sc = load_sweep("experiments/tiny-lm-chain-sweep.yaml")
+    check_bounds(sc)
+    knobs = {"experience_ratio", "bucket_lbound", "bucket_rbound", "bucket_center", "bucket_sigma", "shaping",
+             "shaping_gamma", "is_clip", "replay_start_pass_rate", "pool_max_per_question"}
+    assert {n.removeprefix("algorithm.") for n in sc.space} == knobs
+    assert base_config(sc).seed >= 100  # tuning seeds are never reported seeds
+    d = paper_defaults(sc)
+    assert d["algorithm.bucket_center"] == 4.0 and d["algorithm.bucket_rbound"] == 7
+    assert set(d) == set(sc.space)  # every knob of trial 0 is the paper's value, none drawn at random
 
 
 def test_existing_study_with_other_space_is_an_error(tmp_path):

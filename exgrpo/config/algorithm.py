@@ -159,7 +159,16 @@ class ExGRPOConfig(PoolReplayConfig):
     bucket_weighting: BucketWeighting = Field(BucketWeighting.NORMAL, json_schema_extra=MLFLOW_PARAM)
     """Bucket weighting over the latest success count k."""
     bucket_sigma: float = Field(1.0, gt=0.0, json_schema_extra=MLFLOW_PARAM)
-    """Std (in count units) of the normal weighting, centred on K/2."""
+    """Std (in count units) of the normal weighting."""
+    bucket_center: float | None = Field(None, ge=0.0, json_schema_extra=MLFLOW_PARAM)
+    """Centre (in count units, 0..K) of the normal weighting; None means K/2 (the reference)."""
+
+    @model_validator(mode="after")
+    def _center(self) -> ExGRPOConfig:
+        if self.bucket_center is not None and self.bucket_center > self.group_size:
+            raise ValueError(f"bucket_center={self.bucket_center} exceeds group_size K={self.group_size}; "
+                             f"use a value in [0, {self.group_size}] or null for K/2")
+        return self
 
 
 class UniformReplayConfig(PoolReplayConfig):

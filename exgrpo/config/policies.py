@@ -50,6 +50,10 @@ class TinyLMConfig(_Strict):
     """Warm-up steps."""
     sft_weight_decay: float = Field(0.0, ge=0)
     """AdamW weight decay."""
+    sft_direct_fraction: float = Field(0.0, ge=0.0, lt=1.0)
+    """Share of SFT targets that give the boxed answer alone, with no worked steps: a warm start that
+    holds two strategies, of which working the steps is far more often right (0: every target is
+    worked)."""
     seed: int = 0
     """Seed of the initial weights and of the SFT data."""
     eval_questions: int = Field(500, ge=0)

@@ -170,6 +170,7 @@ def batch_metrics(rewards: torch.Tensor, batch: StepBatch) -> dict[str, float]:
         # compute: response tokens sampled this step (the stored trajectories were not), and in the loss
         "compute/rollout_tokens": float(batch.mask[~batch.off_policy].sum()),
         "compute/grad_tokens": float(batch.mask.sum()),
+        "compute/fresh_questions": float(n_groups - batch.n_replayed),
     }
 
 

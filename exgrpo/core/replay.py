@@ -186,7 +186,9 @@ class BucketReplay(ReplayStrategy):
     def sample_questions(self, n: int) -> list[int]:
         """Which pooled questions to replay (bucket mass, then uniform within a bucket)."""
         a = self.algo
-        return sample_questions(self.pool.bucket_views(), n, a.group_size, self.rng, a.bucket_weighting, a.bucket_sigma)
+        return sample_questions(
+            self.pool.bucket_views(), n, a.group_size, self.rng, a.bucket_weighting, a.bucket_sigma, a.bucket_center
+        )
 
     def select(self, n: int, score: StoredScorer) -> Replays:
         qids = self.sample_questions(n)

@@ -43,11 +43,16 @@ def paper_defaults(sc: SweepConfig) -> dict[str, Any]:
     """Schema defaults (the reference run) of the space's fields, where they lie in the space."""
     defaults = flatten(ExperimentConfig())
     base = base_config(sc)
+    # fields whose default None stands for a value derived from K
+    meaning_of_none = {
+        "algorithm.bucket_rbound": lambda: base.algorithm.rbound,  # K-1
+        "algorithm.bucket_center": lambda: base.algorithm.group_size / 2,
+    }
     out = {}
     for name, spec in sc.space.items():
         v = defaults.get(name)
-        if v is None and name == "algorithm.bucket_rbound" and not spec.contains(None):
-            v = base.algorithm.rbound  # None means K-1
+        if v is None and name in meaning_of_none and not spec.contains(None):
+            v = meaning_of_none[name]()
         if spec.contains(v):
             out[name] = v
     return out

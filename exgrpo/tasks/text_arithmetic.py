@@ -34,6 +34,7 @@ __all__ = [
     "ArithmeticProblemsConfig",
     "TextArithmetic",
     "TextArithmeticTaskConfig",
+    "direct_solution",
     "extract_final_integer",
     "is_rl_question",
     "sample_problem",
@@ -100,14 +101,26 @@ def is_rl_question(question: str) -> bool:
     return _bucket(question) < 500
 
 
-def sample_sft_problems(cfg: ArithmeticProblemsConfig, rng: np.random.Generator, n: int) -> list[tuple[str, str]]:
-    """``n`` (question, solution) pairs from the SFT side of the split (repeats possible)."""
+def direct_solution(nums: Sequence[int], ops: Sequence[str]) -> str:
+    """The answer alone, with no worked steps: ``"12+7*3=?"`` -> ``"\\boxed{33}"``."""
+    return f"\\boxed{{{worked_solution(nums, ops)[1]}}}"
+
+
+def sample_sft_problems(
+    cfg: ArithmeticProblemsConfig, rng: np.random.Generator, n: int, direct_fraction: float = 0.0
+) -> list[tuple[str, str]]:
+    """``n`` (question, solution) pairs from the SFT side of the split (repeats possible).
+
+    Each solution is worked (:func:`worked_solution`), or with probability ``direct_fraction`` the
+    answer alone (:func:`direct_solution`). The extra draw is made only when ``direct_fraction > 0``,
+    so the all-worked stream is the same as without the option."""
     out = []
     while len(out) < n:
         nums, ops = sample_problem(cfg, rng)
         q = question_text(nums, ops)
         if not is_rl_question(q):
-            out.append((q, worked_solution(nums, ops)[0]))
+            direct = direct_fraction > 0 and rng.random() < direct_fraction
+            out.append((q, direct_solution(nums, ops) if direct else worked_solution(nums, ops)[0]))
     return out
 
 

@@ -71,11 +71,15 @@ def cache_root(cache_dir: str | Path | None = None) -> Path:
 
 
 _NOT_HASHED = {"eval_questions", "eval_max_new_tokens"}
+_HASHED_WHEN_SET = ("sft_direct_fraction",)
 
 
 def config_hash(cfg: TinyLMConfig) -> str:
     """Cache key: everything that determines the weights (the evaluation settings do not)."""
     fields = cfg.model_dump(mode="json", exclude=_NOT_HASHED)
+    for name in _HASHED_WHEN_SET:  # a field added later leaves the keys of the caches made before it
+        if fields[name] == TinyLMConfig.model_fields[name].default:
+            del fields[name]
     payload = json.dumps({"format": CACHE_FORMAT, "config": fields}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
@@ -138,7 +142,7 @@ def sft(
     with bar:
         task = bar.add_task("sft", total=cfg.sft_steps, info="")
         for step in range(cfg.sft_steps):
-            pairs = sample_sft_problems(cfg.problems, rng, cfg.sft_batch_size)
+            pairs = sample_sft_problems(cfg.problems, rng, cfg.sft_batch_size, cfg.sft_direct_fraction)
             prompts = [tokenizer.encode(q, add_bos=True, strict=True) for q, _ in pairs]
             targets = [tokenizer.encode(s, add_eos=True, strict=True) for _, s in pairs]
             resp, mask = pad_right(targets, pad=tokenizer.pad_id)
