@@ -74,6 +74,23 @@ def test_worked_solutions_are_correct():
     assert worked_solution([2, 3, 4], ["*", "*"]) == ("2*3=6 6*4=24 \\boxed{24}", 24)
 
 
+def test_a_mixed_strategy_warm_start_draws_direct_answers_and_leaves_the_worked_stream_alone():
+    from exgrpo.backends.native.lm.tiny_lm import TinyLMConfig, config_hash
+    from exgrpo.tasks.text_arithmetic import direct_solution
+
+    assert direct_solution([12, 7, 3], ["+", "*"]) == "\\boxed{33}"
+    cfg = ArithmeticProblemsConfig()
+    worked = sample_sft_problems(cfg, np.random.default_rng(0), 400)
+    assert sample_sft_problems(cfg, np.random.default_rng(0), 400, 0.0) == worked  # the option off: the same stream
+    mixed = sample_sft_problems(cfg, np.random.default_rng(0), 400, 0.6)
+    direct = [s for _, s in mixed if s.startswith("\\boxed")]
+    assert 0.5 < len(direct) / len(mixed) < 0.7
+    assert all(extract_final_integer(s) == eval(q.removesuffix("=?")) for q, s in mixed)  # noqa: S307
+    # caches made before the option keep their key; a warm start with it is another model
+    assert config_hash(TinyLMConfig()) == "5d59d3766d131804"  # the key of every cache made before it
+    assert config_hash(TinyLMConfig(sft_direct_fraction=0.6)) != config_hash(TinyLMConfig())
+
+
 def test_task_splits_prompts_and_determinism():
     a, b = TextArithmetic(SMALL_TASK), TextArithmetic(SMALL_TASK)
     assert a.questions == b.questions and a.train_ids == b.train_ids and a.val_ids == b.val_ids
