@@ -28,7 +28,7 @@ class NotebookSampling(StrEnum):
 
 
 class BucketWeighting(StrEnum):
-    """Weight of a bucket keyed by the latest success count k (exgrpo-spec.md §3)."""
+    """Weight of a bucket keyed by the latest success count k."""
 
     NORMAL = "normal"
     LINEAR = "linear"
