@@ -89,6 +89,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
                           "drop --no-tracking and pass --tracking-uri of a server every node reaches")
     cfg = on_cluster(cfg, address)
     require_shared_stores(address, args.tracking_uri)
+    if address is None:  # on a cluster, the node that runs it loads or trains its own
+        from exgrpo.compare import prepare_warm_starts
+
+        prepare_warm_starts([cfg], progress=not args.no_progress)
     resume = args.resume or args.force_resume
     if args.no_tracking:
         from exgrpo.backends.base import train
@@ -118,7 +122,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     if args.seeds is not None:
         cc = cc.model_copy(update={"seeds": list(range(args.seeds))})
     from exgrpo.cluster import cluster_address, require_shared_stores
-    from exgrpo.compare import RunOutcome, format_table, jobs, run_local, summarize
+    from exgrpo.compare import RunOutcome, format_table, jobs, prepare_warm_starts, run_local, summarize
     from exgrpo.report import comparison_figure
     from exgrpo.tracking import TrackingError
 
@@ -137,6 +141,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
             if cluster_address(args.ray_address) is not None:
                 raise ConfigError("--ray-address (or RAY_ADDRESS) runs on Ray, --no-prefect in local processes: drop one")
+            prepare_warm_starts((cfg for cfg, _ in jobs(cc)), say=bar.console.print, progress=not args.no_progress)
             outcomes = run_local(cc, workers=args.workers, on_done=done, resume=args.resume)
     else:
         try:
