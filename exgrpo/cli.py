@@ -47,6 +47,31 @@ class FlowMissing(RuntimeError):
     """A Prefect flow of the ``flows`` package cannot be imported."""
 
 
+def _train_config(path: str | None, overrides: dict, arm: str | None):
+    """The config ``exgrpo train`` runs: an experiment file's, or one arm of a comparison file (``arm``,
+    else its first), said in one line. ``overrides`` apply to a comparison's base, as in ``compare``;
+    the seed is the given one, else the comparison's first."""
+    from exgrpo.config.experiment import read_yaml
+
+    if path is None or "arms" not in read_yaml(path):
+        if arm is not None:
+            raise ConfigError(f"--arm {arm}: {path or 'the default config'} is not a comparison file (it has no "
+                              "`arms:`); drop --arm")
+        return load_experiment(path, overrides)
+    overrides = dict(overrides)
+    seed = overrides.pop("seed", None)
+    cc = load_compare(path, overrides)
+    arms = list(cc.arms)
+    if arm is None:
+        arm = arms[0]
+    elif arm not in cc.arms:
+        raise ConfigError(f"--arm {arm}: {path} has no such arm; its arms are {', '.join(arms)}")
+    cfg = cc.arm_config(arm, cc.seeds[0] if seed is None else seed)
+    print(f"{path} is a comparison of {', '.join(arms)}: training its arm {arm}, seed {cfg.seed} "
+          f"(another arm: --arm NAME; every arm and seed: exgrpo compare {path})", file=sys.stderr, flush=True)
+    return cfg
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     overrides = parse_set(args.set)
     if args.seed is not None:
@@ -55,7 +80,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         overrides["train.max_steps"] = args.max_steps
     if args.output_dir is not None:
         overrides["output_dir"] = args.output_dir
-    cfg = load_experiment(args.config, overrides)  # fails here, before any work, on bad input
+    cfg = _train_config(args.config, overrides, args.arm)  # fails here, before any work, on bad input
     from exgrpo.cluster import cluster_address, on_cluster, require_shared_stores
 
     address = cluster_address(args.ray_address)
@@ -64,6 +89,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
                           "drop --no-tracking and pass --tracking-uri of a server every node reaches")
     cfg = on_cluster(cfg, address)
     require_shared_stores(address, args.tracking_uri)
+    if address is None:  # on a cluster, the node that runs it loads or trains its own
+        from exgrpo.compare import prepare_warm_starts
+
+        prepare_warm_starts([cfg], progress=not args.no_progress)
     resume = args.resume or args.force_resume
     if args.no_tracking:
         from exgrpo.backends.base import train
@@ -93,7 +122,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     if args.seeds is not None:
         cc = cc.model_copy(update={"seeds": list(range(args.seeds))})
     from exgrpo.cluster import cluster_address, require_shared_stores
-    from exgrpo.compare import RunOutcome, format_table, jobs, run_local, summarize
+    from exgrpo.compare import RunOutcome, format_table, jobs, prepare_warm_starts, run_local, summarize
     from exgrpo.report import comparison_figure, mechanism_figure
     from exgrpo.tracking import TrackingError
 
@@ -112,6 +141,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
             if cluster_address(args.ray_address) is not None:
                 raise ConfigError("--ray-address (or RAY_ADDRESS) runs on Ray, --no-prefect in local processes: drop one")
+            prepare_warm_starts((cfg for cfg, _ in jobs(cc)), say=bar.console.print, progress=not args.no_progress)
             outcomes = run_local(cc, workers=args.workers, on_done=done, resume=args.resume)
     else:
         try:
@@ -265,14 +295,19 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train one run", formatter_class=fmt, epilog=_fields_epilog(),
                        description="Train one (config, seed) run with a progress bar and a per-epoch summary. "
                        "Writes metrics.jsonl and checkpoints under OUTPUT_DIR/NAME/seedSEED.")
-    t.add_argument("config", nargs="?", help="experiment YAML (e.g. experiments/toy-exgrpo.yaml); defaults if omitted")
-    t.add_argument("--seed", type=int, help="run seed (model init, sampling, replay)")
-    t.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a config field (repeatable)")
+    t.add_argument("config", nargs="?", help="experiment YAML (e.g. experiments/toy-exgrpo.yaml), or a comparison "
+                   "YAML to train one of its arms (see --arm) (default: the built-in defaults, the toy tier)")
+    t.add_argument("--arm", help="with a comparison YAML: the arm to train (default: its first arm, named on stderr)")
+    t.add_argument("--seed", type=int, help="run seed (model init, sampling, replay) (default: the config's seed; "
+                   "a comparison's first seed)")
+    t.add_argument("--set", action="append", metavar="FIELD=VALUE",
+                   help="override a config field (repeatable; default: none, the file's values)")
     t.add_argument("--resume", action="store_true",
                    help="continue from the latest checkpoint of this run (only fields marked [resume-safe] may differ)")
     t.add_argument("--force-resume", action="store_true",
                    help="resume even if the config differs from the checkpoint's in fields that change the run")
-    t.add_argument("--max-steps", type=int, help="stop after this many steps (same as --set train.max_steps=N)")
+    t.add_argument("--max-steps", type=int, help="stop after this many steps (same as --set train.max_steps=N; "
+                   "default: the config's train.max_steps, else its epochs)")
     t.add_argument("--output-dir", help="root of run directories (default: runs/)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.add_argument("--tracking-uri", help="MLflow store (default: MLFLOW_TRACKING_URI, else <project>/mlruns/mlflow.db)")
@@ -290,9 +325,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="runs with checkpoints continue from them, finished ones are reused: a killed comparison "
                    "goes on; more --seeds or a larger train.max_steps trains only what is new")
     c.add_argument("--workers", type=int, default=2, help="parallel training processes (default 2)")
-    c.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a base config field")
+    c.add_argument("--set", action="append", metavar="FIELD=VALUE",
+                   help="override a base config field (repeatable; default: none, the file's values)")
     c.add_argument("--output-dir", help="root of run directories (default: runs/)")
-    c.add_argument("--json", help="also write per-run outcomes to this JSON file")
+    c.add_argument("--json", help="also write per-run outcomes to this JSON file (default: not written)")
     c.add_argument("--report", help="comparison figure path (default OUTPUT_DIR/NAME/comparison.png)")
     c.add_argument("--no-progress", action="store_true", help="no progress bar")
     c.add_argument("--tracking-uri", help="MLflow store (default: MLFLOW_TRACKING_URI, else <project>/mlruns/mlflow.db)")
@@ -308,20 +344,24 @@ def build_parser() -> argparse.ArgumentParser:
                        "directly with --no-prefect. Re-running with the same study name resumes it.")
     w.add_argument("config", help="sweep YAML with study:, base:, budget_steps: and space:")
     w.add_argument("--n-trials", type=int, help="total finished trials of the study (default: the file's)")
-    w.add_argument("--study-name", help="same as --set study.name=NAME")
+    w.add_argument("--study-name", help="same as --set study.name=NAME (default: the file's study.name)")
     w.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="override the sweep file: study.*, budget_steps, base.<config field>, space.<field>.<attr>")
+                   help="override the sweep file: study.*, budget_steps, base.<config field>, space.<field>.<attr> "
+                        "(repeatable; default: none, the file's values)")
     w.add_argument("--storage", help="Optuna storage URL (default: the file's, else sqlite:///<project>/studies/optuna.db)")
     w.add_argument("--tracking-uri", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, else <project>/mlruns/mlflow.db)")
     w.add_argument("--ray-address", help=RAY_ADDRESS_HELP)
     w.add_argument("--no-prefect", action="store_true", help="run the study directly, without a Prefect flow run")
     w.set_defaults(fn=_cmd_sweep)
 
-    u = sub.add_parser("ui", help="start the Prefect, MLflow and Optuna UIs on 127.0.0.1 (Ctrl-C stops all)")
-    u.add_argument("--host", default="127.0.0.1")
-    u.add_argument("--prefect-port", type=int, default=4200)
-    u.add_argument("--mlflow-port", type=int, default=5000)
-    u.add_argument("--optuna-port", type=int, default=8080)
+    u = sub.add_parser("ui", help="start the Prefect, MLflow and Optuna UIs on 127.0.0.1 (Ctrl-C stops all)",
+                       description="Serve the three UIs of this project's records until Ctrl-C: Prefect's (flow "
+                       "runs, task runs, artifacts), MLflow's (runs, metrics, models) and optuna-dashboard (sweeps). "
+                       "Each prints its URL; Ctrl-C stops all three.")
+    u.add_argument("--host", default="127.0.0.1", help="address the UIs bind (default 127.0.0.1, loopback only)")
+    u.add_argument("--prefect-port", type=int, default=4200, help="port of the Prefect UI and API (default 4200)")
+    u.add_argument("--mlflow-port", type=int, default=5000, help="port of the MLflow UI (default 5000)")
+    u.add_argument("--optuna-port", type=int, default=8080, help="port of optuna-dashboard (default 8080)")
     u.add_argument("--tracking-uri", help="MLflow store to serve (default: MLFLOW_TRACKING_URI, else <project>/mlruns/mlflow.db)")
     u.add_argument("--storage", help="Optuna storage to serve (default: sqlite:///<project>/studies/optuna.db)")
     u.set_defaults(fn=_cmd_ui)
@@ -349,11 +389,11 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--benchmarks", default="val", help="comma list, NAME[:N] for an N-problem subset (default: val)")
     e.add_argument("--n", type=int, default=1, help="samples per problem (default 1)")
     e.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    e.add_argument("--top-p", type=float, default=1.0, help="nucleus mass when sampling")
+    e.add_argument("--top-p", type=float, default=1.0, help="nucleus mass when sampling (default 1.0: all of it)")
     e.add_argument("--max-tokens", type=int, help="response budget (default: the policy's max_new_tokens)")
-    e.add_argument("--seed", type=int, default=0, help="seed of subsets and sampling")
-    e.add_argument("--workers", type=int, default=2, help="math-verify worker processes")
-    e.add_argument("--json", help="also write the scores to this JSON file")
+    e.add_argument("--seed", type=int, default=0, help="seed of subsets and sampling (default 0)")
+    e.add_argument("--workers", type=int, default=2, help="math-verify worker processes (default 2)")
+    e.add_argument("--json", help="also write the scores to this JSON file (default: not written)")
     e.set_defaults(fn=_cmd_eval)
 
     y = sub.add_parser("sync", help="finish in MLflow the runs a tracking-server outage left behind",
@@ -365,7 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("runs", help="list recent runs, comparisons and sweeps from MLflow (newest first)",
                        description="One line per top-level MLflow run: start time, experiment, name, kind "
                        "(run | compare | sweep), status, run id and the headline result.")
-    r.add_argument("--experiment", help="only this MLflow experiment")
+    r.add_argument("--experiment", help="only this MLflow experiment (default: every experiment)")
     r.add_argument("-n", "--limit", type=int, default=20, help="how many (default 20)")
     r.add_argument("--tracking-uri", help="MLflow store (default: MLFLOW_TRACKING_URI, else <project>/mlruns/mlflow.db)")
     r.set_defaults(fn=_cmd_runs)
@@ -374,14 +414,19 @@ def build_parser() -> argparse.ArgumentParser:
                        description="One line per finding (ok or PROBLEM) for the run CONFIG describes; exit 1 on a "
                        "problem. Checks the training job's environment (backend.verl.python: veRL, torch, Ray, "
                        "vLLM versions), CUDA GPUs where device=cuda, a configured Ray cluster, the MLflow store.")
-    h.add_argument("config", nargs="?", help="experiment or comparison YAML (a comparison: its first arm)")
-    h.add_argument("--set", action="append", metavar="FIELD=VALUE")
+    h.add_argument("config", nargs="?", help="experiment or comparison YAML (a comparison: its first arm) "
+                   "(default: the built-in defaults)")
+    h.add_argument("--set", action="append", metavar="FIELD=VALUE",
+                   help="override a config field (repeatable; default: none, the file's values)")
     h.add_argument("--tracking-uri", help="MLflow store (default: MLFLOW_TRACKING_URI, else <project>/mlruns/mlflow.db)")
     h.set_defaults(fn=_cmd_doctor)
 
-    g = sub.add_parser("config", help="print every config field with its doc, or a resolved config")
-    g.add_argument("config", nargs="?", help="experiment YAML to resolve")
-    g.add_argument("--set", action="append", metavar="FIELD=VALUE")
+    g = sub.add_parser("config", help="print every config field with its doc, or a resolved config",
+                       description="Without CONFIG, list every config field with its default and doc (as `exgrpo "
+                       "train --help` does). With CONFIG, print the config it resolves to, as JSON, after --set.")
+    g.add_argument("config", nargs="?", help="experiment YAML to resolve (default: list the fields instead)")
+    g.add_argument("--set", action="append", metavar="FIELD=VALUE",
+                   help="override a config field (repeatable; default: none, the file's values)")
     g.set_defaults(fn=_cmd_config)
     return p
 

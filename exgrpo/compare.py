@@ -120,6 +120,23 @@ def jobs(cc: CompareConfig) -> list[tuple[ExperimentConfig, str]]:
     return [(cc.arm_config(arm, seed), arm) for seed in cc.seeds for arm in cc.arms]
 
 
+def prepare_warm_starts(configs: Iterable[ExperimentConfig], say: Callable[[str], None] = print,
+                        progress: bool = True) -> None:
+    """Before a command's runs start on this machine: the tiny LM warm start each distinct model of
+    ``configs`` needs, from the cache or trained now (once, not by every run at the same time), and
+    one line per model saying which (:func:`exgrpo.backends.native.lm.tiny_lm.warm_start`)."""
+    from exgrpo.config import LMPolicyConfig
+
+    models = {cfg.policy.model.model_dump_json(): cfg.policy.model for cfg in configs
+              if isinstance(cfg.policy, LMPolicyConfig)}
+    if not models:
+        return
+    from exgrpo.backends.native.lm.tiny_lm import warm_start
+
+    for model in models.values():
+        say(warm_start(model, progress=progress))
+
+
 def run_local(cc: CompareConfig, workers: int = 2, on_done: Callable[[RunOutcome], None] | None = None,
               runner: Runner | None = None, resume: bool = False) -> list[RunOutcome]:
     """Run every (arm, seed) in ``workers`` spawned processes (1: in this process), each through

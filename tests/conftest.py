@@ -34,8 +34,8 @@ OWN_STORE = "EXGRPO_TEST_MLFLOW_STORE"
 
 
 _MADE: list[str] = []
-"""The directories pytest_configure made in this process: removed when it ends (a worker's MLflow store
-holds every model and checkpoint its tests logged, over a GB after a whole run)."""
+"""The directories pytest_configure made in this process: removed when its session ends (a worker's MLflow
+store holds every model and checkpoint its tests logged, over a GB after a whole run)."""
 
 
 def pytest_configure(config):
@@ -56,11 +56,35 @@ def pytest_configure(config):
     _MADE.append(os.environ["PREFECT_HOME"])
 
 
-def pytest_unconfigure(config):
-    import shutil
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session, exitstatus):
+    """A worker's last work is done here, before it reports its session finished (pytest-xdist sends
+    that after every ``pytest_sessionfinish``), not at unconfigure: once the controller has the report it
+    ends the worker's gateway, and execnet sends a worker still busy 5 s later a SIGINT. A green run then
+    ended with a ``KeyboardInterrupt`` raised wherever the worker was, e.g. in hypothesis's gc callback
+    during pytest's own garbage collections at unconfigure. So: the directories this process made are
+    removed now (after the session's fixtures, trylast), what the heap holds is collected once and
+    frozen, so that pytest's five collections at unconfigure have almost nothing left to walk, and a
+    worker ignores that SIGINT (its tests are over; execnet ends it 10 s later if it is still busy).
 
+    First the in-process Ray client that compare/sweep tests start is shut down, while the interpreter
+    is whole: left to Ray's own atexit hook it runs during interpreter finalization, where one CI run's
+    pytest process died with ``std::bad_alloc`` from Ray's C++ logger after every test had passed."""
+    import gc
+    import shutil
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
     while _MADE:
         shutil.rmtree(_MADE.pop(), ignore_errors=True)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import signal
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        gc.collect()
+        gc.freeze()
 
 
 def pytest_collection_modifyitems(config, items):
@@ -69,17 +93,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.e2e)
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(Path(str(item.fspath)).stem, len(rank)))  # stable: each module in order
-
-
-def pytest_sessionfinish(session, exitstatus):
-    """Shut down the in-process Ray client that compare/sweep tests start, while the interpreter is
-    whole: left to Ray's own atexit hook it runs during interpreter finalization, where one CI run's
-    pytest process died with ``std::bad_alloc`` from Ray's C++ logger after every test had passed."""
-    import sys
-
-    ray = sys.modules.get("ray")
-    if ray is not None and ray.is_initialized():
-        ray.shutdown()
 
 
 @pytest.fixture(autouse=True)

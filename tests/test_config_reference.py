@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from exgrpo.config import config_fields
-from exgrpo.config.reference import PAGE, reference_page
+from exgrpo.config.reference import PAGE, field_name, reference_page
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -21,5 +21,5 @@ def test_committed_page_is_what_the_generator_writes():
 
 def test_every_config_field_has_a_row():
     page = reference_page()
-    missing = [name for name in config_fields() if f"| `{name}` |" not in page]
+    missing = [name for name in config_fields() if f"| {field_name(name)} |" not in page]
     assert not missing, f"fields without a row in the reference page: {missing}"

@@ -175,3 +175,35 @@ def test_lm_policy_runs_a_trainer_step(tmp_path):
     assert np.isfinite(m["actor/grad_norm"]) and 0 <= m["batch/solved"] <= 1
     assert any(not torch.equal(a, b) for a, b in zip(before, policy.parameters(), strict=True))
     assert 0 <= trainer.evaluate()["val/accuracy"] <= 1
+
+
+SMALL_LM = {"policy.model.hidden_size": 32, "policy.model.num_layers": 1, "policy.model.num_heads": 2,
+            "policy.model.num_kv_heads": 1, "policy.model.intermediate_size": 64, "policy.model.sft_steps": 4,
+            "policy.model.sft_batch_size": 8, "policy.model.sft_warmup": 1, "policy.model.eval_questions": 8,
+            "policy.model.eval_max_new_tokens": 8}
+
+
+def test_a_command_says_whether_the_warm_start_was_cached_or_trained_now(tmp_path, monkeypatch):
+    """`make demo` (a comparison) and `exgrpo train` say in one line whether the SFT warm start was in the
+    cache (a cached one turns a 6-minute demo into a 4-minute one), with its path."""
+    pytest.importorskip("transformers")
+    from exgrpo.backends.native.lm.tiny_lm import cache_root, config_hash
+    from exgrpo.compare import jobs, prepare_warm_starts
+    from exgrpo.config import load_compare, load_experiment
+
+    monkeypatch.setenv("EXGRPO_CACHE", str(tmp_path))
+    cc = load_compare("experiments/tiny-lm.yaml", SMALL_LM)
+    configs = [cfg for cfg, _ in jobs(cc)]  # every arm and seed: one model, one line
+    path = cache_root() / "tiny-lm" / config_hash(configs[0].policy.model)
+    said: list[str] = []
+    prepare_warm_starts(configs, say=said.append, progress=False)
+    (trained,) = said
+    assert trained.startswith("tiny LM warm start: trained now in ") and trained.endswith(
+        f" s (not in the cache); cached at {path} for the next runs")
+    assert (path / "tiny_lm.json").is_file()
+    said.clear()
+    prepare_warm_starts(configs, say=said.append, progress=False)
+    assert said == [f"tiny LM warm start: loaded from the cache, {path}"]
+    said.clear()
+    prepare_warm_starts([load_experiment("experiments/toy-grpo.yaml")], say=said.append)  # no LM: nothing to say
+    assert said == []

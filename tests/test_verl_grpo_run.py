@@ -41,7 +41,7 @@ def test_verl_grpo_end_to_end_through_the_cli(grpo_run):
     assert max(r["training/rollout_probs_diff_mean"] for r in rows if "batch/solved" in r) < 1e-5
 
 
-MEASUREMENTS = ("timing_s/", "timing_per_token_ms/", "perf/", "actor/perf/")
+MEASUREMENTS = ("time/", "timing_s/", "timing_per_token_ms/", "perf/", "actor/perf/")
 """Metrics of how long and how much memory, not of what was learnt: they differ between any two runs."""
 
 
@@ -78,11 +78,14 @@ def _record(run):
     client = mlflow.MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     return {
         "status": run.info.status,
-        "artifacts": sorted(a.path for a in client.list_artifacts(run.info.run_id)),
+        "artifacts": sorted(a.path for folder in ("", "config", "logs", "metrics")
+                            for a in client.list_artifacts(run.info.run_id, folder or None) if not a.is_dir),
         "checkpoint_files": [Path(a.path).suffix for a in client.list_artifacts(run.info.run_id, "checkpoints")],
         "models": len(run.outputs.model_outputs) if run.outputs else 0,
         "datasets": sorted(d.tags[0].value for d in run.inputs.dataset_inputs),
         "eval": sorted(k for k in run.data.metrics if k.startswith("eval/")),
+        "model_metrics": sorted(m.key for m in client.get_logged_model(run.outputs.model_outputs[0].model_id).metrics)
+        if run.outputs and run.outputs.model_outputs else [],
     }
 
 
@@ -111,10 +114,20 @@ def test_exgrpo_train_records_the_same_things_in_mlflow_on_both_backends(piped_g
     _train(GRPO, tmp_path, exgrpo_cache, "--set", "backend.name=native", "--max-steps", "2")
     native = _run_of(tmp_path / "verl-tiny-grpo" / "seed0")
     verl = _run_of(grpo_run)
-    assert _record(verl) == _record(native)
-    assert _record(verl) == {"status": "FINISHED", "artifacts": ["checkpoints", "config", "metrics"],
-                             "checkpoint_files": [".pt"], "models": 1, "datasets": ["eval", "training"],
-                             "eval": ["eval/accuracy", "eval/train_accuracy"]}
+    records, native_record = _record(verl), _record(native)
+    # the veRL run's own records besides: the overrides derived from the config and the job's log
+    assert native_record.pop("artifacts") == ["config/resolved_config.json", "metrics/metrics.jsonl"]
+    assert records.pop("artifacts") == ["config/resolved_config.json", "config/verl_run.json", "logs/verl.log",
+                                        "metrics/metrics.jsonl"]
+    # the logged model carries the last step's metrics on both backends (the veRL job logs its own),
+    # the shared quantities under one name
+    shared = {"batch/solved", "actor/pg_loss", "val/accuracy", "time/step_seconds", "time/rollout_seconds",
+              "final/val/accuracy", "eval/accuracy"}
+    assert shared <= set(records.pop("model_metrics")) and shared <= set(native_record.pop("model_metrics"))
+    assert records == native_record
+    assert records == {"status": "FINISHED", "checkpoint_files": [".pt"], "models": 1,
+                       "datasets": ["eval", "training"], "eval": ["eval/accuracy", "eval/train_accuracy"]}
+    assert verl.data.params["backend.verl.rollout"] == "hf" and "backend.verl.rollout" not in native.data.params
     # the veRL run's checkpoint tag names veRL's own directory; its policy file evaluates to its eval/*
     assert verl.data.tags["checkpoint"] == str(grpo_run / "checkpoints" / "global_step_6")
     merged = grpo_run / "checkpoints" / "verl_global_step_6.pt"

@@ -28,7 +28,7 @@ from exgrpo.config.options import (
 
 
 class NotebookReplayConfig(_Strict):
-    """The notebook variant's buffer and lambda schedule (notebook-toy.md)."""
+    """The notebook variant's buffer and lambda schedule."""
 
     per: int = Field(256, ge=1, json_schema_extra=MLFLOW_PARAM)
     """Replayed trajectories per step (distinct question ids)."""
@@ -182,7 +182,7 @@ class NotebookConfig(OnPolicyConfig):
     """The notebook variant: a recency/entropy priority buffer and a lambda-weighted replay term."""
 
     replay: Literal[ReplayKind.NOTEBOOK] = Field(ReplayKind.NOTEBOOK, json_schema_extra=MLFLOW_PARAM)
-    """notebook: the notebook variant (notebook-toy.md)."""
+    """notebook: the notebook variant."""
     notebook: NotebookReplayConfig = NotebookReplayConfig()
     """Its buffer and lambda schedule."""
 

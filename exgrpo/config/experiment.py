@@ -410,10 +410,14 @@ def resume_safe_fields(model: type[BaseModel] = ExperimentConfig, prefix: str = 
 
 
 def mlflow_param_keys(cfg: BaseModel, prefix: str = "") -> list[str]:
-    """Dotted names of the fields of ``cfg`` (this instance's union members) marked ``MLFLOW_PARAM``."""
+    """Dotted names of the fields of ``cfg`` (this instance's union members) marked ``MLFLOW_PARAM``,
+    without the settings of a backend that does not run it."""
     keys: list[str] = []
+    idle = cfg.idle_sections() if hasattr(cfg, "idle_sections") else set()
     for name, field in type(cfg).model_fields.items():
         value = getattr(cfg, name)
+        if name in idle:
+            continue
         if isinstance(value, BaseModel):
             keys += mlflow_param_keys(value, f"{prefix}{name}.")
         elif (field.json_schema_extra or {}).get("mlflow_param"):

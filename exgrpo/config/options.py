@@ -28,7 +28,7 @@ class NotebookSampling(StrEnum):
 
 
 class BucketWeighting(StrEnum):
-    """Weight of a bucket keyed by the latest success count k (exgrpo-spec.md §3)."""
+    """Weight of a bucket keyed by the latest success count k."""
 
     NORMAL = "normal"
     LINEAR = "linear"
@@ -113,7 +113,8 @@ class OptimizerKind(StrEnum):
 
 MLFLOW_PARAM: dict[str, bool] = {"mlflow_param": True}
 """Field marker (``Field(..., json_schema_extra=MLFLOW_PARAM)``): log the field as an MLflow param
-(exgrpo.tracking.curated_params); the full config is always an artifact."""
+(exgrpo.tracking.curated_params); the full config is always an artifact. A backend's settings are
+params of the runs that backend trains (``BackendConfig.idle_sections``)."""
 
 RESUME_SAFE: dict[str, bool] = {"resume_safe": True}
 """Field marker (``json_schema_extra=RESUME_SAFE``, or ``MLFLOW_PARAM | RESUME_SAFE``): a resumed run

@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import argparse
 import enum
+import html
+import os
+import re
 import sys
 import types
 import typing
@@ -150,19 +153,35 @@ def section_rows(section: str) -> list[Row]:
     return rows
 
 
+def field_name(dotted: str) -> str:
+    """A field's name as table code that wraps only after a dot (``<wbr>``): a narrow column breaks
+    ``task.data_seed`` as ``task.`` / ``data_seed``, never inside a name (docs/stylesheets/extra.css)."""
+    return "<code>" + ".<wbr>".join(html.escape(part) for part in dotted.split(".")) + "</code>"
+
+
 def _cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
+
+
+_DOCS_PAGE = re.compile(r"(?<![\w/])docs/([\w/-]+\.md(?:#[\w-]+)?)")
+"""A docstring's ``docs/<page>.md``: a path in the terminal (``--help``), a checked link on this page."""
+
+
+def _doc(text: str) -> str:
+    """A docstring as a table cell or list item, its ``docs/`` pages linked (mkdocs --strict checks them)."""
+    up = os.path.relpath("docs", PAGE.parent)
+    return _DOCS_PAGE.sub(lambda m: f"[docs/{m[1]}]({up}/{m[1]})", _cell(text))
 
 
 def _table(rows: list[Row], run_config: bool = True) -> list[str]:
     """A Markdown table; a comparison file's fields (``run_config=False``) have no variants and no resume."""
     if not run_config:
         out = ["| field | type | default | description |", "|---|---|---|---|"]
-        return out + [f"| `{r.name}` | {_cell(r.type)} | {_default(r.default)} | {_cell(r.doc)} |" for r in rows]
+        return out + [f"| {field_name(r.name)} | {_cell(r.type)} | {_default(r.default)} | {_doc(r.doc)} |" for r in rows]
     out = ["| field | type | default | resume-safe | applies to | description |", "|---|---|---|---|---|---|"]
     for r in rows:
-        out.append(f"| `{r.name}` | {_cell(r.type)} | {_default(r.default)} | {'yes' if r.resume_safe else ''} "
-                   f"| {_cell(r.applies_to)} | {_cell(r.doc)} |")
+        out.append(f"| {field_name(r.name)} | {_cell(r.type)} | {_default(r.default)} | {'yes' if r.resume_safe else ''} "
+                   f"| {_cell(r.applies_to)} | {_doc(r.doc)} |")
     return out
 
 
@@ -174,11 +193,11 @@ def _variants(section: str) -> list[str]:
     f = ExperimentConfig.model_fields[section]
     members = _union_members(f.annotation)
     if len(members) == 1:
-        return [" ".join((members[0].__doc__ or "").split())]
+        return [_doc(members[0].__doc__ or "")]
     tag = _tag_field(members)
     lines = [f"Variants, chosen by `{section}.{tag}`:", ""]
     for m in members:
-        lines.append(f"- {_variant_label(section, _tag_of(m, tag))}: {' '.join((m.__doc__ or '').split())}")
+        lines.append(f"- {_variant_label(section, _tag_of(m, tag))}: {_doc(m.__doc__ or '')}")
     return lines
 
 
@@ -223,7 +242,7 @@ def reference_page() -> str:
     safe = resume_safe_fields()
     rows = [Row(n, _type_of(ExperimentConfig, n), d, n in safe, "all", doc)
             for n, d, doc in field_docs(ExperimentConfig) if n in top]
-    lines += ["## Top level", "", " ".join((ExperimentConfig.__doc__ or "").split()), "", *_table(rows), ""]
+    lines += ["## Top level", "", _doc(ExperimentConfig.__doc__ or ""), "", *_table(rows), ""]
     for section in (n for n in ExperimentConfig.model_fields if n not in top):
         lines += [f"## {section}", "", *_variants(section), "", *_table(section_rows(section)), ""]
     compare = [Row(n, _type_of(CompareConfig, n), _default_of(CompareConfig, n, d), False, "", doc)

@@ -10,7 +10,7 @@ from exgrpo.config.options import MLFLOW_PARAM, DEFAULT_MAX_ANSWER_CHARS, Answer
 
 
 class ToyTaskConfig(_Strict):
-    """Integer addition/subtraction from feature vectors (notebook-toy.md)."""
+    """Integer addition/subtraction from feature vectors."""
 
     kind: Literal["toy_arithmetic"] = Field("toy_arithmetic", json_schema_extra=MLFLOW_PARAM)
     """Task registry key."""

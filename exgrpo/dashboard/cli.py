@@ -11,16 +11,19 @@ import sys
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_argument_group("what to report (one of)")
-    src.add_argument("--run-id", help="a compare or sweep parent run (a child run's id selects its parent)")
-    src.add_argument("--experiment", help="MLflow experiment: its most recent parent run of --kind")
-    src.add_argument("--study", help="Optuna study name (sweep report from the study's storage)")
+    src.add_argument("--run-id", help="a compare or sweep parent run (a child run's id selects its parent) "
+                     "(default: none; give one of the three)")
+    src.add_argument("--experiment", help="MLflow experiment: its most recent parent run of --kind "
+                     "(default: none; give one of the three)")
+    src.add_argument("--study", help="Optuna study name (sweep report from the study's storage) "
+                     "(default: none; give one of the three)")
     p.add_argument("--kind", choices=("compare", "sweep"), default="compare",
                    help="with --experiment (default compare)")
     p.add_argument("--storage", help="Optuna storage URL (with --study: default sqlite:///<project>/studies/optuna.db; "
                    "with a sweep run: overrides the storage recorded on the run)")
     p.add_argument("--tracking-uri",
                    help="MLflow store (default: MLFLOW_TRACKING_URI, else <project>/mlruns/mlflow.db)")
-    p.add_argument("--out", metavar="FILE", help="write the HTML to FILE and exit (no server)")
+    p.add_argument("--out", metavar="FILE", help="write the HTML to FILE and exit (no server) (default: serve it)")
     p.add_argument("--port", type=int, default=8090, help="port to serve on (default 8090; 0: any free port)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
     p.add_argument("--no-log", action="store_true",

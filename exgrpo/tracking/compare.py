@@ -14,7 +14,17 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
-from exgrpo.compare import ArmSummary, RunOutcome, continues, outcome_extras, format_table, jobs, run_local, summarize
+from exgrpo.compare import (
+    ArmSummary,
+    RunOutcome,
+    continues,
+    format_table,
+    jobs,
+    outcome_extras,
+    prepare_warm_starts,
+    run_local,
+    summarize,
+)
 from exgrpo.config import CompareConfig, ExperimentConfig
 from exgrpo.tracking.mlflow_tracking import Tracker, curated_params, model_tag, run_url, tracked_train
 
@@ -136,6 +146,8 @@ def run_tracked_compare(
     ray_address = cluster_address(ray_address) if executor == "ray" else None
     require_shared_stores(ray_address, tracking_uri)  # before any work
     tracker = Tracker(tracking_uri)  # unreachable store: an error here, before any training
+    if ray_address is None:  # the runs share this machine's cache: its warm starts first, said in a line
+        prepare_warm_starts(cfg for cfg, _ in jobs(cc))
     base = cc.base_config()
     experiment = base.name
     exp_id = tracker.experiment_id(experiment)

@@ -1,11 +1,13 @@
 """What a finished training run records in MLflow, whatever its backend: one list, one function
 (:func:`log_finished_run`), called for native and veRL runs alike.
 
-* ``metrics/metrics.jsonl``: every step;
+* the run directory's records (:data:`RECORD_FILES`): ``metrics/metrics.jsonl`` (every step), and a veRL
+  run's ``config/verl_run.json`` (the veRL overrides derived from the config) and ``logs/verl.log``;
 * ``checkpoints/``: the final policy as a native checkpoint file (``config``, ``model``, ``step``);
   a veRL run's is merged once from its FSDP shards into ``verl_global_step_N.pt`` beside them, and veRL's
   own checkpoint directory is what the ``checkpoint`` tag names;
-* the final policy as an MLflow model (up to :data:`MAX_LOGGED_MODEL_PARAMS` parameters);
+* the final policy as an MLflow model (up to :data:`MAX_LOGGED_MODEL_PARAMS` parameters) with the run's
+  params and every metric logged at its step, wherever it was logged from (a veRL job logs its own);
 * the training and evaluation questions as dataset inputs;
 * ``eval/*``: the final policy evaluated as the run evaluates (greedy val and train-probe accuracy).
 """
@@ -17,7 +19,6 @@ import logging
 import os
 import time
 import warnings
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -25,16 +26,21 @@ from exgrpo.atomic import torch_save_atomic
 from exgrpo.config import ExperimentConfig
 
 
-def log_finished_run(tracker: Any, run_id: str, cfg: ExperimentConfig, result: Any, step: int,
-                     logged_metrics: Iterable[Any] = (), *, log_checkpoint: bool = True, log_model: bool = True) -> None:
-    """Record the finished run ``result`` (a TrainResult of any backend) on MLflow run ``run_id``.
-    ``logged_metrics``: the run's logged values (their entries at ``step`` are linked to the model)."""
+RECORD_FILES: dict[str, str] = {"metrics.jsonl": "metrics", "verl_run.json": "config", "verl.log": "logs"}
+"""Files of a run directory that are artifacts of its MLflow run (file -> artifact folder), whichever
+backend wrote them."""
+
+
+def log_finished_run(tracker: Any, run_id: str, cfg: ExperimentConfig, result: Any, step: int, *,
+                     log_checkpoint: bool = True, log_model: bool = True) -> None:
+    """Record the finished run ``result`` (a TrainResult of any backend) on MLflow run ``run_id``."""
     from exgrpo.evaluation.runner import eval_names, evaluate_as_in_training, load_checkpoint_policy
 
     client = tracker.client
-    metrics_file = Path(result.run_dir) / "metrics.jsonl" if result.run_dir else None
-    if metrics_file is not None and metrics_file.is_file():
-        client.log_artifact(run_id, str(metrics_file), "metrics")
+    for name, folder in RECORD_FILES.items():
+        record = Path(result.run_dir) / name if result.run_dir else None
+        if record is not None and record.is_file():
+            client.log_artifact(run_id, str(record), folder)
     if result.checkpoint is None:
         return
     policy_file = policy_checkpoint(Path(result.checkpoint))
@@ -45,7 +51,7 @@ def log_finished_run(tracker: Any, run_id: str, cfg: ExperimentConfig, result: A
         client.set_tag(run_id, "checkpoint", str(result.checkpoint))
     tracker.log_metrics(run_id, eval_names(evaluate_as_in_training(final)), step=step)
     if log_model:
-        log_final_model(tracker.uri, run_id, final.policy, step, logged_metrics)
+        log_final_model(tracker.uri, run_id, final.policy, step)
 
 
 @contextlib.contextmanager
@@ -122,16 +128,16 @@ MAX_LOGGED_MODEL_PARAMS = 20_000_000
 artifact plus a ``model_uri`` tag (a 135M-parameter fp32 model would be ~540 MB per run)."""
 
 
-def log_final_model(tracking_uri: str, run_id: str, policy: Any, step: int, metrics: Iterable[Any] = ()) -> None:
+def log_final_model(tracking_uri: str, run_id: str, policy: Any, step: int) -> None:
     """Log the trained policy as an MLflow PyTorch model (``name="model"``, a LoggedModel linked to
-    the run at ``step``, with the run's params and those of ``metrics`` (the run's logged
-    ``mlflow.entities.Metric`` values) that are at ``step``), or, above
-    :data:`MAX_LOGGED_MODEL_PARAMS`, tag where its checkpoint is.
+    the run at ``step``, with the run's params and every metric whose latest value is at ``step``),
+    or, above :data:`MAX_LOGGED_MODEL_PARAMS`, tag where its checkpoint is.
 
     The LoggedModel is created here and linked to the run explicitly: ``log_model`` inside the run
     would read the whole history of every metric to find the values at ``step`` (one query per
-    metric, every row of it: 0.1-0.2 s on a 100-step toy run, growing with the run's length), where
-    the caller already has them. Each value is logged again with the model's id and its original
+    metric, every row of it: 0.1-0.2 s on a 100-step toy run, growing with the run's length); the
+    run's latest values, one query, are those at the last step, whichever process logged them (a veRL
+    job logs its steps itself). Each value is logged again with the model's id and its original
     timestamp, so the run's history gains no row (MLflow does the same)."""
     import mlflow
     import mlflow.pytorch
@@ -152,7 +158,8 @@ def log_final_model(tracking_uri: str, run_id: str, policy: Any, step: int, metr
         info = mlflow.pytorch.log_model(policy, model_id=model.model_id, serialization_format="pickle",
                                         pip_requirements=["torch==2.13.0", "exgrpo-lab"])
     client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step=step)])
-    values = [Metric(m.key, m.value, m.timestamp, m.step, model_id=model.model_id) for m in metrics if m.step == step]
+    latest = [Metric.from_proto(m) for m in run.data.to_proto().metrics]  # RunData keeps no public list of them
+    values = [Metric(m.key, m.value, m.timestamp, m.step, model_id=model.model_id) for m in latest if m.step == step]
     for i in range(0, len(values), 1000):
         client.log_batch(run_id, metrics=values[i:i + 1000])
     client.set_tag(run_id, "model_uri", info.model_uri)

@@ -348,14 +348,10 @@ def backfill_steps(client: Any, run_id: str, history: list[dict[str, float]], lo
 
 def _log_steps_before_resume(logger: MLflowStepLogger, history: list[dict[str, float]], seen: set[int]) -> None:
     """A resumed run's new MLflow run gets the steps trained before the resume too (from
-    metrics.jsonl, as ``history`` holds them), so it shows the whole run. ``logger.last_logged``
-    stays the last step's values (the final model's metrics)."""
-    before = [row for row in history if int(row["step"]) not in seen]
-    last = logger.last_logged
-    for row in before:
-        logger(int(row["step"]), row)
-    if seen:  # the last step was trained here; otherwise it is the last of ``before``
-        logger.last_logged = last
+    metrics.jsonl, as ``history`` holds them), so it shows the whole run."""
+    for row in history:
+        if int(row["step"]) not in seen:
+            logger(int(row["step"]), row)
 
 
 def tracked_train(
@@ -447,9 +443,8 @@ def tracked_train(
                 monitor.finish()
             return TrackedRun(result, run_id, exp_id, tracker.uri, synced=False)
         step = int(result.final_metrics.get("step", 0))
-        final_logged = tracker.log_metrics(run_id, final, step=step)
-        log_finished_run(tracker, run_id, cfg, result, step, [*logger.last_logged, *final_logged],
-                         log_checkpoint=log_checkpoint, log_model=log_model)
+        tracker.log_metrics(run_id, final, step=step)
+        log_finished_run(tracker, run_id, cfg, result, step, log_checkpoint=log_checkpoint, log_model=log_model)
     except BaseException as e:
         status = _status_for(e)
         try:

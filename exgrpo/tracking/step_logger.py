@@ -54,8 +54,6 @@ class MLflowStepLogger:
         self._writer: ThreadPoolExecutor | None = None
         self._in_flight: tuple[Future, list[Any]] | None = None  # the helper's write and its batch
         self.logged_steps = 0
-        self.last_logged: list[Any] = []
-        """The ``Metric`` values of the last logged step (as written, timestamps included)."""
         self.offline = False
         """True while the last write failed."""
         self.dropped = 0
@@ -75,9 +73,8 @@ class MLflowStepLogger:
         if int(step) % self.every and not evaluated:
             return
         ts = int(time.time() * 1000)
-        self.last_logged = [Metric(self._name(k), float(v), ts, int(step)) for k, v in metrics.items()
-                            if k != "step" and isinstance(v, (int, float))]
-        self._buf.extend(self.last_logged)
+        self._buf.extend(Metric(self._name(k), float(v), ts, int(step)) for k, v in metrics.items()
+                         if k != "step" and isinstance(v, (int, float)))
         self.logged_steps += 1
         if self.logged_steps % self.flush_every == 0 or time.monotonic() - self._last_flush >= self.flush_seconds:
             self.flush()

@@ -29,16 +29,26 @@ LOOPBACK_ENV = "EXGRPO_BIND_LOOPBACK"
 """Set (to 1) for a run on a private local Ray: its rollout servers bind 127.0.0.1 (platform/patches.py)."""
 
 
+SHARED_NAMES: dict[str, str] = {
+    "timing_s/step": "time/step_seconds",
+    "timing_s/gen": "time/rollout_seconds",
+    "timing_s/reward": "time/reward_seconds",
+}
+"""veRL's names of quantities the native trainer measures too -> the one name both backends log
+(METRICS.md): the wall time of a step, of its rollout and of its grading."""
+
+
 def verl_row(record: dict[str, Any]) -> tuple[int, dict[str, float]]:
     """One line of veRL's file logger ``{"step": n, "data": {...}}`` -> (step, our metric row):
-    numbers only, names MLflow-safe, and veRL's validation mean as ``val/accuracy``."""
+    numbers only, names MLflow-safe, a quantity the native trainer logs too under its name
+    (:data:`SHARED_NAMES`), and veRL's validation mean as ``val/accuracy``."""
     from exgrpo.tracking.mlflow_tracking import sanitize_metric_name
 
     step = int(record["step"])
     row: dict[str, float] = {"step": float(step)}
     for key, value in record["data"].items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            row[sanitize_metric_name(key)] = float(value)
+            row[SHARED_NAMES.get(key) or sanitize_metric_name(key)] = float(value)
             if key.startswith("val-core/") and "/mean@" in key:
                 row["val/accuracy"] = float(value)
     return step, row

@@ -44,7 +44,7 @@ from exgrpo.tasks.text_arithmetic import (
 
 __all__ = [
     "TinyLM", "TinyLMConfig", "build_model", "cache_root", "config_hash", "greedy_accuracy", "load_tiny_lm", "sft",
-    "train_tiny_lm",
+    "train_tiny_lm", "warm_start",
 ]
 
 CACHE_FORMAT = 1
@@ -259,3 +259,18 @@ def load_tiny_lm(
                 shutil.rmtree(tmp, ignore_errors=True)
     tiny.path = path
     return tiny
+
+
+def warm_start(cfg: TinyLMConfig, progress: bool = True) -> str:
+    """Have the SFT warm start of ``cfg`` in the cache before a command's runs load it, training it now
+    if it is not there; one line saying which, with its path (a cached warm start saves minutes)."""
+    path = cache_root() / "tiny-lm" / config_hash(cfg)
+    if (path / RECORD_FILE).is_file():
+        return f"tiny LM warm start: loaded from the cache, {path}"
+    t0 = time.perf_counter()
+    tiny = load_tiny_lm(cfg, progress=progress)
+    if tiny.cache_hit:  # another process trained it while this one waited for the lock
+        return f"tiny LM warm start: loaded from the cache, {tiny.path} (trained meanwhile by another process)"
+    minutes, seconds = divmod(round(time.perf_counter() - t0), 60)
+    took = f"{minutes} m {seconds:02d} s" if minutes else f"{seconds} s"
+    return f"tiny LM warm start: trained now in {took} (not in the cache); cached at {tiny.path} for the next runs"

@@ -1,0 +1,77 @@
+"""The ``exgrpo`` command's own surface: every subcommand's ``--help`` says what it does and what each
+option defaults to, and ``exgrpo train`` on a comparison file says which arm it trains (``--arm``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from exgrpo.cli import build_parser, main
+from exgrpo.config import ConfigError
+
+VLLM = "experiments/verl-tiny-vllm.yaml"
+
+
+def _subcommands() -> dict[str, argparse.ArgumentParser]:
+    (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(sub.choices)
+
+
+@pytest.mark.parametrize("name", sorted(_subcommands()))
+def test_every_subcommands_help_says_what_it_does_and_each_options_default(name, capsys):
+    parser = _subcommands()[name]
+    assert parser.description, f"`exgrpo {name} --help` has no description of what the command does"
+    undocumented = [a.option_strings or [a.dest] for a in parser._actions
+                    if not isinstance(a, argparse._HelpAction) and not a.help]
+    assert not undocumented, f"`exgrpo {name}` options without help: {undocumented}"
+    # an option that takes a value says what it is when not given (a flag is off unless given)
+    no_default = [a.option_strings or [a.dest] for a in parser._actions
+                  if a.nargs != 0 and not a.required and "default" not in (a.help or "")]
+    assert not no_default, f"`exgrpo {name}` options whose help gives no default: {no_default}"
+    with pytest.raises(SystemExit) as done:
+        main([name, "--help"])
+    assert done.value.code == 0
+    shown = "".join(capsys.readouterr().out.split())  # as wrapped, without the spaces (argparse wraps at hyphens)
+    assert "".join(parser.description.split()) in shown
+    for action in parser._actions:
+        if action.default not in (None, False, argparse.SUPPRESS) and not isinstance(action.default, list):
+            assert "".join(str(action.default).split()) in shown, f"`exgrpo {name} --help` hides the default of {action.option_strings}"
+
+
+def test_train_on_a_comparison_file_names_the_arm_it_trains(capsys):
+    from exgrpo.cli import _train_config
+
+    cfg = _train_config(VLLM, {}, None)
+    said = capsys.readouterr().err
+    assert said == (f"{VLLM} is a comparison of grpo, exgrpo: training its arm grpo, seed 0 (another arm: --arm NAME; "
+                    f"every arm and seed: exgrpo compare {VLLM})\n")
+    assert cfg.name == "verl-tiny-vllm-grpo" and cfg.algorithm.replay.value == "none"
+
+    cfg = _train_config(VLLM, {"seed": 3, "train.max_steps": 2}, "exgrpo")
+    assert "training its arm exgrpo, seed 3" in capsys.readouterr().err
+    # the arm's own overrides apply, as in `exgrpo compare`; --set goes to the base
+    assert (cfg.name, cfg.seed, cfg.train.max_steps) == ("verl-tiny-vllm-exgrpo", 3, 2)
+    assert cfg.algorithm.replay.value == "buckets" and cfg.algorithm.replay_start_pass_rate == 0.0
+
+
+def test_a_bad_arm_is_one_line_listing_the_arms(capsys):
+    assert main(["train", VLLM, "--arm", "ppo"]) == 2
+    assert capsys.readouterr().err == (f"error: --arm ppo: {VLLM} has no such arm; its arms are grpo, exgrpo\n")
+    with pytest.raises(ConfigError, match="is not a comparison file .* drop --arm"):
+        from exgrpo.cli import _train_config
+
+        _train_config("experiments/toy-exgrpo.yaml", {}, "grpo")
+
+
+def test_train_runs_the_chosen_arm_of_a_comparison(tmp_path, capsys):
+    """End to end on the toy tier, 2 steps: the run is the comparison's own (arm, seed) run."""
+    assert main(["train", "experiments/toy.yaml", "--arm", "exgrpo-early", "--seed", "1", "--max-steps", "2",
+                 "--no-tracking", "--no-progress", "--output-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr()
+    assert "training its arm exgrpo-early, seed 1" in out.err
+    record = json.loads(out.out)
+    assert record["run_dir"] == str(tmp_path / "toy" / "toy-exgrpo-early" / "seed1")
+    saved = json.loads((tmp_path / "toy" / "toy-exgrpo-early" / "seed1" / "config.json").read_text())
+    assert saved["algorithm"]["replay"] == "buckets" and saved["algorithm"]["replay_start_pass_rate"] == 0.0
