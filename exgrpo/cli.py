@@ -22,14 +22,15 @@ def _fields_epilog() -> str:
 
 
 def _load_flow(module: str, name: str):
-    """Flow ``name`` of the installed ``flows`` package (``flows/<module>.py``), to run on Prefect's
-    local API with the settings it needs on these machines (stack-notes.md §10) unless the
-    environment already sets them. A missing flow is a one-line error, never a silent fallback."""
+    """Flow ``name`` of the installed ``flows`` package (``flows/<module>.py``), to run on the project's
+    Prefect home and API (:mod:`exgrpo.prefect_home`: what ``exgrpo ui`` shows) with the settings it
+    needs on these machines unless the environment already sets them. A missing flow is a one-line
+    error, never a silent fallback."""
     import importlib
-    import os
 
-    for k, v in {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90"}.items():
-        os.environ.setdefault(k, v)
+    from exgrpo.prefect_home import use_prefect_home
+
+    use_prefect_home()  # before Prefect is imported: it reads its settings then
     try:
         return getattr(importlib.import_module(f"flows.{module}"), name)
     except (ImportError, AttributeError) as e:
@@ -123,8 +124,10 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 2
         outcomes = [RunOutcome(**o) for o in out["outcomes"]]
-        print(f"MLflow parent run: {out['parent_run_id']} (experiment {out['experiment_id']}); "
-              f"browse with `exgrpo ui` or `exgrpo dashboard --run-id {out['parent_run_id']}`")
+        from exgrpo.tracking import run_url
+
+        print(f"MLflow parent run: {run_url(out['experiment_id'], out['parent_run_id'], args.tracking_uri)} "
+              f"(served by `exgrpo ui`); its report: `exgrpo dashboard --run-id {out['parent_run_id']}`")
     rows = summarize(outcomes, list(cc.arms), cc.baseline)
     horizon = max((o.curve_steps[-1] for o in outcomes if o.curve_steps), default=None)
     print(format_table(rows, cc.metric, cc.baseline, horizon))
@@ -303,7 +306,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     w = sub.add_parser("sweep", help="run or resume an Optuna sweep (trials as Ray tasks, MLflow runs)",
                        description="Run the study of a sweep YAML (e.g. experiments/toy-sweep.yaml) through the "
-                       "Prefect sweep flow on Prefect's local API (ephemeral unless PREFECT_API_URL is set), or "
+                       "Prefect sweep flow (on the server of a running `exgrpo ui`, else Prefect's temporary local one, both on "
+                       "the project's Prefect home; PREFECT_HOME and PREFECT_API_URL override), or "
                        "directly with --no-prefect. Re-running with the same study name resumes it.")
     w.add_argument("config", help="sweep YAML with study:, base:, budget_steps: and space:")
     w.add_argument("--n-trials", type=int, help="total finished trials of the study (default: the file's)")

@@ -14,7 +14,17 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
-from exgrpo.compare import ArmSummary, RunOutcome, continues, outcome_extras, format_table, jobs, run_local, summarize
+from exgrpo.compare import (
+    ArmSummary,
+    RunOutcome,
+    continues,
+    format_table,
+    jobs,
+    outcome_extras,
+    run_description,
+    run_local,
+    summarize,
+)
 from exgrpo.config import CompareConfig, ExperimentConfig
 from exgrpo.tracking.mlflow_tracking import Tracker, curated_params, model_tag, run_url, tracked_train
 
@@ -58,6 +68,11 @@ class TrackedComparison:
     @property
     def url(self) -> str:
         return run_url(self.experiment_id, self.parent_run_id, self.tracking_uri)
+
+    @property
+    def description(self) -> str:
+        """The parent run's description in MLflow's UI (:func:`exgrpo.compare.run_description`)."""
+        return run_description(self.rows, self.metric, self.baseline, self.parent_run_id) + pending_note(self.outcomes)
 
     def child_url(self, o: RunOutcome) -> str:
         return run_url(self.experiment_id, o.run_id or "", self.tracking_uri)
@@ -228,7 +243,7 @@ def run_tracked_compare(
         try:
             tracker.log_metrics(parent, {k: v for k, v in metrics.items() if _finite(v)})
             tracker.client.log_text(parent, table + "\n", "comparison.md")
-            tracker.client.set_tag(parent, "mlflow.note.content", table)  # the run's description in the MLflow UI
+            tracker.client.set_tag(parent, "mlflow.note.content", result.description)  # the run's description in the MLflow UI
             tracker.client.log_dict(parent, [o.__dict__ for o in outcomes], "outcomes.json")
             if failures:
                 tracker.client.set_tag(parent, "error", "; ".join(failures)[:5000])
@@ -240,7 +255,7 @@ def run_tracked_compare(
             write_pending(where, tracker.uri, parent, "FAILED" if failures else "FINISHED",
                           {k: v for k, v in metrics.items() if _finite(v)}, "; ".join(failures)[:5000] or None,
                           artifacts={"comparison.md": "", "outcomes.json": ""},
-                          tags={"mlflow.note.content": table})
+                          tags={"mlflow.note.content": result.description})
             status = None  # the marker ends the parent run
             print(f"note: MLflow is unreachable ({result.summary_error}); the comparison's table and outcomes are "
                   f"in {where}; `exgrpo sync {where}` puts them on parent run {parent} once MLflow is back",

@@ -175,12 +175,32 @@ def curated_params(cfg: ExperimentConfig, extra_keys: Iterable[str] = ()) -> dic
     return {sanitize_metric_name(k): str(flat[k])[:MAX_PARAM_VAL_LENGTH] for k in keys if k in flat}
 
 
-def run_url(experiment_id: str, run_id: str, tracking_uri: str | None = None) -> str:
-    """Link to a run in the MLflow UI: the tracking server itself, else the UI that ``exgrpo ui``
-    serves for the local store (``EXGRPO_MLFLOW_UI``, default http://127.0.0.1:5000)."""
+RUNS_VIEW = "workflowType=machine_learning"
+"""The query that opens MLflow's UI on training runs. MLflow 3.17 chooses an experiment's page in the
+browser: the link's ``workflowType``, else the choice last made with the "GenAI | Model training"
+switch at the top of its sidebar (kept per browser), else GenAI (the traces "Overview"). The
+experiment's ``mlflow.experimentKind`` tag and the server's settings do not enter into it, so every
+link the project prints carries this query."""
+
+
+def ui_base(tracking_uri: str | None = None) -> str:
+    """The MLflow UI of the store: the tracking server itself, else the UI that ``exgrpo ui`` serves
+    for the local store (``EXGRPO_MLFLOW_UI``, default http://127.0.0.1:5000)."""
     uri = resolve_tracking_uri(tracking_uri)
     base = uri if uri.startswith(("http://", "https://")) else os.environ.get("EXGRPO_MLFLOW_UI", "http://127.0.0.1:5000")
-    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+    return base.rstrip("/")
+
+
+def run_url(experiment_id: str, run_id: str, tracking_uri: str | None = None) -> str:
+    """Link to a run's page in the MLflow UI, in its training-runs view (:data:`RUNS_VIEW`)."""
+    return f"{ui_base(tracking_uri)}/#/experiments/{experiment_id}/runs/{run_id}?{RUNS_VIEW}"
+
+
+def experiment_url(experiment_id: str | None = None, tracking_uri: str | None = None) -> str:
+    """Link to an experiment's runs in the MLflow UI (no id: the list of experiments), in the
+    training-runs view (:data:`RUNS_VIEW`)."""
+    where = f"/experiments/{experiment_id}/runs" if experiment_id else "/experiments"
+    return f"{ui_base(tracking_uri)}/#{where}?{RUNS_VIEW}"
 
 
 # --------------------------------------------------------------------------------------------
