@@ -216,19 +216,31 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _cmd_sync(args: argparse.Namespace) -> int:
+    from exgrpo.tracking.run_record import end_if_orphaned, recorded_runs
     from exgrpo.tracking.sync import pending_runs, sync_run
 
     dirs = [d for p in args.paths for d in pending_runs(p)]
-    if not dirs:
-        print(f"nothing to sync under {', '.join(args.paths)}")
-        return 0
-    failed = 0
+    recorded = [d for p in args.paths for d in recorded_runs(p) if d not in dirs]
+    failed = done = 0
     for d in dirs:
         try:
             print(f"{d}: {sync_run(d)}")
+            done += 1
         except Exception as e:  # noqa: BLE001 - one line per run; the others still sync
             failed += 1
             print(f"error: {d}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", file=sys.stderr)
+    for d in recorded:  # runs MLflow shows RUNNING whose process is gone (killed)
+        try:
+            line = end_if_orphaned(d)
+        except Exception as e:  # noqa: BLE001
+            failed += 1
+            print(f"error: {d}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", file=sys.stderr)
+            continue
+        if line is not None:
+            print(f"{d}: {line}")
+            done += 1
+    if not done and not failed:
+        print(f"nothing to sync under {', '.join(args.paths)}")
     return 1 if failed else 0
 
 
@@ -359,9 +371,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--json", help="also write the scores to this JSON file")
     e.set_defaults(fn=_cmd_eval)
 
-    y = sub.add_parser("sync", help="finish in MLflow the runs a tracking-server outage left behind",
+    y = sub.add_parser("sync", help="finish in MLflow the runs an outage or a kill left behind",
                        description="Replays what MLflow lacks from each run's metrics.jsonl and sets its final "
-                       "status, for every run directory holding mlflow_pending.json under PATH.")
+                       "status, for every run directory holding mlflow_pending.json under PATH; ends KILLED every "
+                       "run MLflow still shows RUNNING whose process is gone (mlflow_run.json names it).")
     y.add_argument("paths", nargs="*", default=["runs"], help="run directories or roots to search (default: runs/)")
     y.set_defaults(fn=_cmd_sync)
 

@@ -27,6 +27,7 @@ from exgrpo.compare import (
 )
 from exgrpo.config import CompareConfig, ExperimentConfig
 from exgrpo.tracking.mlflow_tracking import Tracker, curated_params, model_tag, run_url, tracked_train
+from exgrpo.tracking.run_record import end_if_orphaned, write_record
 
 
 def tracked_run_one(cfg: ExperimentConfig, arm: str, metric: str = "val/accuracy", *, tracking_uri: str,
@@ -154,11 +155,15 @@ def run_tracked_compare(
     base = cc.base_config()
     experiment = base.name
     exp_id = tracker.experiment_id(experiment)
+    where = Path(base.output_dir).resolve() / base.name  # the comparison's directory: its parent run's record
+    if (killed := end_if_orphaned(where, tracker.client)) is not None:
+        print(f"note: {killed}", flush=True)
     parent = tracker.start_run(experiment, run_name or f"compare-{base.name}", {
         "kind": "compare", "arms": ",".join(cc.arms), "baseline": cc.baseline, "tier": str(base.tier.value),
         "task": str(getattr(base.task, "kind", "")), "model": model_tag(base), "metric": cc.metric,
         "resumed": str(resume).lower(),
     })
+    write_record(where, tracker.uri, parent)
     if on_parent is not None:
         on_parent(parent, run_url(exp_id, parent, tracker.uri))
     status = "FAILED"
