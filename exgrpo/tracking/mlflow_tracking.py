@@ -436,7 +436,6 @@ def tracked_train(
     the store cannot take a new run, train anyway and leave the whole record to ``exgrpo sync``
     (:func:`_train_unrecorded`)."""
     from exgrpo.backends.base import MLflowRun, get_backend, train
-
     from exgrpo.runs import move_aside, resumable
     from exgrpo.tracking.run_record import continuable, end_if_orphaned, write_record
 
