@@ -39,7 +39,8 @@ def _user_env(project: Path, mlflow_ui: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if k not in ("PREFECT_HOME", "PREFECT_API_URL", "PREFECT_PROFILES_PATH", "MLFLOW_TRACKING_URI")}
     env.update(EXGRPO_MLFLOW_UI=mlflow_ui, PYTHONPATH=str(REPO),
-               RAY_TMPDIR=tempfile.mkdtemp(prefix="ray", dir="/tmp"))  # Ray's socket paths must stay short
+               RAY_TMPDIR=tempfile.mkdtemp(prefix="ray", dir="/tmp"),  # Ray's socket paths must stay short
+               PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="600")  # a busy shared machine: a bound, not a limit
     return env
 
 
