@@ -22,14 +22,15 @@ def _fields_epilog() -> str:
 
 
 def _load_flow(module: str, name: str):
-    """Flow ``name`` of the installed ``flows`` package (``flows/<module>.py``), to run on Prefect's
-    local API with the settings it needs on these machines (stack-notes.md §10) unless the
-    environment already sets them. A missing flow is a one-line error, never a silent fallback."""
+    """Flow ``name`` of the installed ``flows`` package (``flows/<module>.py``), to run on the project's
+    Prefect home and API (:mod:`exgrpo.prefect_home`: what ``exgrpo ui`` shows) with the settings it
+    needs on these machines unless the environment already sets them. A missing flow is a one-line
+    error, never a silent fallback."""
     import importlib
-    import os
 
-    for k, v in {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90"}.items():
-        os.environ.setdefault(k, v)
+    from exgrpo.prefect_home import use_prefect_home
+
+    use_prefect_home()  # before Prefect is imported: it reads its settings then
     try:
         return getattr(importlib.import_module(f"flows.{module}"), name)
     except (ImportError, AttributeError) as e:
@@ -153,8 +154,10 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 2
         outcomes = [RunOutcome(**o) for o in out["outcomes"]]
-        print(f"MLflow parent run: {out['parent_run_id']} (experiment {out['experiment_id']}); "
-              f"browse with `exgrpo ui` or `exgrpo dashboard --run-id {out['parent_run_id']}`")
+        from exgrpo.tracking import run_url
+
+        print(f"MLflow parent run: {run_url(out['experiment_id'], out['parent_run_id'], args.tracking_uri)} "
+              f"(served by `exgrpo ui`); its report: `exgrpo dashboard --run-id {out['parent_run_id']}`")
     rows = summarize(outcomes, list(cc.arms), cc.baseline)
     horizon = max((o.curve_steps[-1] for o in outcomes if o.curve_steps), default=None)
     print(format_table(rows, cc.metric, cc.baseline, horizon))
@@ -244,19 +247,31 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _cmd_sync(args: argparse.Namespace) -> int:
+    from exgrpo.tracking.run_record import end_if_orphaned, recorded_runs
     from exgrpo.tracking.sync import pending_runs, sync_run
 
     dirs = [d for p in args.paths for d in pending_runs(p)]
-    if not dirs:
-        print(f"nothing to sync under {', '.join(args.paths)}")
-        return 0
-    failed = 0
+    recorded = [d for p in args.paths for d in recorded_runs(p) if d not in dirs]
+    failed = done = 0
     for d in dirs:
         try:
             print(f"{d}: {sync_run(d)}")
+            done += 1
         except Exception as e:  # noqa: BLE001 - one line per run; the others still sync
             failed += 1
             print(f"error: {d}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", file=sys.stderr)
+    for d in recorded:  # runs MLflow shows RUNNING whose process is gone (killed)
+        try:
+            line = end_if_orphaned(d)
+        except Exception as e:  # noqa: BLE001
+            failed += 1
+            print(f"error: {d}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", file=sys.stderr)
+            continue
+        if line is not None:
+            print(f"{d}: {line}")
+            done += 1
+    if not done and not failed:
+        print(f"nothing to sync under {', '.join(args.paths)}")
     return 1 if failed else 0
 
 
@@ -340,7 +355,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     w = sub.add_parser("sweep", help="run or resume an Optuna sweep (trials as Ray tasks, MLflow runs)",
                        description="Run the study of a sweep YAML (e.g. experiments/toy-sweep.yaml) through the "
-                       "Prefect sweep flow on Prefect's local API (ephemeral unless PREFECT_API_URL is set), or "
+                       "Prefect sweep flow (on the server of a running `exgrpo ui`, else Prefect's temporary local one, both on "
+                       "the project's Prefect home; PREFECT_HOME and PREFECT_API_URL override), or "
                        "directly with --no-prefect. Re-running with the same study name resumes it.")
     w.add_argument("config", help="sweep YAML with study:, base:, budget_steps: and space:")
     w.add_argument("--n-trials", type=int, help="total finished trials of the study (default: the file's)")
@@ -396,9 +412,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--json", help="also write the scores to this JSON file (default: not written)")
     e.set_defaults(fn=_cmd_eval)
 
-    y = sub.add_parser("sync", help="finish in MLflow the runs a tracking-server outage left behind",
+    y = sub.add_parser("sync", help="finish in MLflow the runs an outage or a kill left behind",
                        description="Replays what MLflow lacks from each run's metrics.jsonl and sets its final "
-                       "status, for every run directory holding mlflow_pending.json under PATH.")
+                       "status, for every run directory holding mlflow_pending.json under PATH; ends KILLED every "
+                       "run MLflow still shows RUNNING whose process is gone (mlflow_run.json names it).")
     y.add_argument("paths", nargs="*", default=["runs"], help="run directories or roots to search (default: runs/)")
     y.set_defaults(fn=_cmd_sync)
 

@@ -256,6 +256,19 @@ def format_table(rows: list[ArmSummary], metric: str, baseline: str, horizon: fl
     return "\n".join(lines)
 
 
+def run_description(rows: list[ArmSummary], metric: str, baseline: str, run_id: str) -> str:
+    """The comparison as an MLflow run's description: four columns, which MLflow's run page (a
+    half-width panel) shows whole, the verdict, and where the full table is."""
+    lines = [f"| arm | seeds | final {metric} (mean ± 95% CI) | diff vs {baseline} [95% CI] |", "|---|---|---|---|"]
+    for r in rows:
+        d = r.diff_vs_baseline
+        diff = "baseline" if r.arm == baseline else "—" if d is None else f"{d.mean:+.4f} [{d.low:+.4f}, {d.high:+.4f}]"
+        lines.append(f"| {r.arm} | {r.final.n} | {r.final} | {diff} |")
+    return "\n".join([*lines, "", verdict(rows, metric, baseline), "",
+                      "The full table (train accuracy, IQM, P(> baseline), steps, tokens) and its legend: "
+                      f"comparison.md under Artifacts; curves: `exgrpo dashboard --run-id {run_id}`."])
+
+
 def verdict(rows: list[ArmSummary], metric: str, baseline: str) -> str:
     """One sentence per non-baseline arm: ahead or behind, by how much, and whether the CI excludes zero."""
     out = []

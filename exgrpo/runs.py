@@ -4,7 +4,8 @@
   ignoring :data:`SAFE_TO_CHANGE` (budget, evaluation cadence, where things are written, speed settings).
 * :func:`check_resume` turns a difference into a one-line error naming the fields (unless forced).
 * :func:`move_aside` moves an earlier run's directory out of a fresh run's way and says where.
-* :func:`has_checkpoint` says whether a run directory holds checkpoints to resume from.
+* :func:`has_checkpoint` says whether a run directory holds checkpoints to resume from, and
+  :func:`resumable` says so to the user when a ``--resume`` has none.
 """
 
 from __future__ import annotations
@@ -76,9 +77,26 @@ def has_checkpoint(run_dir: Path) -> bool:
     return ckpts.is_dir() and any(ckpts.iterdir())
 
 
+def resumable(cfg: Any) -> bool:
+    """Whether ``--resume`` of ``cfg``'s run (an ExperimentConfig) continues from a checkpoint. When
+    its directory holds none (killed before its first one), one line says so: the run then trains
+    from step 1, as a fresh run."""
+    run_dir = cfg.run_dir()
+    if has_checkpoint(run_dir):
+        return True
+    every = cfg.train.checkpoint_every
+    cadence = f"it checkpoints every {every} steps" if every else "train.checkpoint_every=0 checkpoints only at the end"
+    where = f"{run_dir / 'checkpoints'} holds no checkpoint" if run_dir.is_dir() else f"{run_dir} does not exist"
+    print(f"note: --resume: {where} ({cadence}); training from step 1", flush=True)
+    return False
+
+
 def move_aside(run_dir: Path) -> Path | None:
-    """If ``run_dir`` holds an earlier run, rename it to ``<run_dir>.old-<time>`` and return the new path."""
-    if not run_dir.exists() or not any(run_dir.iterdir()):
+    """If ``run_dir`` holds an earlier run, rename it to ``<run_dir>.old-<time>`` and return the new path
+    (a directory holding only the MLflow record of the run starting now is not an earlier run)."""
+    from exgrpo.tracking.run_record import RECORD_FILE
+
+    if not run_dir.exists() or all(p.name == RECORD_FILE for p in run_dir.iterdir()):
         return None
     target = run_dir.with_name(f"{run_dir.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
     n = 1

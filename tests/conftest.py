@@ -9,7 +9,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 E2E_MODULES = {
     "test_bench_scripts", "test_compare", "test_dashboards", "test_flows", "test_golden", "test_lm_tier",
-    "test_mlflow_outage", "test_prefect_server", "test_ray_cluster", "test_ray_local", "test_sweep", "test_team_mode",
+    "test_mlflow_outage", "test_prefect_server", "test_ray_cluster", "test_ray_local", "test_run_record", "test_sweep", "test_team_mode", "test_ui",
     "test_verl_flows", "test_verl_grpo_run", "test_verl_platform", "test_verl_resume", "test_verl_sweep",
     "test_vllm_resume", "test_vllm_rollout",
 }

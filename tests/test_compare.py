@@ -179,13 +179,18 @@ def test_compare_cli_runs_the_prefect_flow_into_mlflow(tmp_path):
     assert parents[0].info.run_id in out.stdout
 
 
-def test_flows_are_found_by_import_from_any_directory(tmp_path):
+def test_flows_are_found_by_import_from_any_directory_and_use_the_projects_prefect_home(tmp_path):
     """`exgrpo compare/sweep` import the installed flows package; they used to look for ./flows and
-    silently ran without Prefect when it was not there (any other working directory)."""
-    code = "from exgrpo.cli import _load_flow; print(_load_flow('compare', 'compare_flow').name, _load_flow('sweep', 'sweep_flow').name)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    silently ran without Prefect when it was not there (any other working directory). Prefect, which
+    reads its settings when imported, then has the project's home (where `exgrpo ui` looks)."""
+    (tmp_path / "pyproject.toml").write_text("")
+    code = ("from exgrpo.cli import _load_flow; print(_load_flow('compare', 'compare_flow').name, "
+            "_load_flow('sweep', 'sweep_flow').name); from prefect.settings import get_current_settings; "
+            "print(get_current_settings().home)")
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_HOME", "PREFECT_API_URL")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == ["compare", "sweep"]
+    assert out.stdout.split() == ["compare", "sweep", str(tmp_path / ".prefect")]
 
 
 def test_a_missing_flow_is_a_one_line_error_not_a_silent_fallback(monkeypatch, capsys):

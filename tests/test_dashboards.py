@@ -33,6 +33,7 @@ if "RAY_TMPDIR" not in os.environ:  # short: Ray's unix socket paths are length-
     os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="ray", dir="/tmp")
     atexit.register(shutil.rmtree, os.environ["RAY_TMPDIR"], True)
 
+from browser import dump_dom, find_chromium  # noqa: E402
 from exgrpo.dashboard import DashboardError, build_report, build_sweep_report, start_server  # noqa: E402
 from exgrpo.stats import mean_ci, paired_difference  # noqa: E402
 
@@ -211,33 +212,9 @@ def check_sweep_dom(dom: Dom, study, rendered: bool) -> None:
 
 
 # ------------------------------------------------------------------ browser
-def _require_browser() -> bool:
-    return os.environ.get("EXGRPO_REQUIRE_BROWSER", "").strip().lower() not in ("", "0", "false", "no")
-
-
 @pytest.fixture(scope="session")
 def chromium() -> str:
-    exe = os.environ.get("EXGRPO_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-    if not os.access(exe, os.X_OK):
-        if _require_browser():
-            pytest.fail(f"EXGRPO_REQUIRE_BROWSER is set but chromium is not installed ({exe} not executable): "
-                        "run scripts/setup-chromium.sh")
-        pytest.skip(f"chromium not installed ({exe} not executable): run scripts/setup-chromium.sh; "
-                    "EXGRPO_REQUIRE_BROWSER=1 makes this a failure instead of a skip")
-    return exe
-
-
-def dump_dom(exe: str, url: str, tmp: Path) -> str:
-    """The DOM after load, from headless Chromium; every host but 127.0.0.1 unresolvable."""
-    profile = tempfile.mkdtemp(prefix="chromium-", dir=tmp)
-    cmd = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-           "--disable-background-networking", "--disable-component-update", "--disable-sync",
-           "--disable-dev-shm-usage", "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
-           f"--user-data-dir={profile}", "--dump-dom", url]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert "<body" in p.stdout, p.stderr[-3000:]
-    return p.stdout
+    return find_chromium()
 
 
 # ------------------------------------------------------------------ tests

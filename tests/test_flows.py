@@ -34,7 +34,6 @@ yaml = pytest.importorskip("yaml")
 from flows.compare import compare_flow  # noqa: E402
 from flows.evaluate import evaluate_flow  # noqa: E402
 from flows.sweep import sweep_flow  # noqa: E402
-from netutil import free_port  # noqa: E402
 
 
 def test_prefect_yaml_declares_the_deployments():
@@ -183,44 +182,3 @@ def test_cli_sweep_rejects_a_bad_space_before_any_work(tmp_path):
     assert p.returncode == 2
     assert "algorithm.experiance_ratio: unknown config field; did you mean algorithm.experience_ratio" in p.stderr
     assert not (tmp_path / "o.db").exists() and not (tmp_path / "m.db").exists()
-
-
-def test_ui_starts_three_servers_and_stops_them(tmp_path):
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    import psutil
-    import requests
-
-    ports = [free_port() for _ in range(3)]
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "ph"), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/m/mlflow.db"}
-    proc = subprocess.Popen([sys.executable, "-m", "exgrpo.cli", "ui", "--prefect-port", str(ports[0]),
-                             "--mlflow-port", str(ports[1]), "--optuna-port", str(ports[2]),
-                             "--storage", f"sqlite:///{tmp_path}/o/optuna.db"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    try:
-        lines = []
-        deadline = time.monotonic() + 150
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-            if "Ctrl-C stops all" in line:
-                break
-        out = "".join(lines)
-        assert "Ctrl-C stops all" in out, out
-        for port in ports:
-            assert f"http://127.0.0.1:{port}" in out
-        assert requests.get(f"http://127.0.0.1:{ports[0]}/api/health", timeout=5).json() is True
-        assert requests.get(f"http://127.0.0.1:{ports[1]}/health", timeout=5).text == "OK"
-        assert "study_summaries" in requests.get(f"http://127.0.0.1:{ports[2]}/api/studies", timeout=5).json()
-        children = psutil.Process(proc.pid).children(recursive=True)
-        assert len(children) >= 3
-    finally:
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=30)
-    time.sleep(1)
-    assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]

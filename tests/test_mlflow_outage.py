@@ -154,7 +154,7 @@ def test_compare_parent_run_is_kept_for_exgrpo_sync_when_mlflow_dies_at_the_end(
     assert cli.main(["sync", str(where)]) == 0
     parent = MlflowClient(server.url).get_run(res.parent_run_id)
     assert parent.info.status == "FINISHED" and "exgrpo/final_mean" in parent.data.metrics
-    assert parent.data.tags["mlflow.note.content"] == res.table
+    assert parent.data.tags["mlflow.note.content"] == res.description
     names = {a.path for a in MlflowClient(server.url).list_artifacts(res.parent_run_id)}
     assert {"comparison.md", "outcomes.json"} <= names
 

@@ -64,7 +64,11 @@ def train(cfg: ExperimentConfig, callbacks: list[StepCallback] | None = None, re
           progress: bool = True, force_resume: bool = False, mlflow_run: MLflowRun | None = None) -> TrainResult:
     """Train ``cfg`` on the backend its ``backend.name`` selects: the one entry point of the CLI and flows.
     ``resume`` continues the run from its own latest checkpoint (refused if the config differs in a
-    field that changes its meaning, unless ``force_resume``); a fresh run moves an earlier one aside."""
+    field that changes its meaning, unless ``force_resume``); without a checkpoint it says so and trains
+    from step 1. A fresh run moves an earlier one aside."""
+    from exgrpo.runs import resumable
+
+    resume = resume and resumable(cfg)
     return get_backend(cfg.backend.name).train(cfg, callbacks=callbacks, resume=resume, progress=progress,
                                                force_resume=force_resume, mlflow_run=mlflow_run)
 

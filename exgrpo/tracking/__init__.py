@@ -10,6 +10,7 @@ from exgrpo.tracking.mlflow_tracking import (
     check_reachable,
     curated_params,
     default_tracking_uri,
+    experiment_url,
     project_root,
     resolve_tracking_uri,
     run_tags,
@@ -21,6 +22,6 @@ from exgrpo.tracking.sync import pending_runs, sync_run
 
 __all__ = [
     "MLflowStepLogger", "TrackedRun", "Tracker", "TrackingError", "algo_tag", "artifact_root",
-    "check_reachable", "curated_params", "default_tracking_uri", "project_root", "resolve_tracking_uri",
+    "check_reachable", "curated_params", "default_tracking_uri", "experiment_url", "project_root", "resolve_tracking_uri",
     "pending_runs", "run_tags", "run_url", "sanitize_metric_name", "sync_run", "tracked_train",
 ]

@@ -22,11 +22,13 @@ from exgrpo.compare import (
     jobs,
     outcome_extras,
     prepare_warm_starts,
+    run_description,
     run_local,
     summarize,
 )
 from exgrpo.config import CompareConfig, ExperimentConfig
 from exgrpo.tracking.mlflow_tracking import Tracker, curated_params, model_tag, run_url, tracked_train
+from exgrpo.tracking.run_record import end_if_orphaned, write_record
 
 
 def tracked_run_one(cfg: ExperimentConfig, arm: str, metric: str = "val/accuracy", *, tracking_uri: str,
@@ -68,6 +70,11 @@ class TrackedComparison:
     @property
     def url(self) -> str:
         return run_url(self.experiment_id, self.parent_run_id, self.tracking_uri)
+
+    @property
+    def description(self) -> str:
+        """The parent run's description in MLflow's UI (:func:`exgrpo.compare.run_description`)."""
+        return run_description(self.rows, self.metric, self.baseline, self.parent_run_id) + pending_note(self.outcomes)
 
     def child_url(self, o: RunOutcome) -> str:
         return run_url(self.experiment_id, o.run_id or "", self.tracking_uri)
@@ -151,11 +158,15 @@ def run_tracked_compare(
     base = cc.base_config()
     experiment = base.name
     exp_id = tracker.experiment_id(experiment)
+    where = Path(base.output_dir).resolve() / base.name  # the comparison's directory: its parent run's record
+    if (killed := end_if_orphaned(where, tracker.client)) is not None:
+        print(f"note: {killed}", flush=True)
     parent = tracker.start_run(experiment, run_name or f"compare-{base.name}", {
         "kind": "compare", "arms": ",".join(cc.arms), "baseline": cc.baseline, "tier": str(base.tier.value),
         "task": str(getattr(base.task, "kind", "")), "model": model_tag(base), "metric": cc.metric,
         "resumed": str(resume).lower(),
     })
+    write_record(where, tracker.uri, parent)
     if on_parent is not None:
         on_parent(parent, run_url(exp_id, parent, tracker.uri))
     status = "FAILED"
@@ -240,7 +251,7 @@ def run_tracked_compare(
         try:
             tracker.log_metrics(parent, {k: v for k, v in metrics.items() if _finite(v)})
             tracker.client.log_text(parent, table + "\n", "comparison.md")
-            tracker.client.set_tag(parent, "mlflow.note.content", table)  # the run's description in the MLflow UI
+            tracker.client.set_tag(parent, "mlflow.note.content", result.description)  # the run's description in the MLflow UI
             tracker.client.log_dict(parent, [o.__dict__ for o in outcomes], "outcomes.json")
             if failures:
                 tracker.client.set_tag(parent, "error", "; ".join(failures)[:5000])
@@ -252,7 +263,7 @@ def run_tracked_compare(
             write_pending(where, tracker.uri, parent, "FAILED" if failures else "FINISHED",
                           {k: v for k, v in metrics.items() if _finite(v)}, "; ".join(failures)[:5000] or None,
                           artifacts={"comparison.md": "", "outcomes.json": ""},
-                          tags={"mlflow.note.content": table})
+                          tags={"mlflow.note.content": result.description})
             status = None  # the marker ends the parent run
             print(f"note: MLflow is unreachable ({result.summary_error}); the comparison's table and outcomes are "
                   f"in {where}; `exgrpo sync {where}` puts them on parent run {parent} once MLflow is back",

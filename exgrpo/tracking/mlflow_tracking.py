@@ -175,12 +175,32 @@ def curated_params(cfg: ExperimentConfig, extra_keys: Iterable[str] = ()) -> dic
     return {sanitize_metric_name(k): str(flat[k])[:MAX_PARAM_VAL_LENGTH] for k in keys if k in flat}
 
 
-def run_url(experiment_id: str, run_id: str, tracking_uri: str | None = None) -> str:
-    """Link to a run in the MLflow UI: the tracking server itself, else the UI that ``exgrpo ui``
-    serves for the local store (``EXGRPO_MLFLOW_UI``, default http://127.0.0.1:5000)."""
+RUNS_VIEW = "workflowType=machine_learning"
+"""The query that opens MLflow's UI on training runs. MLflow 3.17 chooses an experiment's page in the
+browser: the link's ``workflowType``, else the choice last made with the "GenAI | Model training"
+switch at the top of its sidebar (kept per browser), else GenAI (the traces "Overview"). The
+experiment's ``mlflow.experimentKind`` tag and the server's settings do not enter into it, so every
+link the project prints carries this query."""
+
+
+def ui_base(tracking_uri: str | None = None) -> str:
+    """The MLflow UI of the store: the tracking server itself, else the UI that ``exgrpo ui`` serves
+    for the local store (``EXGRPO_MLFLOW_UI``, default http://127.0.0.1:5000)."""
     uri = resolve_tracking_uri(tracking_uri)
     base = uri if uri.startswith(("http://", "https://")) else os.environ.get("EXGRPO_MLFLOW_UI", "http://127.0.0.1:5000")
-    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+    return base.rstrip("/")
+
+
+def run_url(experiment_id: str, run_id: str, tracking_uri: str | None = None) -> str:
+    """Link to a run's page in the MLflow UI, in its training-runs view (:data:`RUNS_VIEW`)."""
+    return f"{ui_base(tracking_uri)}/#/experiments/{experiment_id}/runs/{run_id}?{RUNS_VIEW}"
+
+
+def experiment_url(experiment_id: str | None = None, tracking_uri: str | None = None) -> str:
+    """Link to an experiment's runs in the MLflow UI (no id: the list of experiments), in the
+    training-runs view (:data:`RUNS_VIEW`)."""
+    where = f"/experiments/{experiment_id}/runs" if experiment_id else "/experiments"
+    return f"{ui_base(tracking_uri)}/#{where}?{RUNS_VIEW}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -229,6 +249,22 @@ class Tracker:
         run = self.client.create_run(self.experiment_id(experiment), run_name=run_name, tags=tags)
         return run.info.run_id
 
+    def continue_run(self, run_id: str, tags: Mapping[str, str] | None = None, parent_run_id: str | None = None) -> str:
+        """Run ``run_id`` RUNNING again (a resume): the tags of this attempt set (its parent too, e.g. a
+        resumed comparison's new parent run), a kill's ``killed`` tag and an earlier ``error`` removed."""
+        from mlflow.entities import RunTag
+
+        tags = {**code_version_tags(), **(tags or {})}
+        if parent_run_id:
+            tags["mlflow.parentRunId"] = parent_run_id
+        old = self.client.get_run(run_id).data.tags
+        for key in ("killed", "error"):
+            if key in old:
+                self.client.delete_tag(run_id, key)
+        self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+        self.client.update_run(run_id, status="RUNNING")
+        return run_id
+
     def log_params(self, run_id: str, params: Mapping[str, Any]) -> None:
         from mlflow.entities import Param
         from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
@@ -249,8 +285,17 @@ class Tracker:
         return items
 
     def log_identity(self, run_id: str, params: Mapping[str, Any], config: Mapping[str, Any]) -> None:
-        """What a training run is: its curated params and its resolved config (``config/resolved_config.json``)."""
-        self.log_params(run_id, params)
+        """What a training run is: its curated params and its resolved config (``config/resolved_config.json``).
+        A continued run keeps the params it has (MLflow never changes one); a resume-safe field the
+        resume changed is named in the tag ``resumed_with``."""
+        from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
+
+        have = self.client.get_run(run_id).data.params
+        values = {sanitize_metric_name(k): str(v)[:MAX_PARAM_VAL_LENGTH] for k, v in params.items()}
+        changed = {k: v for k, v in values.items() if k in have and have[k] != v}
+        self.log_params(run_id, {k: v for k, v in values.items() if k not in have})
+        if changed:
+            self.client.set_tag(run_id, "resumed_with", "; ".join(f"{k}={v}" for k, v in changed.items())[:5000])
         self.client.log_dict(run_id, dict(config), "config/resolved_config.json")
 
     def end_run(self, run_id: str, status: str = "FINISHED") -> None:
@@ -346,11 +391,13 @@ def backfill_steps(client: Any, run_id: str, history: list[dict[str, float]], lo
     return len(missing)
 
 
-def _log_steps_before_resume(logger: MLflowStepLogger, history: list[dict[str, float]], seen: set[int]) -> None:
-    """A resumed run's new MLflow run gets the steps trained before the resume too (from
-    metrics.jsonl, as ``history`` holds them), so it shows the whole run."""
+def _log_steps_before_resume(logger: MLflowStepLogger, history: list[dict[str, float]], seen: set[int],
+                             arrived: set[int] = frozenset()) -> None:
+    """A resumed run's MLflow run gets the steps trained before the resume that it lacks (from
+    metrics.jsonl, as ``history`` holds them; ``arrived``: the steps it has), so it shows the whole
+    run."""
     for row in history:
-        if int(row["step"]) not in seen:
+        if int(row["step"]) not in seen and int(row["step"]) not in arrived:
             logger(int(row["step"]), row)
 
 
@@ -386,14 +433,29 @@ def tracked_train(
     the store cannot take a new run, train anyway and leave the whole record to ``exgrpo sync``
     (:func:`_train_unrecorded`)."""
     from exgrpo.backends.base import MLflowRun, get_backend, train
+    from exgrpo.runs import move_aside, resumable
+    from exgrpo.tracking.run_record import continuable, end_if_orphaned, write_record
 
     tracker = Tracker(tracking_uri, check=check)
     exp_name = experiment or cfg.name
     run_name = run_name or f"{arm or algo_tag(cfg)}-seed{cfg.seed}"
     tags = run_tags(cfg, arm, study, tags)
+    run_dir = cfg.run_dir()
+    resume = resume and resumable(cfg)
+    continued = None
     try:
         exp_id = tracker.experiment_id(exp_name)
-        run_id = tracker.start_run(exp_name, run_name, tags, parent_run_id)
+        if (killed := end_if_orphaned(run_dir, tracker.client)) is not None:
+            print(f"note: {killed}", flush=True)
+        if resume:
+            continued = continuable(run_dir, tracker.client, tracker.uri)
+        else:
+            move_aside(run_dir)  # before this run's record goes in (the backend would move it aside too)
+        if continued is not None:
+            run_id = tracker.continue_run(continued, tags, parent_run_id)
+        else:
+            run_id = tracker.start_run(exp_name, run_name, tags, parent_run_id)
+        write_record(run_dir, tracker.uri, run_id)
     except Exception:
         if not defer_if_unreachable or _reachable(tracker.uri):
             raise
@@ -429,7 +491,8 @@ def tracked_train(
                 trained = [r for r in result.history if not resume or int(r["step"]) in seen]
                 backfill_steps(client, run_id, trained, logger)
             if resume:
-                _log_steps_before_resume(logger, result.history, seen)
+                arrived = {m.step for m in client.get_metric_history(run_id, "batch/solved")} if continued else set()
+                _log_steps_before_resume(logger, result.history, seen, arrived)
         finally:
             delivered = logger.flush(force=True)
         final = _final_metrics(result)

@@ -2,7 +2,9 @@
 project's local stores; prints the URLs, stops all three on Ctrl-C.
 
 Stores: MLflow ``<project>/mlruns/mlflow.db`` (artifacts ``<project>/mlruns/artifacts``), Optuna
-``<project>/studies/optuna.db``, Prefect ``$PREFECT_HOME`` (default ``<project>/.prefect``).
+``<project>/studies/optuna.db``, Prefect the project's one home (:mod:`exgrpo.prefect_home`:
+``$PREFECT_HOME``, default ``<project>/.prefect``), where ``exgrpo compare`` and ``sweep`` record
+their flow runs. While it runs, those commands run their flows on its Prefect server.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from exgrpo.prefect_home import announce_server, prefect_home, use_prefect_home, withdraw_server
 from exgrpo.sqlite_wal import sqlite_file
-from exgrpo.tracking.mlflow_tracking import artifact_root, project_root, resolve_tracking_uri
+from exgrpo.tracking.mlflow_tracking import artifact_root, experiment_url, project_root, resolve_tracking_uri
 
 
 @dataclass
@@ -97,8 +100,11 @@ def start(svcs: list[Service], log_dir: Path, timeout: float = 120.0) -> None:
             optuna.storages.RDBStorage(s.cmd[1])
     log_dir.mkdir(parents=True, exist_ok=True)
     env = os.environ.copy()
-    env.setdefault("PREFECT_HOME", str(project_root() / ".prefect"))
+    use_prefect_home(env, find_server=False)
     env.update(PREFECT_SERVER_ANALYTICS_ENABLED="false", MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+    for s in svcs:  # Prefect's UI calls the API at PREFECT_API_URL, else port 4200: this server's, whatever its port
+        if s.name == "prefect" and not env.get("PREFECT_UI_API_URL"):
+            env["PREFECT_UI_API_URL"] = f"{s.url}/api"
     for s in svcs:
         s.log = log_dir / f"{s.name}.log"
         s.proc = subprocess.Popen(s.cmd, stdout=s.log.open("w"), stderr=subprocess.STDOUT, env=env,
@@ -144,7 +150,8 @@ def stop(svcs: list[Service], grace: float = 10.0) -> None:
 def main(host: str = "127.0.0.1", prefect_port: int = 4200, mlflow_port: int = 5000, optuna_port: int = 8080,
          tracking_uri: str | None = None, storage: str | None = None) -> int:
     svcs = services(host, prefect_port, mlflow_port, optuna_port, tracking_uri, storage)
-    log_dir = Path(os.environ.get("PREFECT_HOME") or project_root() / ".prefect") / "ui-logs"
+    home = prefect_home()
+    log_dir = home / "ui-logs"
 
     def _interrupt(signum, frame):  # SIGTERM, and SIGINT even when started in the background
         raise KeyboardInterrupt
@@ -158,14 +165,19 @@ def main(host: str = "127.0.0.1", prefect_port: int = 4200, mlflow_port: int = 5
     except KeyboardInterrupt:
         stop(svcs)
         return 130
-    print(f"ready in {time.monotonic() - t0:.1f} s:")
-    for s in svcs:
-        print(f"  {s.name:17s} {s.url}")
-    print(f"\nexport PREFECT_API_URL=http://{host}:{prefect_port}/api   # flows/deployments use this server")
-    if any(s.name == "mlflow" for s in svcs):
-        print(f"MLflow store: {resolve_tracking_uri(tracking_uri)} (the UI reads the same file)")
-    print("Ctrl-C stops all.", flush=True)
     try:
+        api = f"http://{host}:{prefect_port}/api"
+        announce_server(home, api)  # `exgrpo compare` and `sweep` now run their flows on this server
+        print(f"ready in {time.monotonic() - t0:.1f} s:")
+        for s in svcs:
+            print(f"  {s.name:17s} {experiment_url(None, s.url) if s.name == 'mlflow' else s.url}")
+        print(f"\nPrefect home: {home} (`exgrpo compare` and `sweep` run their flows on this server while it runs)")
+        print(f"export PREFECT_API_URL={api}   # for `prefect deploy`, `prefect worker start` (prefect.yaml)")
+        if any(s.name == "mlflow" for s in svcs):
+            print(f"MLflow store: {resolve_tracking_uri(tracking_uri)} (the UI reads the same file). MLflow opens an "
+                  "experiment on GenAI traces unless \"Model training\" is chosen at the top of its sidebar (the links "
+                  "the project prints open the runs)")
+        print("Ctrl-C stops all.", flush=True)
         while all(s.proc.poll() is None for s in svcs):
             time.sleep(1)
         dead = [s for s in svcs if s.proc.poll() is not None]
@@ -175,4 +187,5 @@ def main(host: str = "127.0.0.1", prefect_port: int = 4200, mlflow_port: int = 5
         print("\nstopping ...", flush=True)
         return 0
     finally:
+        withdraw_server(home)
         stop(svcs)

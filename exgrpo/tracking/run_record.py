@@ -1,0 +1,133 @@
+"""Which MLflow run a run directory is, so that one (config, seed) run is one MLflow run.
+
+As soon as its MLflow run exists, :func:`exgrpo.tracking.tracked_train` writes ``mlflow_run.json``
+into the run directory (a comparison's parent run: into ``<output_dir>/<name>/``): the store, the run
+id, and the process recording it (host, pid and the process's start time, so a reused pid is not
+taken for it). Then
+
+* a resume continues that MLflow run (MLflow resumes a run by id) instead of making a second run
+  of the same name (:func:`continuable`);
+* a run MLflow still shows RUNNING whose process is gone (SIGKILL, out of memory, a reboot) is ended
+  KILLED by the next command that touches the directory, and by ``exgrpo sync``
+  (:func:`end_if_orphaned`). A run whose record waits for ``exgrpo sync`` (the store was down at its
+  end) is left to it. A process on another host cannot be checked from here: its run is left alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from exgrpo.atomic import write_text_atomic
+
+RECORD_FILE = "mlflow_run.json"
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    tracking_uri: str
+    run_id: str
+    host: str
+    pid: int
+    started: float
+    """The recording process's start time (seconds since the epoch)."""
+
+
+def _started(pid: int) -> float | None:
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def write_record(where: str | Path, tracking_uri: str, run_id: str) -> RunRecord:
+    """Record that this process records ``where``'s run as MLflow run ``run_id`` of ``tracking_uri``."""
+    record = RunRecord(tracking_uri, run_id, socket.gethostname(), os.getpid(), _started(os.getpid()) or 0.0)
+    Path(where).mkdir(parents=True, exist_ok=True)
+    write_text_atomic(Path(where) / RECORD_FILE, json.dumps(asdict(record)))
+    return record
+
+
+def read_record(where: str | Path) -> RunRecord | None:
+    """The record in ``where``, or None (none, or unreadable)."""
+    try:
+        return RunRecord(**json.loads((Path(where) / RECORD_FILE).read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def process_gone(record: RunRecord) -> bool | None:
+    """Whether the process that recorded ``record`` has ended; None when it ran on another host."""
+    if record.host != socket.gethostname():
+        return None
+    started = _started(record.pid)
+    return started is None or abs(started - record.started) > 1.0
+
+
+def _last_activity_ms(where: Path) -> int | None:
+    """When the run last wrote its metrics (or its record): the end time of a killed run."""
+    for name in ("metrics.jsonl", RECORD_FILE):
+        if (where / name).is_file():
+            return int((where / name).stat().st_mtime * 1000)
+    return None
+
+
+def end_if_orphaned(where: str | Path, client: Any = None) -> str | None:
+    """End KILLED the MLflow run recorded in ``where`` if MLflow shows it RUNNING and its process is
+    gone; returns the line that says so, else None. ``client``: an MlflowClient of the record's store."""
+    from exgrpo.tracking.sync import PENDING_FILE
+
+    where = Path(where)
+    record = read_record(where)
+    if record is None or (where / PENDING_FILE).is_file() or not process_gone(record):
+        return None
+    if client is None:
+        from exgrpo.tracking.mlflow_tracking import Tracker
+
+        client = Tracker(record.tracking_uri).client
+    run = _run(client, record.run_id)
+    if run is None or run.info.status != "RUNNING":
+        return None
+    why = f"its process (pid {record.pid} on {record.host}) ended without ending it"
+    client.set_tag(record.run_id, "killed", why)
+    client.set_terminated(record.run_id, "KILLED", end_time=_last_activity_ms(where))
+    return f"MLflow run {record.run_id} ({run.info.run_name}) was left RUNNING: {why}; marked KILLED"
+
+
+def continuable(where: str | Path, client: Any, tracking_uri: str) -> str | None:
+    """The MLflow run a resume of ``where`` continues: its recorded run, if it is in this store and
+    did not finish (a finished run that trains on, e.g. with a larger budget, gets a new run that
+    holds its whole history); else None."""
+    record = read_record(where)
+    if record is None or record.tracking_uri != tracking_uri:
+        return None
+    run = _run(client, record.run_id)
+    if run is None or run.info.status == "FINISHED" or run.info.lifecycle_stage == "deleted":
+        return None
+    return record.run_id
+
+
+def _run(client: Any, run_id: str) -> Any:
+    """The MLflow run ``run_id``, or None if the store has no such run (deleted for good)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_run(run_id)
+    except MlflowException as e:
+        if e.error_code == "RESOURCE_DOES_NOT_EXIST":
+            return None
+        raise
+
+
+def recorded_runs(root: str | Path) -> list[Path]:
+    """Directories under ``root`` (or ``root`` itself) that hold a run record."""
+    root = Path(root)
+    if (root / RECORD_FILE).is_file():
+        return [root]
+    return sorted(p.parent for p in root.rglob(RECORD_FILE))

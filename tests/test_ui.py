@@ -1,0 +1,150 @@
+"""``exgrpo ui`` after ``exgrpo compare``, as a user meets them: a project with no PREFECT_HOME,
+PREFECT_API_URL or MLFLOW_TRACKING_URI set, a comparison run from the command line, then ``exgrpo ui``
+in the same project; its Prefect and MLflow pages are read in headless Chromium (tests/browser.py)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+requests = pytest.importorskip("requests")
+pytest.importorskip("prefect")
+pytest.importorskip("mlflow")
+
+from browser import app_dom, find_chromium  # noqa: E402
+from netutil import free_port  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+COMPARE = (
+    "base:\n  name: ui-cmp\n  task: {max_operand: 5}\n  policy: {hidden: 16, layers: 1}\n"
+    "  algorithm: {group_size: 4, replay_start_pass_rate: 0.0}\n  train: {batch_size: 8, max_steps: 4, lr: 0.01}\n"
+    "arms:\n  grpo: {algorithm.replay: none}\n  exgrpo: {algorithm.replay: buckets}\nbaseline: grpo\nseeds: [0]\n"
+)
+
+
+def _user_env(project: Path, mlflow_ui: str) -> dict[str, str]:
+    """A shell in ``project`` with none of the stores' variables set (what a new user has)."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PREFECT_HOME", "PREFECT_API_URL", "PREFECT_PROFILES_PATH", "MLFLOW_TRACKING_URI")}
+    env.update(EXGRPO_MLFLOW_UI=mlflow_ui, PYTHONPATH=str(REPO),
+               RAY_TMPDIR=tempfile.mkdtemp(prefix="ray", dir="/tmp"),  # Ray's socket paths must stay short
+               PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="600")  # a busy shared machine: a bound, not a limit
+    return env
+
+
+@pytest.fixture(scope="module")
+def ui(tmp_path_factory):
+    """A project (its own pyproject.toml) where `exgrpo compare` ran (2 arms x 1 seed), then `exgrpo ui`."""
+    project = tmp_path_factory.mktemp("project")
+    shutil.copy(REPO / "pyproject.toml", project / "pyproject.toml")
+    (project / "cmp.yaml").write_text(COMPARE)
+    ports = SimpleNamespace(prefect=free_port(), mlflow=free_port(), optuna=free_port())
+    mlflow_ui = f"http://127.0.0.1:{ports.mlflow}"
+    env = _user_env(project, mlflow_ui)
+    cmp = subprocess.run([sys.executable, "-m", "exgrpo.cli", "compare", "cmp.yaml", "--no-progress"],
+                         cwd=project, env=env, capture_output=True, text=True, timeout=600)
+    assert cmp.returncode == 0, cmp.stderr[-3000:]
+    proc = subprocess.Popen([sys.executable, "-m", "exgrpo.cli", "ui", "--prefect-port", str(ports.prefect),
+                             "--mlflow-port", str(ports.mlflow), "--optuna-port", str(ports.optuna)],
+                            cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if "Ctrl-C stops all" in line:
+            break
+    state = SimpleNamespace(project=project, ports=ports, compare=cmp.stdout + cmp.stderr, out="".join(lines),
+                            proc=proc, prefect=f"http://127.0.0.1:{ports.prefect}", mlflow=mlflow_ui)
+    try:
+        yield state
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    return find_chromium()
+
+
+def test_ui_starts_three_servers(ui):
+    assert "Ctrl-C stops all" in ui.out, ui.out
+    for port in vars(ui.ports).values():
+        assert f"http://127.0.0.1:{port}" in ui.out
+    assert requests.get(f"{ui.prefect}/api/health", timeout=5).json() is True
+    assert requests.get(f"{ui.mlflow}/health", timeout=5).text == "OK"
+    assert "study_summaries" in requests.get(f"http://127.0.0.1:{ui.ports.optuna}/api/studies", timeout=5).json()
+
+
+def test_the_comparison_and_the_ui_share_the_projects_prefect_home(ui):
+    home = ui.project / ".prefect"
+    assert (home / "prefect.db").is_file(), "the comparison's flow run went elsewhere (~/.prefect?)"
+    assert f"Prefect home: {home}" in ui.out
+    # while `exgrpo ui` runs, the commands find its server
+    record = (home / "exgrpo-ui.json").read_text()
+    assert f"{ui.prefect}/api" in record
+
+
+def test_the_prefect_ui_shows_the_comparisons_flow_run_task_runs_and_artifacts(ui, chromium, tmp_path):
+    (name,) = set(re.findall(r"Flow run '([\w-]+)' - Finished", ui.compare))
+    (run,) = requests.post(f"{ui.prefect}/api/flow_runs/filter", json={}, timeout=10).json()
+    assert run["name"] == name and run["state_type"] == "COMPLETED"
+    listing = app_dom(chromium, f"{ui.prefect}/runs", tmp_path, expect=name)
+    assert name in listing and "Can't connect to Server API" not in listing
+    page = app_dom(chromium, f"{ui.prefect}/runs/flow-run/{run['id']}", tmp_path, expect="exgrpo seed 0")
+    assert "grpo seed 0" in page and "exgrpo seed 0" in page  # one task run per (arm, seed)
+    artifacts = app_dom(chromium, f"{ui.prefect}/artifacts", tmp_path, expect="ui-cmp-comparison")
+    assert "ui-cmp-comparison" in artifacts and "ui-cmp-progress" in artifacts
+
+
+def _printed_link(ui) -> str:
+    (url,) = re.findall(r"MLflow parent run: (\S+)", ui.compare)
+    return url
+
+
+def test_mlflow_links_open_on_the_training_runs(ui, chromium, tmp_path):
+    link = _printed_link(ui)
+    assert link.startswith(f"{ui.mlflow}/#/experiments/") and link.endswith("?workflowType=machine_learning")
+    experiments = re.search(r"mlflow\s+(\S+)", ui.out).group(1)
+    assert experiments == f"{ui.mlflow}/#/experiments?workflowType=machine_learning"
+    experiment = link.split("/runs/")[0] + "/runs?workflowType=machine_learning"
+    page = app_dom(chromium, experiment, tmp_path, expect="compare-ui-cmp")
+    assert "compare-ui-cmp" in page and "Detect Issues" not in page and "Training runs" not in page
+
+
+def test_the_parent_runs_description_is_a_table_mlflow_shows_whole(ui, chromium, tmp_path):
+    page = app_dom(chromium, _printed_link(ui), tmp_path, expect="diff vs grpo")
+    assert "compare-ui-cmp" in page and "Evaluations" not in page  # the run page of the training-runs view
+    tables = re.findall(r"<table.*?</table>", page, flags=re.S)
+    described = [t for t in tables if "diff vs grpo" in t]
+    assert len(described) == 1, tables
+    heads = [re.sub(r"<[^>]+>", "", h).strip() for h in re.findall(r"<th.*?</th>", described[0], flags=re.S)]
+    assert heads == ["arm", "seeds", "final val/accuracy (mean ± 95% CI)", "diff vs grpo [95% CI]"]
+
+
+def test_ui_stops_its_servers_and_withdraws_its_server_record(ui):
+    import psutil
+
+    children = psutil.Process(ui.proc.pid).children(recursive=True)
+    assert len(children) >= 3
+    ui.proc.send_signal(signal.SIGINT)
+    ui.proc.wait(timeout=60)
+    time.sleep(1)
+    assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+    assert not (ui.project / ".prefect" / "exgrpo-ui.json").exists()
