@@ -220,11 +220,18 @@ def diagnosed(lines) -> str | None:
     return None
 
 
+ERROR_CHARS = 1000
+"""The most of an error line a failure's one-line reason quotes: cut at a word, with the exception's name."""
+
+
 def last_error(lines) -> str:
-    """The last line of ``lines`` that names an error (e.g. a rollout server's exception), as a clause."""
+    """The last line of ``lines`` that names an error (e.g. a rollout server's exception), as a clause:
+    whole, or its first :data:`ERROR_CHARS` characters cut at a word (never mid-word)."""
+    import textwrap
+
     for line in reversed(list(lines)):
         if "Error" in line or "Exception" in line:
-            return line.strip()[-300:] + "; "
+            return textwrap.shorten(line.strip(), ERROR_CHARS, placeholder=" ...") + "; "
     return ""
 
 
