@@ -259,13 +259,14 @@ def join_failure(address: str, error: BaseException) -> str:
 class NodeResources:
     cpus: float
     gpus: float
+    node_id: str = ""
 
 
 def alive_nodes() -> list[NodeResources]:
     """Total CPUs and GPUs of every live node of the joined cluster."""
     import ray
 
-    return [NodeResources(float(n["Resources"].get("CPU", 0)), float(n["Resources"].get("GPU", 0)))
+    return [NodeResources(float(n["Resources"].get("CPU", 0)), float(n["Resources"].get("GPU", 0)), n["NodeID"])
             for n in ray.nodes() if n.get("Alive")]
 
 
@@ -284,6 +285,33 @@ def announce(address: str | None, client: Any, run_id: str) -> str:
     print(f"running on {where}", flush=True)
     client.set_tag(run_id, "ray", where)
     return where
+
+
+def launch_slots(cfg: Any, address: str | None, runs: int) -> list[dict[str, Any]] | None:
+    """Ray ``.options`` of each of a comparison's or sweep's runs of ``cfg`` that may run at once on the
+    cluster at ``address``, each pinned to the node its plan chose; None: no limit (native runs are one
+    task each, and a veRL job on its own private Ray holds nothing here). veRL runs start only as the
+    cluster can host them whole (:func:`exgrpo.backends.verl.resources.plan_slots`): started at once,
+    they took each other's CPUs and none could start. Says once when ``runs`` must wait."""
+    if address is None or cfg.backend.name != "verl" or cfg.backend.verl.ray_address != address:
+        return None
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from exgrpo.backends.verl.resources import DRIVER_CPUS, check, needs, plan_slots, waiting_note
+
+    v, nodes = cfg.backend.verl, alive_nodes()
+    check(v, nodes, address)  # one line for a cluster too small for even a job alone
+    slots = plan_slots(v, nodes)
+    if not slots:
+        need = needs(v)
+        raise ClusterError(
+            f"the Ray cluster at {address} can never run these veRL runs: beside its workers' node(s) each run "
+            f"needs a node with {DRIVER_CPUS} free CPUs for its launcher and TaskRunner and {need.total_cpus + 1} "
+            f"CPUs in all; its nodes have: {', '.join(f'{n.cpus:g} CPU/{n.gpus:g} GPU' for n in nodes)}. Add a "
+            f"node, e.g. `ray start --address={address} --num-cpus={DRIVER_CPUS + 1}`")
+    if runs > len(slots):
+        print(f"note: {waiting_note(v, nodes, len(slots), runs)}", flush=True)
+    return [{"scheduling_strategy": NodeAffinitySchedulingStrategy(nodes[i].node_id, soft=False)} for i in slots]
 
 
 def largest_node_cpus() -> int:

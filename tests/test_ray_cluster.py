@@ -259,6 +259,22 @@ def test_verl_run_on_the_cluster_reports_live_to_mlflow(verl_node, tracking, tmp
     assert ("ray_job_id" in run.data.tags) == (launch == "ray_job")
 
 
+def test_a_verl_comparison_starts_its_runs_as_the_cluster_hosts_them_whole(verl_node, tracking, tmp_path):
+    """Started at once, two veRL runs' launchers and TaskRunners took the CPUs each run's workers and
+    reward worker needed, and neither could ever start: here they run one after the other."""
+    cluster = verl_node
+    out = _cli(["compare", "experiments/verl-tiny.yaml", "--seeds", "1", "--ray-address", cluster.address,
+                "--tracking-uri", tracking, "--output-dir", str(tmp_path / "runs"), "--no-progress",
+                "--set", "train.max_steps=1", "--set", "name=verl-cluster-cmp"], cluster.env, timeout=1500)  # a hang guard
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert out.stdout.count("the cluster hosts 1 of these 2 veRL runs at a time, whole") == 1, out.stdout[-3000:]
+    client = mlflow.MlflowClient(tracking)
+    runs = client.search_runs([client.get_experiment_by_name("verl-cluster-cmp").experiment_id])
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert sorted(r.data.tags.get("arm") for r in children) == ["exgrpo", "grpo"]
+    assert {r.info.status for r in children} == {"FINISHED"}
+
+
 # ---------------------------------------------------------------------------------------------
 # the parts, without a cluster
 # ---------------------------------------------------------------------------------------------
@@ -287,6 +303,21 @@ def test_a_failed_verl_job_quotes_its_error_line_whole():
     assert last_error(["starting", line, "  done"]) == line + "; "
     long = last_error(["ValueError: " + "word " * 400])
     assert long.startswith("ValueError: word") and long.endswith("word ...; ") and len(long) <= 1002
+
+
+def test_verl_runs_of_a_comparison_start_only_as_the_cluster_hosts_them_whole():
+    from exgrpo.backends.verl.resources import plan_slots, waiting_note
+
+    v = load_experiment("experiments/verl-tiny-grpo.yaml").backend.verl
+    # the two-node loopback cluster where two runs started at once took 4 CPUs for their launchers and
+    # TaskRunners and neither run's 3-CPU + 1-GPU bundle fitted: one run at a time, its launcher on the worker
+    head, worker = NodeResources(4, 1), NodeResources(2, 0)
+    assert plan_slots(v, [head, worker]) == [1]
+    assert plan_slots(v, [NodeResources(6, 1), NodeResources(6, 1)]) == [0, 1]
+    assert plan_slots(v, [NodeResources(5, 1), NodeResources(5, 1)]) == [0]  # 6 CPUs a run: 12 > 10
+    assert plan_slots(v, [NodeResources(4, 1), NodeResources(1, 0)]) == []  # no room for a launcher beside
+    note = waiting_note(v, [head, worker], 1, 2)
+    assert "hosts 1 of these 2 veRL runs at a time" in note and "4 CPU/1 GPU, 2 CPU/0 GPU" in note
 
 
 def test_the_address_comes_from_the_flag_else_ray_address(monkeypatch):
