@@ -265,7 +265,7 @@ def test_a_verl_comparison_starts_its_runs_as_the_cluster_hosts_them_whole(verl_
     cluster = verl_node
     out = _cli(["compare", "experiments/verl-tiny.yaml", "--seeds", "1", "--ray-address", cluster.address,
                 "--tracking-uri", tracking, "--output-dir", str(tmp_path / "runs"), "--no-progress",
-                "--set", "train.max_steps=1", "--set", "name=verl-cluster-cmp"], cluster.env, timeout=1500)  # a hang guard
+                "--set", "train.max_steps=2", "--set", "name=verl-cluster-cmp"], cluster.env, timeout=1500)  # a hang guard
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert out.stdout.count("the cluster hosts 1 of these 2 veRL runs at a time, whole") == 1, out.stdout[-3000:]
     client = mlflow.MlflowClient(tracking)
