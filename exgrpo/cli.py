@@ -82,14 +82,16 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.output_dir is not None:
         overrides["output_dir"] = args.output_dir
     cfg = _train_config(args.config, overrides, args.arm)  # fails here, before any work, on bad input
-    from exgrpo.cluster import cluster_address, on_cluster, require_shared_stores
+    from exgrpo.cluster import check_cluster, cluster_address, on_cluster, probe
 
     address = cluster_address(args.ray_address)
     if address is not None and args.no_tracking:
         raise ConfigError("--no-tracking with --ray-address: a run on a cluster is recorded in MLflow; "
                           "drop --no-tracking and pass --tracking-uri of a server every node reaches")
     cfg = on_cluster(cfg, address)
-    require_shared_stores(address, args.tracking_uri)
+    check_cluster(address, args.tracking_uri)
+    if address is None and cfg.backend.name == "verl" and cfg.backend.verl.ray_address is not None:
+        probe(cfg.backend.verl.ray_address)  # the config's own cluster: before the run's assets are built
     if address is None:  # on a cluster, the node that runs it loads or trains its own
         from exgrpo.compare import prepare_warm_starts
 
@@ -122,12 +124,14 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     cc = load_compare(args.config, overrides)  # fails here, before any work, on bad input
     if args.seeds is not None:
         cc = cc.model_copy(update={"seeds": list(range(args.seeds))})
-    from exgrpo.cluster import cluster_address, require_shared_stores
+    from exgrpo.cluster import check_cluster, cluster_address
     from exgrpo.compare import RunOutcome, format_table, jobs, prepare_warm_starts, run_local, summarize
     from exgrpo.report import comparison_figure, mechanism_figure
     from exgrpo.tracking import TrackingError
 
-    require_shared_stores(cluster_address(args.ray_address), args.tracking_uri)  # before Prefect starts
+    if args.no_prefect and cluster_address(args.ray_address) is not None:
+        raise ConfigError("--ray-address (or RAY_ADDRESS) runs on Ray, --no-prefect in local processes: drop one")
+    check_cluster(cluster_address(args.ray_address), args.tracking_uri)  # before Prefect starts
     if args.no_prefect:
         from rich.progress import Progress
 
@@ -140,8 +144,6 @@ def _cmd_compare(args: argparse.Namespace) -> int:
                 bar.console.print(f"  {o.arm:>12s} seed {o.seed}: final {cc.metric} = {o.final:.4f}")
                 bar.advance(task)
 
-            if cluster_address(args.ray_address) is not None:
-                raise ConfigError("--ray-address (or RAY_ADDRESS) runs on Ray, --no-prefect in local processes: drop one")
             prepare_warm_starts((cfg for cfg, _ in jobs(cc)), say=bar.console.print, progress=not args.no_progress)
             outcomes = run_local(cc, workers=args.workers, on_done=done, resume=args.resume)
     else:
@@ -217,11 +219,11 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     if args.study_name:
         overrides["study.name"] = args.study_name
     sc = load_sweep(args.config, overrides)  # fails here, before any work, on a bad space
-    from exgrpo.cluster import cluster_address, require_shared_stores
+    from exgrpo.cluster import check_cluster, cluster_address
     from exgrpo.sweep.space import resolve_storage
 
-    require_shared_stores(cluster_address(args.ray_address), args.tracking_uri,
-                          resolve_storage(args.storage or sc.study.storage))
+    check_cluster(cluster_address(args.ray_address), args.tracking_uri,
+                  resolve_storage(args.storage or sc.study.storage))  # before Prefect starts
     try:
         if args.no_prefect:
             from exgrpo.sweep import run_sweep

@@ -12,13 +12,19 @@ On a cluster:
   database for Optuna, never a local sqlite file (:func:`require_shared_stores`);
 * **run directories** (checkpoints, ``metrics.jsonl``) are written under ``output_dir``, which must be
   a path every node shares; the final checkpoint is also logged to the run's MLflow artifacts;
-* joining fails with one line: a missing token names ``RAY_AUTH_TOKEN`` (:class:`ClusterError`).
+* joining fails with one line (:class:`ClusterError`), in seconds: :func:`probe` checks the token, a
+  TCP connection and the GCS's answer, each with a timeout, before ``ray.init`` (which retries an
+  address that answers nothing for minutes).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
+import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,6 +72,14 @@ def require_shared_stores(address: str | None, tracking_uri: str | None = None, 
             "pass --storage (or EXGRPO_OPTUNA_STORAGE) postgresql://... as in team mode")
 
 
+def check_cluster(address: str | None, tracking_uri: str | None = None, storage: str | None = None) -> None:
+    """Before any work on the cluster at ``address`` (None: a private local Ray, nothing to check):
+    stores every node reaches (:func:`require_shared_stores`), and a cluster that answers (:func:`probe`)."""
+    require_shared_stores(address, tracking_uri, storage)
+    if address is not None:
+        probe(address)
+
+
 def code_root() -> Path:
     """The project's source tree (the directory holding ``exgrpo/`` and ``pyproject.toml``)."""
     return Path(__file__).resolve().parent.parent
@@ -84,15 +98,136 @@ def runtime_env(env_vars: dict[str, str] | None = None) -> dict[str, Any]:
 
 def join(address: str, **kwargs: Any) -> None:
     """``ray.init`` on the cluster at ``address`` with the code shipped (unless this is a Ray Job,
-    whose runtime env already holds it); one-line errors."""
+    whose runtime env already holds it), after :func:`probe`; one-line errors."""
     import ray
 
+    probe(address)
     env = dict(kwargs.pop("runtime_env", None) or {})
     env = {**runtime_env(env.pop("env_vars", None)), **env}
     try:
         ray.init(address=address, runtime_env=without_job_env(env), **kwargs)
-    except ConnectionError as e:
+    except (ConnectionError, ray.exceptions.AuthenticationError) as e:
         raise ClusterError(join_failure(address, e)) from None
+
+
+TCP_SECONDS = 5.0
+"""How long a TCP connection to the cluster's address may take."""
+GCS_SECONDS = 5.0
+"""How long the GCS may take to give its cluster ID once connected (Ray's client adds up to 10 s of
+its own connection waits): the whole probe ends within about 20 s."""
+TOKEN_FILE = Path("~/.ray/auth_token")
+"""Where Ray looks for a token when neither RAY_AUTH_TOKEN nor RAY_AUTH_TOKEN_PATH is set."""
+
+
+def token_problem(address: str, env: dict[str, str] | None = None) -> str | None:
+    """The one line for token mode without a token (``ray.init`` would end in a raw
+    AuthenticationError, Ray's GCS client would abort the process), else None."""
+    env = os.environ if env is None else env
+    if env.get("RAY_AUTH_MODE", "").lower() != "token" or env.get("RAY_AUTH_TOKEN"):
+        return None
+    path = env.get("RAY_AUTH_TOKEN_PATH")
+    if path and Path(path).expanduser().is_file():
+        return None
+    if not path and TOKEN_FILE.expanduser().is_file():
+        return None
+    where = f"RAY_AUTH_TOKEN_PATH={path} is no file" if path else "RAY_AUTH_TOKEN is not set"
+    return (f"cannot join the Ray cluster at {address}: RAY_AUTH_MODE=token but {where}; export the cluster's "
+            "token as RAY_AUTH_TOKEN (the same 64 hex characters as on its nodes)")
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``host:port`` (also ``ray://host:port`` and ``[v6]:port``) as (host, port); a ClusterError for
+    anything else."""
+    rest = address.split("://", 1)[-1].rstrip("/")
+    host, _, port = rest.rpartition(":")
+    if not host or not port.isdigit():
+        raise ClusterError(f"--ray-address={address}: give the head's GCS address as <host>:<port>, e.g. "
+                           "10.0.0.5:6379 (the --port of `ray start --head`)")
+    return host.strip("[]"), int(port)
+
+
+def probe(address: str, tcp_seconds: float = TCP_SECONDS, gcs_seconds: float = GCS_SECONDS) -> None:
+    """Check, in seconds, that ``address`` is a Ray cluster this process may join: the token is set
+    where token mode asks for one, a TCP connection is accepted, and the GCS answers with its cluster
+    ID. Raise :class:`ClusterError` (one line: the address, what was tried, the fix) otherwise.
+
+    ``ray.init`` itself retries an address that answers nothing 20 times for 40 s each, and does not
+    return to Python (so neither SIGINT nor SIGTERM acts) in between. The GCS's answer is awaited in a
+    thread, so the caller stays interruptible. ``auto`` (a local cluster Ray finds itself) is not probed."""
+    problem = token_problem(address)
+    if problem:
+        raise ClusterError(problem)
+    if address == "auto":
+        return
+    host, port = split_address(address)
+    try:
+        socket.create_connection((host, port), timeout=tcp_seconds).close()
+    except OSError as e:
+        why = "no answer" if isinstance(e, TimeoutError) else (e.strerror or type(e).__name__)
+        raise ClusterError(
+            f"cannot join the Ray cluster at {address}: nothing accepts a connection there (TCP connect: {why}, "
+            f"{tcp_seconds:g} s timeout); check the address: the head's <ip>:<port> of `ray start --head --port` "
+            "(6379 unless set), reachable from this machine") from None
+    if "://" in address:  # Ray Client (ray://): its server speaks its own protocol
+        return
+    error = _gcs_answer(address, gcs_seconds)
+    if error is not None:
+        raise ClusterError(error)
+
+
+def _gcs_answer(address: str, seconds: float) -> str | None:
+    """None when the GCS at ``address`` gives its cluster ID, else the one line saying why not."""
+    import ray
+    from ray._private.services import canonicalize_bootstrap_address
+    from ray._raylet import InnerGcsClient
+
+    target = canonicalize_bootstrap_address(address) or address  # what ray.init will connect to
+    outcome: list[BaseException | None] = []
+
+    def ask() -> None:
+        try:
+            InnerGcsClient.standalone(target, None, int(seconds * 1000))
+            outcome.append(None)
+        except BaseException as e:  # noqa: BLE001 - reported to the waiting thread
+            outcome.append(e)
+
+    wait = seconds + 2 * TCP_SECONDS + 5  # Ray's client waits up to 5 s to connect, 5 s for its pubsub
+    with _quiet_stderr():  # Ray's client logs each of its retries on fd 2: the user gets one line instead
+        thread = threading.Thread(target=ask, daemon=True, name="ray-gcs-probe")
+        thread.start()
+        thread.join(wait)
+    if not outcome:
+        return (f"cannot join the Ray cluster at {address}: it accepts connections but its GCS gave no answer "
+                f"in {wait:g} s; check the address is the head's GCS port (`ray start --head --port`, 6379 "
+                "unless set), not its dashboard, client or another service's port")
+    error = outcome[0]
+    if error is None:
+        return None
+    if isinstance(error, ray.exceptions.AuthenticationError):
+        return join_failure(address, error)
+    first = str(error).strip().splitlines()[0].rstrip(".") if str(error).strip() else type(error).__name__
+    return (f"cannot join the Ray cluster at {address}: it accepts connections but no Ray GCS gave its cluster "
+            f"ID ({first}); check the address is the head's GCS port (`ray start --head "
+            "--port`, 6379 unless set), not its dashboard, client or another service's port")
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """File descriptor 2 sent to a temp file for the block (Ray's C++ logs bypass ``sys.stderr``)."""
+    import sys
+
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with tempfile.TemporaryFile() as sink:
+            os.dup2(sink.fileno(), 2)
+            try:
+                yield
+            finally:
+                os.dup2(saved, 2)
+    finally:
+        os.close(saved)
 
 
 def without_job_env(env: dict[str, Any]) -> dict[str, Any]:
@@ -111,24 +246,27 @@ def without_job_env(env: dict[str, Any]) -> dict[str, Any]:
 def join_failure(address: str, error: BaseException) -> str:
     """The one line for a cluster that refused or did not answer."""
     why = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    why = why.split(". ")[0]  # Ray's own advice after the first sentence names files this project does not use
     if not os.environ.get("RAY_AUTH_TOKEN") and not os.environ.get("RAY_AUTH_TOKEN_PATH"):
-        return (f"cannot join the Ray cluster at {address} ({why}): RAY_AUTH_TOKEN is not set; export the "
-                "cluster's token (a token-auth cluster refuses clients without it), and check the address")
-    return (f"cannot join the Ray cluster at {address} ({why}): check the address (`ray status --address "
-            f"{address}`) and that RAY_AUTH_TOKEN is the cluster's token")
+        mode = "" if os.environ.get("RAY_AUTH_MODE", "").lower() == "token" else "RAY_AUTH_MODE=token and "
+        return (f"cannot join the Ray cluster at {address} ({why}): RAY_AUTH_TOKEN is not set; export "
+                f"{mode}the cluster's token as RAY_AUTH_TOKEN (a token-auth cluster refuses clients without it)")
+    return (f"cannot join the Ray cluster at {address} ({why}): check that RAY_AUTH_TOKEN is the cluster's token "
+            f"and the address (`ray status --address {address}`)")
 
 
 @dataclass(frozen=True)
 class NodeResources:
     cpus: float
     gpus: float
+    node_id: str = ""
 
 
 def alive_nodes() -> list[NodeResources]:
     """Total CPUs and GPUs of every live node of the joined cluster."""
     import ray
 
-    return [NodeResources(float(n["Resources"].get("CPU", 0)), float(n["Resources"].get("GPU", 0)))
+    return [NodeResources(float(n["Resources"].get("CPU", 0)), float(n["Resources"].get("GPU", 0)), n["NodeID"])
             for n in ray.nodes() if n.get("Alive")]
 
 
@@ -147,6 +285,33 @@ def announce(address: str | None, client: Any, run_id: str) -> str:
     print(f"running on {where}", flush=True)
     client.set_tag(run_id, "ray", where)
     return where
+
+
+def launch_slots(cfg: Any, address: str | None, runs: int) -> list[dict[str, Any]] | None:
+    """Ray ``.options`` of each of a comparison's or sweep's runs of ``cfg`` that may run at once on the
+    cluster at ``address``, each pinned to the node its plan chose; None: no limit (native runs are one
+    task each, and a veRL job on its own private Ray holds nothing here). veRL runs start only as the
+    cluster can host them whole (:func:`exgrpo.backends.verl.resources.plan_slots`): started at once,
+    they took each other's CPUs and none could start. Says once when ``runs`` must wait."""
+    if address is None or cfg.backend.name != "verl" or cfg.backend.verl.ray_address != address:
+        return None
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from exgrpo.backends.verl.resources import DRIVER_CPUS, check, needs, plan_slots, waiting_note
+
+    v, nodes = cfg.backend.verl, alive_nodes()
+    check(v, nodes, address)  # one line for a cluster too small for even a job alone
+    slots = plan_slots(v, nodes)
+    if not slots:
+        need = needs(v)
+        raise ClusterError(
+            f"the Ray cluster at {address} can never run these veRL runs: beside its workers' node(s) each run "
+            f"needs a node with {DRIVER_CPUS} free CPUs for its launcher and TaskRunner and {need.total_cpus + 1} "
+            f"CPUs in all; its nodes have: {', '.join(f'{n.cpus:g} CPU/{n.gpus:g} GPU' for n in nodes)}. Add a "
+            f"node, e.g. `ray start --address={address} --num-cpus={DRIVER_CPUS + 1}`")
+    if runs > len(slots):
+        print(f"note: {waiting_note(v, nodes, len(slots), runs)}", flush=True)
+    return [{"scheduling_strategy": NodeAffinitySchedulingStrategy(nodes[i].node_id, soft=False)} for i in slots]
 
 
 def largest_node_cpus() -> int:

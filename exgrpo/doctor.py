@@ -3,7 +3,11 @@
 What it checks, for the run CONFIG describes (an experiment or a comparison file; default: the
 embedded default): the training job's environment (``backend.verl.python``) holds the supported veRL,
 torch and Ray (and vLLM for ``rollout: vllm``), with the same Ray as this environment; CUDA and enough
-GPUs where ``device: cuda``; a configured Ray cluster's resources; and the MLflow store.
+GPUs where ``device: cuda``; a configured Ray cluster's resources, and whether it serves Prometheus
+metrics off loopback; and the MLflow store.
+
+Every check is bounded (:data:`JOB_PROBE_SECONDS`, :func:`exgrpo.cluster.probe`, the MLflow timeout),
+each finding is printed as it is found, and Ctrl-C stops the command.
 """
 
 from __future__ import annotations
@@ -14,6 +18,9 @@ import sys
 from dataclasses import dataclass
 
 from exgrpo.config import ExperimentConfig
+
+JOB_PROBE_SECONDS = 120
+"""The longest the job environment's interpreter may take to import its packages and answer."""
 
 SUPPORTED = {"verl": "0.9.1", "torch": "2.13.0", "vllm": "0.31.0"}
 """Versions the veRL backend is written and tested against (the job environment's pins)."""
@@ -41,9 +48,11 @@ print(json.dumps(out))
 class Finding:
     ok: bool
     text: str
+    warn: bool = False
+    """Worth fixing, but no run fails for it (the exit code stays 0)."""
 
     def __str__(self) -> str:
-        return f"{'ok     ' if self.ok else 'PROBLEM'} {self.text}"
+        return f"{'PROBLEM' if not self.ok else 'WARNING' if self.warn else 'ok     '} {self.text}"
 
 
 def job_environment(cfg: ExperimentConfig) -> list[Finding]:
@@ -55,7 +64,11 @@ def job_environment(cfg: ExperimentConfig) -> list[Finding]:
         python = job_python(v)
     except Exception as e:  # noqa: BLE001 - a missing interpreter is the finding
         return [Finding(False, str(e))]
-    res = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=120)
+    try:
+        res = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=JOB_PROBE_SECONDS)
+    except subprocess.TimeoutExpired:
+        return [Finding(False, f"job environment {python}: gave no answer in {JOB_PROBE_SECONDS} s (importing "
+                               "torch, veRL, Ray); check that interpreter on its own")]
     if res.returncode != 0:
         return [Finding(False, f"job environment {python}: does not start ({res.stderr.strip().splitlines()[-1:]})")]
     got = json.loads(res.stdout.strip().splitlines()[-1])
@@ -89,25 +102,56 @@ def ray_cluster(cfg: ExperimentConfig) -> list[Finding]:
     """A configured cluster's resources against what the veRL job asks for (the private local Ray is
     started per run)."""
     from exgrpo.backends.verl import resources
-    from exgrpo.cluster import ClusterError, alive_nodes, cluster_address, describe, join_failure
+    from exgrpo.cluster import ClusterError, alive_nodes, cluster_address, describe, join_failure, probe
 
     address = cluster_address(cfg.backend.verl.ray_address)
     if address is None:
         return [Finding(True, "Ray: a private local Ray is started for each run (127.0.0.1, token auth)")]
+    try:
+        probe(address)  # in seconds, where ray.init retries a silent address for minutes
+    except ClusterError as e:
+        return [Finding(False, str(e))]
     import ray
 
     try:
         ray.init(address=address, logging_level="ERROR", log_to_driver=False)
-        where, nodes = describe(address), alive_nodes()
+        where, nodes, exposed = describe(address), alive_nodes(), exposed_metrics(ray.nodes())
     except Exception as e:  # noqa: BLE001
         return [Finding(False, join_failure(address, e))]
     finally:
         ray.shutdown()
+    found = [Finding(True, f"Ray cluster: {e}", warn=True) for e in exposed]
     try:
         resources.check(cfg.backend.verl, nodes, address)
     except ClusterError as e:
-        return [Finding(True, where), Finding(False, str(e))]
-    return [Finding(True, f"{where}; it can hold the veRL job")]
+        return [Finding(True, where), *found, Finding(False, str(e))]
+    return [Finding(True, f"{where}; it can hold the veRL job"), *found]
+
+
+METRICS_SECONDS = 2.0
+"""How long a node's metrics port may take to answer the doctor."""
+
+
+def exposed_metrics(nodes: list[dict], seconds: float = METRICS_SECONDS) -> list[str]:
+    """One line per live node of ``nodes`` (``ray.nodes()``) whose Prometheus metrics export answers,
+    without a token, on its non-loopback address: anyone who reaches that address reads the session
+    name, node address, task and actor names and host figures. docs/cluster.md gives the flags."""
+    import requests
+
+    out = []
+    for n in nodes:
+        host, port = n.get("NodeManagerAddress"), n.get("MetricsExportPort")
+        if not n.get("Alive") or not host or not port or port <= 0 or host.startswith("127.") or host == "::1":
+            continue
+        url = f"http://{host}:{port}/metrics"
+        try:
+            served = requests.get(url, timeout=seconds).status_code == 200
+        except requests.RequestException:
+            served = False
+        if served:
+            out.append(f"node {host} serves Prometheus metrics without a token at {url}; start its nodes with "
+                       "RAY_enable_metrics_collection=false (docs/cluster.md, \"What a cluster exposes\")")
+    return out
 
 
 def mlflow_store(tracking_uri: str | None = None) -> list[Finding]:
@@ -122,12 +166,18 @@ def mlflow_store(tracking_uri: str | None = None) -> list[Finding]:
 
 
 def run(cfg: ExperimentConfig, tracking_uri: str | None = None) -> int:
-    """Print every finding; 0 when there is no problem, else 1."""
-    findings = [Finding(True, f"exgrpo {__import__('exgrpo').__version__}, python {sys.version.split()[0]}")]
+    """Print every finding as it is found; 0 when there is no problem, else 1 (130 on Ctrl-C)."""
+    checks = [lambda: [Finding(True, f"exgrpo {__import__('exgrpo').__version__}, python {sys.version.split()[0]}")]]
     if cfg.backend.name == "verl":
-        findings += job_environment(cfg)
-    findings += ray_cluster(cfg) if cfg.backend.name == "verl" else []
-    findings += mlflow_store(tracking_uri)
-    for f in findings:
-        print(f)
-    return 0 if all(f.ok for f in findings) else 1
+        checks += [lambda: job_environment(cfg), lambda: ray_cluster(cfg)]
+    checks.append(lambda: mlflow_store(tracking_uri))
+    ok = True
+    try:
+        for check in checks:
+            for f in check():
+                print(f, flush=True)
+                ok = ok and f.ok
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0 if ok else 1

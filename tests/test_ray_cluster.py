@@ -117,20 +117,99 @@ def test_native_compare_and_sweep_run_tasks_on_both_nodes(cluster, tracking, tmp
     assert len(_node_of_tasks(cluster, "run_trial")) == 2, "the two trials should use both nodes"
 
 
-def test_without_the_token_one_line_and_the_run_ends_failed(cluster, tracking, tmp_path):
-    cfg = tmp_path / "cmp.yaml"
-    cfg.write_text(yaml.safe_dump({"base": {"name": "cluster-no-token", **TOY},
-                                   "arms": {"grpo": {"algorithm.replay": "none"}}, "baseline": "grpo", "seeds": [0]}))
-    env = {k: v for k, v in cluster.env.items() if k != "RAY_AUTH_TOKEN"}
-    out = _cli(["compare", str(cfg), "--ray-address", cluster.address, "--tracking-uri", tracking,
-                "--output-dir", str(tmp_path / "runs")], env, timeout=300)
-    assert out.returncode == 2
+def _one_error_line(out) -> str:
+    """The command failed with exit code 2 and one ``error:`` line, without a traceback."""
+    assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-3000:]
     errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "RAY_AUTH_TOKEN is not set" in errors[0], out.stderr[-2000:]
-    assert "Traceback" not in out.stderr
-    client = mlflow.MlflowClient(tracking)
-    (parent,) = client.search_runs([client.get_experiment_by_name("cluster-no-token").experiment_id])
-    assert parent.info.status == "FAILED" and "RAY_AUTH_TOKEN" in parent.data.tags["error"]
+    assert len(errors) == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    return errors[0]
+
+
+@pytest.mark.parametrize("command", [["compare", "NAME.yaml"], ["train", "experiments/toy-exgrpo.yaml"],
+                                     ["train", "experiments/verl-tiny-grpo.yaml"]])
+def test_token_mode_without_the_token_is_one_line_before_any_work(cluster, tracking, tmp_path, command):
+    """RAY_AUTH_MODE=token exported and RAY_AUTH_TOKEN unset, as the docs' exports leave a new shell."""
+    name = f"cluster-no-token-{command[0]}-{len(str(tmp_path))}-{os.getpid()}"
+    if command[0] == "compare":
+        command = ["compare", str(tmp_path / "cmp.yaml")]
+        Path(command[1]).write_text(yaml.safe_dump({"base": {"name": name, **TOY}, "arms": {"grpo": {"algorithm.replay": "none"}},
+                                                    "baseline": "grpo", "seeds": [0]}))
+    else:
+        command = [*command, "--set", f"name={name}"]
+    env = {k: v for k, v in cluster.env.items() if k != "RAY_AUTH_TOKEN"}
+    out = _cli([*command, "--ray-address", cluster.address, "--tracking-uri", tracking,
+                "--output-dir", str(tmp_path / "runs")], env, timeout=120)  # a hang guard
+    error = _one_error_line(out)
+    assert cluster.address in error and "RAY_AUTH_TOKEN is not set" in error and "export" in error
+    assert mlflow.MlflowClient(tracking).get_experiment_by_name(name) is None, "no run starts without the token"
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("command", [["compare", "experiments/toy.yaml", "--seeds", "1"],
+                                     ["train", "experiments/toy-exgrpo.yaml"],
+                                     ["train", "experiments/verl-tiny-grpo.yaml"],
+                                     ["sweep", "experiments/toy-sweep.yaml", "--storage", "postgresql://u@127.0.0.1:1/x"]])
+def test_an_address_that_answers_nothing_fails_in_seconds_with_one_line(tracking, tmp_path, command):
+    """With an MLflow server as the store (so no store check refuses first): one line naming the
+    address, what was tried and the fix; ray.init alone retried such an address for minutes."""
+    from netutil import free_port
+
+    dead = f"127.0.0.1:{free_port()}"
+    out = _cli([*command, "--ray-address", dead, "--tracking-uri", tracking,
+                *(["--output-dir", str(tmp_path / "runs")] if command[0] != "sweep" else [])],
+               {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}, timeout=120)  # a hang guard
+    error = _one_error_line(out)
+    assert f"cannot join the Ray cluster at {dead}: nothing accepts a connection there (TCP connect" in error
+    assert "check the address" in error and "ray start --head --port" in error
+
+
+def test_an_address_of_another_service_fails_with_one_line(tracking, tmp_path):
+    """The MLflow server's port: it accepts connections, but no Ray GCS answers there."""
+    wrong = tracking.removeprefix("http://")
+    out = _cli(["compare", "experiments/toy.yaml", "--seeds", "1", "--ray-address", wrong, "--tracking-uri",
+                tracking, "--output-dir", str(tmp_path / "runs")],
+               {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}, timeout=120)  # a hang guard
+    error = _one_error_line(out)
+    assert f"cannot join the Ray cluster at {wrong}: it accepts connections but no Ray GCS" in error
+    assert "not its dashboard, client or another service's port" in error
+
+
+def test_doctor_with_a_dead_cluster_address_answers(tmp_path):
+    from netutil import free_port
+
+    dead = f"127.0.0.1:{free_port()}"
+    out = _cli(["doctor", "experiments/verl-tiny-grpo.yaml", "--set", f"backend.verl.ray_address={dead}",
+                "--tracking-uri", f"sqlite:///{tmp_path}/m.db"], dict(os.environ), timeout=120)  # a hang guard
+    assert out.returncode == 1, out.stdout + out.stderr[-2000:]
+    assert f"PROBLEM cannot join the Ray cluster at {dead}: nothing accepts a connection" in out.stdout
+    assert "MLflow:" in out.stdout  # the checks after it still ran
+
+
+def test_doctor_stops_on_ctrl_c_while_a_cluster_keeps_it_waiting(tmp_path):
+    """A port that accepts connections and never answers: Ctrl-C ends the doctor at once."""
+    import signal
+    import socket
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+        proc = subprocess.Popen([sys.executable, "-m", "exgrpo.cli", "doctor", "experiments/verl-tiny-grpo.yaml",
+                                 "--set", f"backend.verl.ray_address={address}", "--set",
+                                 f"backend.verl.python={tmp_path}/no-python"], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            lines = [proc.stdout.readline() for _ in range(2)]  # the version, the job environment's problem
+            assert "no interpreter" in lines[1], lines
+            time.sleep(3)  # into the cluster check
+            assert proc.poll() is None, "the doctor should still be waiting on the silent port"
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=30)  # a hang guard
+        finally:
+            proc.kill()
+            proc.wait()
+        assert proc.returncode == 130, proc.stderr.read()[-2000:]
 
 
 def test_a_cluster_too_small_for_verl_fails_in_seconds_with_one_line(cluster, tracking, tmp_path):
@@ -151,6 +230,8 @@ def test_a_cluster_too_small_for_verl_fails_in_seconds_with_one_line(cluster, tr
                 "--tracking-uri", tracking], {**cluster.env, "RAY_ADDRESS": cluster.address}, timeout=120)
     assert out.returncode == 1 and f"Ray cluster at {cluster.address}: 2 nodes" in out.stdout, out.stdout
     assert "can never run this veRL job" in out.stdout
+    # a cluster from `ray start` without RAY_enable_metrics_collection=false serves its metrics to anyone
+    assert "WARNING Ray cluster: node " in out.stdout and "serves Prometheus metrics without a token" in out.stdout
 
 
 @pytest.fixture(scope="module")
@@ -178,9 +259,67 @@ def test_verl_run_on_the_cluster_reports_live_to_mlflow(verl_node, tracking, tmp
     assert ("ray_job_id" in run.data.tags) == (launch == "ray_job")
 
 
+def test_a_verl_comparison_starts_its_runs_as_the_cluster_hosts_them_whole(verl_node, tracking, tmp_path):
+    """Started at once, two veRL runs' launchers and TaskRunners took the CPUs each run's workers and
+    reward worker needed, and neither could ever start: here they run one after the other."""
+    cluster = verl_node
+    out = _cli(["compare", "experiments/verl-tiny.yaml", "--seeds", "1", "--ray-address", cluster.address,
+                "--tracking-uri", tracking, "--output-dir", str(tmp_path / "runs"), "--no-progress",
+                "--set", "train.max_steps=2", "--set", "name=verl-cluster-cmp"], cluster.env, timeout=1500)  # a hang guard
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert out.stdout.count("the cluster hosts 1 of these 2 veRL runs at a time, whole") == 1, out.stdout[-3000:]
+    client = mlflow.MlflowClient(tracking)
+    runs = client.search_runs([client.get_experiment_by_name("verl-cluster-cmp").experiment_id])
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert sorted(r.data.tags.get("arm") for r in children) == ["exgrpo", "grpo"]
+    assert {r.info.status for r in children} == {"FINISHED"}
+
+
 # ---------------------------------------------------------------------------------------------
 # the parts, without a cluster
 # ---------------------------------------------------------------------------------------------
+def test_token_mode_without_a_token_and_malformed_addresses_are_named(tmp_path, monkeypatch):
+    from exgrpo.cluster import split_address, token_problem
+
+    monkeypatch.setattr("exgrpo.cluster.TOKEN_FILE", tmp_path / "auth_token")
+    assert token_problem("h:1", {}) is None and token_problem("h:1", {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "t"}) is None
+    assert "RAY_AUTH_TOKEN is not set" in token_problem("h:1", {"RAY_AUTH_MODE": "token"})
+    assert "is no file" in token_problem("h:1", {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(tmp_path / "x")})
+    (tmp_path / "auth_token").write_text("t")
+    assert token_problem("h:1", {"RAY_AUTH_MODE": "token"}) is None  # Ray's default token file
+    assert split_address("10.0.0.5:6379") == ("10.0.0.5", 6379) and split_address("ray://h:10001") == ("h", 10001)
+    assert split_address("[::1]:6379") == ("::1", 6379)
+    with pytest.raises(ClusterError, match="--ray-address=h6379: give the head's GCS address as <host>:<port>"):
+        split_address("h6379")
+
+
+def test_a_failed_verl_job_quotes_its_error_line_whole():
+    from exgrpo.backends.verl.runner import last_error
+
+    line = ("ray.exceptions.AuthenticationError: Token authentication is enabled but no authentication token was "
+            "found. Ensure that the token for the cluster is available in a local file (e.g., ~/.ray/auth_token or "
+            "via RAY_AUTH_TOKEN_PATH) or as the `RAY_AUTH_TOKEN` environment variable. To generate a token for local "
+            "development, use `ray get-auth-token --generate`")
+    assert last_error(["starting", line, "  done"]) == line + "; "
+    long = last_error(["ValueError: " + "word " * 400])
+    assert long.startswith("ValueError: word") and long.endswith("word ...; ") and len(long) <= 1002
+
+
+def test_verl_runs_of_a_comparison_start_only_as_the_cluster_hosts_them_whole():
+    from exgrpo.backends.verl.resources import plan_slots, waiting_note
+
+    v = load_experiment("experiments/verl-tiny-grpo.yaml").backend.verl
+    # the two-node loopback cluster where two runs started at once took 4 CPUs for their launchers and
+    # TaskRunners and neither run's 3-CPU + 1-GPU bundle fitted: one run at a time, its launcher on the worker
+    head, worker = NodeResources(4, 1), NodeResources(2, 0)
+    assert plan_slots(v, [head, worker]) == [1]
+    assert plan_slots(v, [NodeResources(6, 1), NodeResources(6, 1)]) == [0, 1]
+    assert plan_slots(v, [NodeResources(5, 1), NodeResources(5, 1)]) == [0]  # 6 CPUs a run: 12 > 10
+    assert plan_slots(v, [NodeResources(4, 1), NodeResources(1, 0)]) == []  # no room for a launcher beside
+    note = waiting_note(v, [head, worker], 1, 2)
+    assert "hosts 1 of these 2 veRL runs at a time" in note and "4 CPU/1 GPU, 2 CPU/0 GPU" in note
+
+
 def test_the_address_comes_from_the_flag_else_ray_address(monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     assert cluster_address(None) is None and cluster_address("10.0.0.5:6379") == "10.0.0.5:6379"

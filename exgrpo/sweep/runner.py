@@ -236,11 +236,14 @@ def run_sweep(
             tracker.client.set_tag(parent, "error", str(e)[:5000])
             tracker.end_run(parent, "FAILED")
             raise
-        from exgrpo.cluster import announce
+        from exgrpo.cluster import announce, launch_slots
 
         announce(ray_address, tracker.client, parent)
         board = ray.remote(num_cpus=0)(ProgressBoard).remote()
         remote = ray.remote(num_cpus=task_cpus(base), max_retries=0)(run_trial)
+        slots = launch_slots(base, ray_address, min(todo, sc.study.parallel))  # veRL jobs on this cluster
+        free = list(range(len(slots))) if slots is not None else None
+        parallel = sc.study.parallel if slots is None else min(sc.study.parallel, len(slots))
         sweep_json = sc.model_dump(mode="json")
         if isinstance(sc.base, str):
             sweep_json["base"] = str(Path(sc.base).resolve())
@@ -248,17 +251,21 @@ def run_sweep(
         launched = 0
         with progress_display(board, todo) as printer:
             while launched < todo or inflight:
-                while launched < todo and len(inflight) < sc.study.parallel:
+                while launched < todo and len(inflight) < parallel:
                     trial = study.ask(dists)
                     payload = {"sweep": sweep_json, "number": trial.number, "trial_id": trial._trial_id,
                                "params": dict(trial.params), "storage": url, "tracking_uri": tracker.uri,
                                "experiment": experiment, "parent_run_id": parent, "progress_board": board}
-                    inflight[remote.remote(payload)] = trial
+                    slot = free.pop(0) if free else None  # veRL trials: each on the node its plan chose
+                    options = slots[slot] if slots is not None and slot is not None else {}
+                    inflight[remote.options(**options).remote(payload)] = (trial, slot)
                     launched += 1
                 done, _ = ray.wait(list(inflight), num_returns=1, timeout=1.0)
                 printer.poll()
                 for ref in done:
-                    trial = inflight.pop(ref)
+                    trial, slot = inflight.pop(ref)
+                    if free is not None and slot is not None:
+                        free.append(slot)
                     try:
                         out = ray.get(ref)
                     except Exception as e:  # the worker died (OOM, killed): still a FAIL, the study goes on

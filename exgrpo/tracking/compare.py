@@ -197,14 +197,26 @@ def run_tracked_compare(
             except Exception as e:  # e.g. a cluster that refuses us: say why on the parent run (it ends FAILED)
                 tracker.client.set_tag(parent, "error", str(e)[:5000])
                 raise
-            from exgrpo.cluster import announce
+            from exgrpo.cluster import announce, launch_slots
 
             announce(ray_address, tracker.client, parent)
             board = ray.remote(num_cpus=0)(ProgressBoard).remote()
             remote = ray.remote(max_retries=0)(tracked_run_one)
-            refs = {remote.options(num_cpus=task_cpus(cfg)).remote(
+            slots = launch_slots(todo[0][0], ray_address, len(todo)) if todo else None
+            free = list(range(len(slots))) if slots is not None else None
+            waiting = list(todo)
+            refs: dict[Any, tuple[str, int, int | None]] = {}
+
+            def start_what_fits() -> None:  # every run at once, or veRL runs as the cluster hosts them whole
+                while waiting and (free is None or free):
+                    cfg, arm = waiting.pop(0)
+                    slot = free.pop(0) if free is not None else None
+                    options = slots[slot] if slots is not None and slot is not None else {}
+                    refs[remote.options(num_cpus=task_cpus(cfg), **options).remote(
                         cfg, arm, cc.metric, tracking_uri=tracker.uri, experiment=experiment, parent_run_id=parent,
-                        progress_board=board, resume=resume): (arm, cfg.seed) for cfg, arm in todo}
+                        progress_board=board, resume=resume)] = (arm, cfg.seed, slot)
+
+            start_what_fits()
             with progress_display(board, len(todo)) as printer:
                 while refs:
                     ready, _ = ray.wait(list(refs), num_returns=1, timeout=1.0)
@@ -212,7 +224,9 @@ def run_tracked_compare(
                     if on_progress is not None:
                         on_progress(printer.fraction())
                     for ref in ready:
-                        arm, seed = refs.pop(ref)
+                        arm, seed, slot = refs.pop(ref)
+                        if free is not None and slot is not None:
+                            free.append(slot)
                         try:
                             done(ray.get(ref))
                             printer.finished(f"{arm} seed {seed}")
@@ -222,6 +236,7 @@ def run_tracked_compare(
                             printer.finished(f"{arm} seed {seed} (FAILED)")
                             if on_failed is not None:
                                 on_failed(arm, seed, error)
+                    start_what_fits()
         elif executor == "process":
             sub = cc.model_copy(update={"base": {**cc.base, "output_dir": str(Path(base.output_dir).resolve())}})
             run_local(sub, workers=workers, runner=runner, resume=resume, on_done=done)  # as each run ends

@@ -121,7 +121,15 @@ def run(cfg: ExperimentConfig, overrides: list[str]) -> None:
     if private:
         ExGRPOTaskRunner().run(config, cfg.model_dump_json())
     else:
-        ray.get(RemoteTaskRunner.remote().run.remote(config, cfg.model_dump_json()))
+        from exgrpo.backends.verl.resources import DRIVER_NODE_ENV
+
+        runner = RemoteTaskRunner
+        if os.environ.get(DRIVER_NODE_ENV):  # beside the launching task, off the CPUs the workers' bundles need
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            runner = runner.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+                os.environ[DRIVER_NODE_ENV], soft=True))
+        ray.get(runner.remote().run.remote(config, cfg.model_dump_json()))
 
 
 def stop_with_launcher(poll_seconds: float = 1.0, grace_seconds: float = 60.0) -> None:

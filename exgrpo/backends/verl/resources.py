@@ -8,6 +8,11 @@ the agent loop's worker: :data:`EXTRA_CPUS`.
 
 A cluster that cannot hold this is never waited on: :func:`check` fails in seconds, naming what is
 missing and the ``ray start`` flags that provide it.
+
+Several jobs on one cluster (a comparison's runs, a sweep's trials) start only as it can host them
+whole (:func:`plan_slots`): each run's launcher task and veRL's TaskRunner are placed on a node the
+plan chose for them, beside or away from the workers' bundles. Started all at once, two runs' launchers
+and TaskRunners took the CPUs each run's bundle needed on the only GPU node, and neither could start.
 """
 
 from __future__ import annotations
@@ -38,6 +43,60 @@ class JobNeeds:
 def needs(v: VerlSettings) -> JobNeeds:
     """The resources of ``backend.verl``'s job: ``nnodes`` nodes of ``workers_per_node`` bundles."""
     return JobNeeds(v.nnodes, CPUS_PER_WORKER * v.workers_per_node, v.workers_per_node, EXTRA_CPUS)
+
+
+DRIVER_CPUS = 2
+"""CPUs beside the bundles, on one node, of a job a comparison or sweep starts: its launcher (a Ray task
+of 1 CPU, :func:`exgrpo.raylocal.task_cpus`) and veRL's TaskRunner, which the job places on the
+launcher's node (``DRIVER_NODE_ENV``)."""
+DRIVER_NODE_ENV = "EXGRPO_DRIVER_NODE"
+"""The Ray node id the job's TaskRunner is placed on (the launcher's node), when a plan chose it."""
+
+
+def plan_slots(v: VerlSettings, nodes: list[NodeResources]) -> list[int]:
+    """How many jobs of ``backend.verl`` the ``nodes`` hold at once, whole, as the node (an index of
+    ``nodes``) each one's launcher and TaskRunner go to (:data:`DRIVER_CPUS`). Each job takes its
+    bundles on ``nnodes`` distinct nodes (the GPU nodes with the fewest GPUs to spare first), its
+    launcher's node (one with no GPU to spare first, so GPU nodes keep their CPUs for bundles) and the
+    rest of its :data:`EXTRA_CPUS` anywhere. An empty list: the cluster cannot hold even one."""
+    need = needs(v)
+    free = [[n.cpus, n.gpus] for n in nodes]
+    slots: list[int] = []
+    while True:
+        left = [f[:] for f in free]
+        fits = sorted((i for i, (c, g) in enumerate(left) if c >= need.cpus_per_node and g >= need.gpus_per_node),
+                      key=lambda i: (left[i][1], left[i][0]))
+        if len(fits) < need.nodes:
+            return slots
+        for i in fits[:need.nodes]:
+            left[i][0] -= need.cpus_per_node
+            left[i][1] -= need.gpus_per_node
+        spare_first = sorted(range(len(left)), key=lambda i: (left[i][1] > 0, -left[i][0]))
+        drivers = [i for i in spare_first if left[i][0] >= DRIVER_CPUS]
+        if not drivers:
+            return slots
+        left[drivers[0]][0] -= DRIVER_CPUS
+        rest = need.extra_cpus + 1 - DRIVER_CPUS  # the reward / agent-loop workers; +1: the launcher
+        for i in spare_first:
+            take = min(rest, int(left[i][0]))
+            left[i][0] -= take
+            rest -= take
+        if rest > 0:
+            return slots
+        free = left
+        slots.append(drivers[0])
+
+
+def waiting_note(v: VerlSettings, nodes: list[NodeResources], at_once: int, runs: int) -> str:
+    """The one line saying that ``runs`` veRL runs start ``at_once`` at a time, with what each needs and
+    what the cluster has."""
+    need = needs(v)
+    gpu_kind = "logical GPUs" if v.device == "cpu" else "GPUs"
+    have = ", ".join(f"{n.cpus:g} CPU/{n.gpus:g} GPU" for n in nodes)
+    return (f"the cluster hosts {at_once} of these {runs} veRL runs at a time, whole: each needs {need.nodes} "
+            f"node(s) with {need.cpus_per_node} CPUs and {need.gpus_per_node} {gpu_kind} for its workers and "
+            f"{need.extra_cpus + 1} CPUs beside them (its launcher, TaskRunner, reward and agent-loop workers); "
+            f"its nodes have {have}. The other runs wait for a running one to end")
 
 
 def check(v: VerlSettings, nodes: list[NodeResources], address: str) -> None:

@@ -103,6 +103,13 @@ def prepare(cfg: ExperimentConfig, resume: bool = False, progress: bool = False,
     }
     if v.device == "cpu" and v.ray_address is None:  # a private local Ray: its rollout servers bind 127.0.0.1
         env[LOOPBACK_ENV] = "1"
+    if v.ray_address is not None and "ray" in sys.modules:  # launched by a comparison's or sweep's Ray task
+        import ray
+
+        from exgrpo.backends.verl.resources import DRIVER_NODE_ENV
+
+        if ray.is_initialized():  # its TaskRunner goes beside it, where the plan left room (resources.plan_slots)
+            env[DRIVER_NODE_ENV] = ray.get_runtime_context().get_node_id()
     if v.rollout == "vllm" and v.device == "cpu":
         env.update({"VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache: plenty for these models
                     "VLLM_CPU_OMP_THREADS_BIND": "nobind"})  # "auto" pins one core and reserves the rest
@@ -220,11 +227,18 @@ def diagnosed(lines) -> str | None:
     return None
 
 
+ERROR_CHARS = 1000
+"""The most of an error line a failure's one-line reason quotes: cut at a word, with the exception's name."""
+
+
 def last_error(lines) -> str:
-    """The last line of ``lines`` that names an error (e.g. a rollout server's exception), as a clause."""
+    """The last line of ``lines`` that names an error (e.g. a rollout server's exception), as a clause:
+    whole, or its first :data:`ERROR_CHARS` characters cut at a word (never mid-word)."""
+    import textwrap
+
     for line in reversed(list(lines)):
         if "Error" in line or "Exception" in line:
-            return line.strip()[-300:] + "; "
+            return textwrap.shorten(line.strip(), ERROR_CHARS, placeholder=" ...") + "; "
     return ""
 
 
