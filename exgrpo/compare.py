@@ -44,8 +44,8 @@ class RunOutcome:
 
 def outcome_extras(history: Iterable[dict[str, float]]) -> dict[str, float | None]:
     """What a comparison keeps of a run's step rows beside its final metric: rollout and gradient
-    tokens, fresh questions and step seconds summed, the last ``train/accuracy`` (None for what was
-    not logged)."""
+    tokens (a replay term's included), fresh questions and step seconds summed, the last
+    ``train/accuracy`` (None for what was not logged)."""
     history = list(history)
     train = [h["train/accuracy"] for h in history if "train/accuracy" in h]
 
@@ -53,7 +53,9 @@ def outcome_extras(history: Iterable[dict[str, float]]) -> dict[str, float | Non
         values = [h[key] for h in history if key in h]
         return float(sum(values)) if values else None
 
-    return {"rollout_tokens": total("compute/rollout_tokens"), "grad_tokens": total("compute/grad_tokens"),
+    grad, replay_term = total("compute/grad_tokens"), total("compute/replay_term_tokens")
+    return {"rollout_tokens": total("compute/rollout_tokens"),
+            "grad_tokens": None if grad is None else grad + (replay_term or 0.0),
             "fresh_questions": total("compute/fresh_questions"), "train_seconds": total("time/step_seconds"),
             "final_train": float(train[-1]) if train else None}
 

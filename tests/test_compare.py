@@ -58,6 +58,8 @@ def test_the_table_reports_each_arms_compute_and_train_accuracy():
                            {"step": 2, "val/accuracy": 0.5, "train/accuracy": 0.8}]) == {
         "rollout_tokens": 30.0, "grad_tokens": 34.0, "fresh_questions": 60.0, "train_seconds": 3.0, "final_train": 0.8}
     assert outcome_extras([{"step": 1, "val/accuracy": 0.5}])["fresh_questions"] is None  # not logged: unknown
+    replay_term = outcome_extras([{"step": 1, **step, "compute/replay_term_tokens": 40.0}])
+    assert replay_term["grad_tokens"] == 52.0 and replay_term["rollout_tokens"] == 10.0
     outs = [RunOutcome("grpo", s, 0.5, [1], [0.5], rollout_tokens=2e6, grad_tokens=2e6, final_train=0.5,
                        fresh_questions=9600, train_seconds=300.0) for s in range(2)]
     outs += [RunOutcome("ex", s, 0.5, [1], [0.5], rollout_tokens=3e6, grad_tokens=3.2e6, final_train=0.7 + 0.1 * s,

@@ -49,6 +49,8 @@ def test_every_algorithm_trains_end_to_end(tmp_path, replay):
         assert max(h["pool/questions"] for h in hist) > 0
     if replay == "notebook":
         assert any(h["notebook/lambda"] > 0 and h.get("notebook/off_w_mean", 0) > 0 for h in hist)
+        # the replay term's stored responses count as tokens in the loss (once per mini-batch)
+        assert any(h.get("compute/replay_term_tokens", 0) > 0 for h in hist if h.get("notebook/lambda", 0) > 0)
     if replay == "none":
         assert all(h["replay/questions"] == 0 for h in hist)
     if replay not in ("buckets", "uniform"):  # only pool replay has a mixed phase (and drops clipping in it)

@@ -237,6 +237,8 @@ class Trainer:
             m["actor/step_skipped"] = float(skipped)
             for key, v in m.items():
                 sums[key] = sums.get(key, 0.0) + v / len(chunks)
+        if aux is not None:  # the replay term's stored responses entered the loss once per mini-batch
+            sums["compute/replay_term_tokens"] = float(aux.mask.sum()) * len(chunks)
         return sums
 
     # ------------------------------------------------------------------ evaluation
