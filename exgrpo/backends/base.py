@@ -9,11 +9,32 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 if TYPE_CHECKING:
-    from exgrpo.backends.native.trainer import StepCallback, TrainResult
     from exgrpo.config import ExperimentConfig
+
+StepCallback = Callable[[int, dict[str, float]], None]
+"""(step, metrics) -> None; called after every step and every evaluation. A callback with an
+``on_start(total_steps)`` method is told the run's planned step count first (e.g. a progress ETA);
+one with ``on_evaluation(step, correct)`` gets each evaluation's held-out result per question
+(a list of 0/1 in the fixed order of the task's validation ids; e.g. a paired pruning test)."""
+
+
+@dataclass
+class TrainResult:
+    """What a finished run returns, whatever its backend."""
+
+    final_metrics: dict[str, float]
+    history: list[dict[str, float]] = field(default_factory=list)
+    run_dir: Path | None = None
+    checkpoint: Path | None = None
+    task: Any = None
+    """The task the run trained on (its train/val question ids and texts, for dataset records)."""
+    policy: Any = None
+    """The trained policy (for model records)."""
 
 
 class MLflowRun(NamedTuple):

@@ -13,20 +13,28 @@ import logging
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 
 from exgrpo.atomic import torch_save_atomic, write_text_atomic
 
-if TYPE_CHECKING:
-    from exgrpo.backends.native.trainer import Trainer
-
 logger = logging.getLogger(__name__)
 _STEP = re.compile(r"step_(\d+)\.pt$")
 
 
-def save(trainer: Trainer, run_dir: Path) -> Path:
+class Checkpointed(Protocol):
+    """What a checkpoint saves and restores: the native trainer."""
+
+    cfg: Any
+    step: int
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def save(trainer: Checkpointed, run_dir: Path) -> Path:
     """Write ``step_<n>.pt``; then, with ``train.keep_last``, delete all but the newest that many."""
     d = run_dir / "checkpoints"
     d.mkdir(parents=True, exist_ok=True)
@@ -91,7 +99,7 @@ def _first_line(e: Exception) -> str:
     return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:160]}"
 
 
-def load(trainer: Trainer, path: Path) -> None:
+def load(trainer: Checkpointed, path: Path) -> None:
     trainer.load_state_dict(load_state(path))
 
 

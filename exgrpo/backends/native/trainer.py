@@ -16,15 +16,14 @@ import functools
 import json
 import math
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from exgrpo.backends.base import MLflowRun
+from exgrpo.backends.base import MLflowRun, StepCallback, TrainResult
+from exgrpo.backends.native import checkpoint as ckpt
 from exgrpo.backends.native.interfaces import Policy, Task
 from exgrpo.backends.native.memory import keep_freed_memory
 from exgrpo.core.fresh import FreshSampler
@@ -40,26 +39,8 @@ from exgrpo.core.advantages import grpo_advantages
 from exgrpo.core.batch import StepBatch, assemble_batch, batch_metrics, generation_qids
 from exgrpo.core.loss import exgrpo_objective
 from exgrpo.core.replay import make_replay_strategy
-
-StepCallback = Callable[[int, dict[str, float]], None]
-"""(step, metrics) -> None; called after every step and every evaluation. A callback with an
-``on_start(total_steps)`` method is told the run's planned step count first (e.g. a progress ETA);
-one with ``on_evaluation(step, correct)`` gets each evaluation's held-out result per question
-(a list of 0/1 in the fixed order of the task's validation ids; e.g. a paired pruning test)."""
-
-
-@dataclass
-class TrainResult:
-    """What a finished run returns."""
-
-    final_metrics: dict[str, float]
-    history: list[dict[str, float]] = field(default_factory=list)
-    run_dir: Path | None = None
-    checkpoint: Path | None = None
-    task: Task | None = None
-    """The task the run trained on (its train/val question ids and texts, for dataset records)."""
-    policy: Policy | None = None
-    """The trained policy (for model records)."""
+from exgrpo.progress import StepProgress
+from exgrpo.runs import check_resume, move_aside, resumed_line
 
 
 def build_task_and_policy(cfg: ExperimentConfig, progress: bool = False) -> tuple[Task, Policy]:
@@ -278,11 +259,6 @@ class Trainer:
     ) -> TrainResult:
         """Train to ``total_steps``. ``resume`` continues from the latest checkpoint in the run
         directory; ``stop_after_step`` ends early (after checkpointing) as if the run were killed."""
-        from exgrpo.backends.native import checkpoint as ckpt
-        from exgrpo.progress import StepProgress
-
-        from exgrpo.runs import check_resume, move_aside
-
         run_dir = self.cfg.run_dir()
         if not resume:
             move_aside(run_dir)  # a fresh run never mixes with an earlier run's checkpoints
@@ -298,8 +274,6 @@ class Trainer:
             check_resume(state["config"], self.cfg.model_dump_json(), last_ckpt, force=force_resume)
             self.load_state_dict(state)
             if progress:
-                from exgrpo.runs import resumed_line
-
                 print(resumed_line(self.step, self.replay.stats(), last_ckpt), flush=True)
             self.history = ckpt.read_metrics(metrics_path, up_to_step=self.step, warn=_say)
             ckpt.write_metrics(metrics_path, self.history)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from exgrpo.backends.verl.live import StepFeed
-from exgrpo.backends.verl.runner import PreparedRun, VerlRunError
+from exgrpo.backends.verl.prepared import PreparedRun, VerlRunError, diagnosed, last_error
 from exgrpo.cluster import runtime_env
 
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
@@ -49,8 +49,6 @@ def run_ray_job(prepared: PreparedRun, address: str, on_line: Callable[[str], No
     ``on_submit(job_id)`` runs once the job is accepted. ``feed`` is polled every ``poll_seconds``;
     when one of its callbacks raises, the job is stopped and this raises VerlRunError (STOPPED). A job
     whose log stays the same for ``stall_seconds`` is stopped and this raises VerlRunError."""
-    from exgrpo.backends.verl.runner import diagnosed, last_error
-
     from ray.job_submission import JobStatus, JobSubmissionClient
 
     client = JobSubmissionClient(address)

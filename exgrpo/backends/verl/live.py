@@ -1,6 +1,6 @@
 """Live MLflow metrics from inside a veRL job.
 
-The caller (the Prefect train flow, through :func:`exgrpo.tracking.tracked_train`) creates the MLflow
+The caller (the Prefect train flow, through :func:`exgrpo.launch.tracked_train`) creates the MLflow
 run first and hands its id to the job as ``MLFLOW_RUN_ID`` with ``MLFLOW_TRACKING_URI``. In the job,
 veRL's file logger writes one JSON line per step, unbuffered, to ``VERL_FILE_LOGGER_PATH``;
 :class:`LiveMetrics` tails that file in the same process and writes each step to the run through

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import ray
 
+from exgrpo.backends.verl.prepared import JOB_ERROR
 from exgrpo.config import ExperimentConfig
 
 
@@ -23,10 +24,6 @@ FORWARDED_ENV = ("VERL_PLATFORM", "VERL_ENGINE_DEVICE", "EXGRPO_SEED", "PYTHONPA
 
 LAUNCHER_ENV = "EXGRPO_LAUNCHER_PID"
 """PID of the command that started this job as its child process (unset for a Ray Job)."""
-
-JOB_ERROR = "exgrpo: error: "
-"""Prefix of the one line a job prints when it diagnosed its own failure (the runner reports just that)."""
-
 
 class ExGRPOTaskRunner:
     """veRL's v0 TaskRunner, building :class:`ExGRPORayTrainer` (veRL's own is a Ray actor class
@@ -163,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         run(cfg, list(spec["overrides"]) + argv[1:])
-    except ClusterError as e:  # diagnosed here: one line for the caller (runner.JOB_ERROR), no traceback
+    except ClusterError as e:  # diagnosed here: one line for the caller (prepared.JOB_ERROR), no traceback
         print(f"{JOB_ERROR}{e}", flush=True)
         raise SystemExit(2) from None
 

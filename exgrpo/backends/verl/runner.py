@@ -18,17 +18,17 @@ import tempfile
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from exgrpo.atomic import write_text_atomic
-from exgrpo.backends.base import MLflowRun
+from exgrpo.backends.base import MLflowRun, TrainResult
+from exgrpo.backends.verl.jobs import local_job_server, run_ray_job
 from exgrpo.backends.verl.live import FILE_LOGGER_ENV, LOOPBACK_ENV, StepFeed
+from exgrpo.backends.verl.prepared import SPEC_FILE, PreparedRun, VerlRunError, diagnosed, last_error
 from exgrpo.config import ConfigError, ExperimentConfig
 from exgrpo.config.backend import VerlSettings
 from exgrpo.progress import StepProgress, console, is_watched
 
-SPEC_FILE = "verl_run.json"
 OWN_LINE = re.compile(r"^(?:\x1b\[[0-9;]*m)?(?:\([^)]*\)\s*)?(?:\x1b\[[0-9;]*m)?\s*(exgrpo: .*)$")
 """The job's own lines for the user (a resume, where it runs), shown above the step bar: ``exgrpo: ...``,
 printed by the driver or by one of its Ray actors (whose lines Ray prefixes with ``(Actor pid=N)``)."""
@@ -40,18 +40,6 @@ def own_line(line: str) -> str | None:
     return match.group(1) if match else None
 RAW_METRICS = "verl_metrics"
 """Directory of veRL's own metric logs, one JSONL file per attempt (veRL truncates its file on open)."""
-
-
-class VerlRunError(RuntimeError):
-    """A veRL run that failed: the one-line reason and the last lines of its log."""
-
-
-@dataclass
-class PreparedRun:
-    run_dir: Path
-    command: list[str]
-    env: dict[str, str]
-    """Variables the run needs on top of the caller's environment (also a Ray Job's runtime_env)."""
 
 
 def prepare(cfg: ExperimentConfig, resume: bool = False, progress: bool = False,
@@ -210,24 +198,6 @@ def run_local(prepared: PreparedRun, progress: bool = True, log_tail: int = 40, 
                            "Last lines:\n" + "\n".join(tail))
 
 
-def diagnosed(lines) -> str | None:
-    """The job's own one-line diagnosis (e.g. a cluster too small for it), if it printed one."""
-    from exgrpo.backends.verl.main import JOB_ERROR
-
-    for line in reversed(list(lines)):
-        if line.startswith(JOB_ERROR):
-            return line[len(JOB_ERROR):].strip()
-    return None
-
-
-def last_error(lines) -> str:
-    """The last line of ``lines`` that names an error (e.g. a rollout server's exception), as a clause."""
-    for line in reversed(list(lines)):
-        if "Error" in line or "Exception" in line:
-            return line.strip()[-300:] + "; "
-    return ""
-
-
 def stop_child(proc: subprocess.Popen, grace_seconds: float = 30.0) -> None:
     """SIGTERM the job's driver (Ray's exit handler shuts its private cluster down), SIGKILL if it lingers."""
     proc.terminate()
@@ -244,8 +214,6 @@ def _launch(prepared: PreparedRun, v: VerlSettings, feed: StepFeed, echo: bool, 
     exception (e.g. a pruned trial) is raised as is."""
     try:
         if v.launch == "ray_job":
-            from exgrpo.backends.verl.jobs import local_job_server, run_ray_job
-
             def submitted(job_id: str) -> None:
                 if mlflow_run is not None:
                     import mlflow
@@ -339,8 +307,6 @@ class VerlBackend:
     @staticmethod
     def _result(run_dir: Path):
         """The finished run in ``run_dir``: its metrics (collected into metrics.jsonl) and newest checkpoint."""
-        from exgrpo.backends.native.trainer import TrainResult
-
         history = collect(run_dir)
         if not any("batch/solved" in r for r in history):
             raise VerlRunError(f"veRL run in {run_dir} finished but logged no training step")
