@@ -2,7 +2,8 @@
 
 One address names the cluster everywhere: ``--ray-address`` (CLI), ``ray_address`` (Prefect flow
 parameters), else ``RAY_ADDRESS`` as every Ray tool reads it. Without one, work runs on a private
-local Ray (:mod:`exgrpo.raylocal`).
+local Ray (:mod:`exgrpo.raylocal`), started by :func:`ensure_ray`, the one entry point of sweeps and
+comparisons; :func:`task_cpus` is what each of their runs asks Ray for.
 
 On a cluster:
 
@@ -24,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from exgrpo.config import ConfigError
+from exgrpo.raylocal import init_local_ray
+from exgrpo.tracking import resolve_tracking_uri
 
 ADDRESS_VAR = "RAY_ADDRESS"
 
@@ -52,7 +55,6 @@ def require_shared_stores(address: str | None, tracking_uri: str | None = None, 
     cannot be (its trials and runs execute on other machines). A one-line error before any work."""
     if address is None:
         return
-    from exgrpo.tracking import resolve_tracking_uri
 
     uri = resolve_tracking_uri(tracking_uri)
     if uri.startswith(("sqlite:", "file:")) or "://" not in uri:
@@ -154,6 +156,33 @@ def largest_node_cpus() -> int:
     return int(max((n.cpus for n in alive_nodes()), default=1))
 
 
+def ensure_ray(address: str | None = None, num_cpus: int = 2) -> None:
+    """``ray.init`` once per process: the cluster of ``address`` (else ``RAY_ADDRESS``) with the code
+    shipped (:func:`join`); otherwise a private local Ray with token authentication
+    (:func:`exgrpo.raylocal.init_local_ray`)."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    address = cluster_address(address)
+    runtime_env = {"env_vars": {"OMP_NUM_THREADS": "1"}}
+    if address:
+        join(address, log_to_driver=True, runtime_env=runtime_env)
+    else:
+        init_local_ray(num_cpus, include_dashboard=False, log_to_driver=True, runtime_env=runtime_env)
+
+
+def task_cpus(cfg: Any) -> int:
+    """CPUs the Ray task of a run of ``cfg`` (a sweep trial, a compare run) asks for: a native run's
+    torch threads (``train.threads``), so Ray never runs more of them at once than the cluster has
+    cores for (2 runs x 2 threads on 2 cores ran each far below its speed alone), capped by the
+    largest node's CPUs (a task no node can hold would wait forever); a veRL run 1 (its job's actors
+    ask for their own)."""
+    if cfg.backend.name != "native":
+        return 1
+    return max(1, min(int(cfg.train.threads), largest_node_cpus()))
+
+
 def on_cluster(cfg: Any, address: str | None) -> Any:
     """``cfg`` with a veRL job on the cluster at ``address`` too, unless its own
     ``backend.verl.ray_address`` names one (a native run is unchanged)."""
@@ -161,21 +190,3 @@ def on_cluster(cfg: Any, address: str | None) -> Any:
         return cfg
     verl = cfg.backend.verl.model_copy(update={"ray_address": address})
     return cfg.model_copy(update={"backend": cfg.backend.model_copy(update={"verl": verl})})
-
-
-def train_on_cluster(cfg: Any, address: str, **tracked: Any) -> Any:
-    """One tracked native run (:func:`exgrpo.tracking.tracked_train`) as a Ray task on the cluster; its
-    run directory is ``output_dir`` made absolute (a path every node shares)."""
-    import ray
-
-    from exgrpo.raylocal import ensure_ray, task_cpus
-    from exgrpo.tracking import tracked_train
-
-    ensure_ray(address)
-    print(f"running on {describe(address)}", flush=True)
-    cfg = cfg.model_copy(update={"output_dir": Path(cfg.output_dir).resolve()})
-    task = ray.remote(max_retries=0)(tracked_train).options(num_cpus=task_cpus(cfg))
-    try:
-        return ray.get(task.remote(cfg, progress=False, **tracked))
-    except ray.exceptions.RayTaskError as e:
-        raise e.as_instanceof_cause() from None

@@ -14,6 +14,10 @@ import sys
 from dataclasses import dataclass
 
 from exgrpo.config import ExperimentConfig
+from exgrpo.backends.verl import resources
+from exgrpo.backends.verl.runner import job_python
+from exgrpo.cluster import ClusterError, alive_nodes, cluster_address, describe, join_failure
+from exgrpo.tracking.mlflow_tracking import TrackingError, check_reachable, resolve_tracking_uri
 
 SUPPORTED = {"verl": "0.9.1", "torch": "2.13.0", "vllm": "0.31.0"}
 """Versions the veRL backend is written and tested against (the job environment's pins)."""
@@ -48,8 +52,6 @@ class Finding:
 
 def job_environment(cfg: ExperimentConfig) -> list[Finding]:
     """The job's interpreter and what it holds."""
-    from exgrpo.backends.verl.runner import job_python
-
     v = cfg.backend.verl
     try:
         python = job_python(v)
@@ -88,9 +90,6 @@ def job_environment(cfg: ExperimentConfig) -> list[Finding]:
 def ray_cluster(cfg: ExperimentConfig) -> list[Finding]:
     """A configured cluster's resources against what the veRL job asks for (the private local Ray is
     started per run)."""
-    from exgrpo.backends.verl import resources
-    from exgrpo.cluster import ClusterError, alive_nodes, cluster_address, describe, join_failure
-
     address = cluster_address(cfg.backend.verl.ray_address)
     if address is None:
         return [Finding(True, "Ray: a private local Ray is started for each run (127.0.0.1, token auth)")]
@@ -111,8 +110,6 @@ def ray_cluster(cfg: ExperimentConfig) -> list[Finding]:
 
 
 def mlflow_store(tracking_uri: str | None = None) -> list[Finding]:
-    from exgrpo.tracking.mlflow_tracking import TrackingError, check_reachable, resolve_tracking_uri
-
     uri = resolve_tracking_uri(tracking_uri)
     try:
         check_reachable(uri)

@@ -3,6 +3,9 @@
 A backend turns an :class:`~exgrpo.config.ExperimentConfig` into a finished run. It owns the
 model, the rollouts and the optimiser; the algorithm (replay strategy, batch building, loss) comes
 from :mod:`exgrpo.core`. ``native`` trains in-process on CPU; ``verl`` runs veRL's RayPPOTrainer.
+It also says how to read the checkpoints it writes and how to build the policy they hold: evaluation
+and recording read any registered backend's checkpoint through :func:`read_checkpoint`,
+:func:`policy_file` and :func:`build_policy`, without naming one.
 """
 
 from __future__ import annotations
@@ -63,6 +66,18 @@ class Backend(Protocol):
         mlflow_run: MLflowRun | None = None,
     ) -> TrainResult: ...
 
+    def read_checkpoint(self, path: Path) -> dict[str, Any] | None:
+        """The policy entries (``config``: the run's config as JSON, ``model``: the policy's state
+        dict, ``step``) of ``path`` if it is a checkpoint this backend writes, else None. Loads weights
+        only: never code."""
+
+    def policy_file(self, checkpoint: Path) -> Path | None:
+        """``checkpoint``'s policy as one file holding those entries (made once beside it if the
+        checkpoint is not one already), if it is a checkpoint this backend writes; else None."""
+
+    def build_policy(self, cfg: ExperimentConfig) -> tuple[Any, Any]:
+        """``(task, policy)`` of a run of ``cfg``: a checkpoint's ``model`` entries load into the policy."""
+
 
 BACKENDS: dict[str, str] = {
     "native": "exgrpo.backends.native.trainer:NATIVE",
@@ -88,6 +103,22 @@ def train(cfg: ExperimentConfig, callbacks: list[StepCallback] | None = None, re
     field that changes its meaning, unless ``force_resume``); a fresh run moves an earlier one aside."""
     return get_backend(cfg.backend.name).train(cfg, callbacks=callbacks, resume=resume, progress=progress,
                                                force_resume=force_resume, mlflow_run=mlflow_run)
+
+
+def read_checkpoint(path: Path) -> dict[str, Any] | None:
+    """The policy entries of checkpoint ``path``, read by the registered backend that writes such
+    checkpoints (:meth:`Backend.read_checkpoint`); None if none does."""
+    return next((state for name in BACKENDS if (state := get_backend(name).read_checkpoint(path)) is not None), None)
+
+
+def policy_file(checkpoint: Path) -> Path | None:
+    """``checkpoint``'s policy as one file (:meth:`Backend.policy_file`); None if no backend writes such checkpoints."""
+    return next((file for name in BACKENDS if (file := get_backend(name).policy_file(checkpoint)) is not None), None)
+
+
+def build_policy(cfg: ExperimentConfig) -> tuple[Any, Any]:
+    """``(task, policy)`` of a run of ``cfg``, as its backend builds them (:meth:`Backend.build_policy`)."""
+    return get_backend(cfg.backend.name).build_policy(cfg)
 
 
 def register_backend(name: str, target: str) -> Callable[[], None]:

