@@ -59,8 +59,9 @@ services: | $(STAMP)   # PostgreSQL on 127.0.0.1:55432 (team-mode tests) and Chr
 	bash scripts/setup-postgres.sh
 	bash scripts/setup-chromium.sh
 
-lint: $(STAMP)
+lint: $(STAMP)   # ruff, then the floors of the package: no import points up (pyproject.toml, docs/architecture.md)
 	.venv/bin/ruff check .
+	.venv/bin/lint-imports
 
 # two workers, each running a whole module at a time, the longest modules first (tests/conftest.py):
 # module fixtures (a veRL run read by many tests, a Prefect server) are still made once

@@ -78,7 +78,7 @@ def load() -> str:
 def bench_overhead(steps: int, repeats: int, uri: str) -> None:
     from exgrpo.backends.native.trainer import train
     from exgrpo.config import load_experiment
-    from exgrpo.tracking import tracked_train
+    from exgrpo.launch import tracked_train
 
     overrides = {"train.max_steps": steps, "seed": 0}
 
@@ -187,7 +187,7 @@ def cpu_ceiling(n: int = 3_000_000) -> float:
 
 
 def bench_sweep(trials: int, budget_steps: int, uri: str, storage: str, log_every_steps: int = 1) -> None:
-    from exgrpo.raylocal import ensure_ray
+    from exgrpo.cluster import ensure_ray
     from exgrpo.sweep import load_sweep, run_sweep
 
     def sweep(parallel: int, n: int, tag: str):

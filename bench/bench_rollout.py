@@ -52,10 +52,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
-from exgrpo.backends.native.lm.engine import RolloutEngine, SamplingParams, build_packed_batch  # noqa: E402
+from exgrpo.policies.lm.engine import RolloutEngine, SamplingParams, build_packed_batch  # noqa: E402
 from exgrpo.backends.native.memory import keep_freed_memory  # noqa: E402
 from exgrpo.config.policies import LMPolicyConfig, SmolLM2PolicyConfig  # noqa: E402
-from exgrpo.backends.native.lm.tiny_lm import load_tiny_lm  # noqa: E402
+from exgrpo.policies.lm.tiny_lm import load_tiny_lm  # noqa: E402
 from exgrpo.tasks.text_arithmetic import TextArithmetic  # noqa: E402
 from summary import record  # noqa: E402  (bench/summary.py)
 
@@ -82,7 +82,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     if args.model == "smollm2":
-        from exgrpo.backends.native.lm.smollm2 import chat_prompt_ids, load_smollm2, smollm2_dir
+        from exgrpo.policies.lm.smollm2 import chat_prompt_ids, load_smollm2, smollm2_dir
 
         model, hf_tok = load_smollm2()
         model = model.eval()

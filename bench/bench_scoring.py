@@ -9,7 +9,7 @@ One sampled rollout at the tier's training batch (SmolLM2-135M: 16 rows = 4 ques
 * ``padded``:   each distinct prompt once, the responses right-padded to the longest on top
   (``policy.unpadded_scoring: false``, the default before this bench);
 * ``unpadded``: the same prompts, then only the responses' real tokens
-  (:mod:`exgrpo.backends.native.lm.unpadded`, ``policy.unpadded_scoring: true``).
+  (:mod:`exgrpo.policies.lm.unpadded`, ``policy.unpadded_scoring: true``).
 
 ``--bf16`` instead times the unpadded forward + backward in fp32 against the same under
 ``torch.autocast("cpu", bfloat16)`` (fp32 weights) and prints how far the bf16 log-probs are from
@@ -32,7 +32,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
-from exgrpo.backends.native.lm.engine import RolloutEngine, SamplingParams  # noqa: E402
+from exgrpo.policies.lm.engine import RolloutEngine, SamplingParams  # noqa: E402
 from exgrpo.backends.native.memory import keep_freed_memory  # noqa: E402
 
 
@@ -49,13 +49,13 @@ def main() -> None:
     rows, new_tokens, threads, k = {"tiny-lm": (256, 40, 1, 8), "smollm2": (16, 64, 2, 4)}[args.model]
     torch.set_num_threads(args.threads or threads)
     if args.model == "smollm2":
-        from exgrpo.backends.native.lm.smollm2 import chat_prompt_ids, load_smollm2
+        from exgrpo.policies.lm.smollm2 import chat_prompt_ids, load_smollm2
 
         model, hf_tok = load_smollm2()
         pad_id, eos_id = hf_tok.pad_token_id, hf_tok.eos_token_id
         questions = [chat_prompt_ids(hf_tok, f"What is {3 * i % 50} + {7 * i % 40}?") for i in range(rows // k)]
     else:
-        from exgrpo.backends.native.lm.tiny_lm import load_tiny_lm
+        from exgrpo.policies.lm.tiny_lm import load_tiny_lm
         from exgrpo.tasks.text_arithmetic import TextArithmetic
 
         tiny = load_tiny_lm(progress=True)

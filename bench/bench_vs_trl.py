@@ -85,8 +85,8 @@ def run_trl(steps: int, threads: int, out: Path) -> tuple[list[float], float]:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from exgrpo.backends.native.lm.smollm2 import load_smollm2
-    from exgrpo.backends.native.trainer import build_task_and_policy
+    from exgrpo.policies.lm.smollm2 import load_smollm2
+    from exgrpo.policies.build import build_task_and_policy
     from exgrpo.core.fresh import FreshSampler
 
     cfg = native_config(steps, threads, out / "task")

@@ -11,6 +11,9 @@ from pathlib import Path
 
 from exgrpo.config import ConfigError, field_docs, load_compare, load_experiment, parse_set, resume_safe_fields
 
+# Each command imports what it runs inside its function: `exgrpo --help`, `--version` and a bad config's
+# one-line error stay free of torch, Ray, MLflow and Prefect.
+
 
 def _fields_epilog() -> str:
     lines = ["config fields (override any with --set FIELD=VALUE; [resume-safe]: may differ on --resume):"]
@@ -103,8 +106,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         result = train(cfg, resume=resume, progress=not args.no_progress, force_resume=args.force_resume)
         record = {}
     else:
-        from exgrpo.cluster import train_on_cluster
-        from exgrpo.tracking import tracked_train
+        from exgrpo.launch import tracked_train, train_on_cluster
 
         kwargs = {"tracking_uri": args.tracking_uri, "resume": resume, "force_resume": args.force_resume}
         if address is not None and cfg.backend.name == "native":  # the run itself goes to the cluster
@@ -290,7 +292,7 @@ def _cmd_runs(args: argparse.Namespace) -> int:
 
 
 def _cmd_ui(args: argparse.Namespace) -> int:
-    from exgrpo.tracking.ui import main as ui_main
+    from exgrpo.ui import main as ui_main
 
     return ui_main(args.host, args.prefect_port, args.mlflow_port, args.optuna_port, args.tracking_uri, args.storage)
 

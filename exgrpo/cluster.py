@@ -2,7 +2,8 @@
 
 One address names the cluster everywhere: ``--ray-address`` (CLI), ``ray_address`` (Prefect flow
 parameters), else ``RAY_ADDRESS`` as every Ray tool reads it. Without one, work runs on a private
-local Ray (:mod:`exgrpo.raylocal`).
+local Ray (:mod:`exgrpo.raylocal`), started by :func:`ensure_ray`, the one entry point of sweeps and
+comparisons; :func:`task_cpus` is what each of their runs asks Ray for.
 
 On a cluster:
 
@@ -30,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from exgrpo.config import ConfigError
+from exgrpo.raylocal import init_local_ray
+from exgrpo.tracking import resolve_tracking_uri
 
 ADDRESS_VAR = "RAY_ADDRESS"
 
@@ -58,7 +61,6 @@ def require_shared_stores(address: str | None, tracking_uri: str | None = None, 
     cannot be (its trials and runs execute on other machines). A one-line error before any work."""
     if address is None:
         return
-    from exgrpo.tracking import resolve_tracking_uri
 
     uri = resolve_tracking_uri(tracking_uri)
     if uri.startswith(("sqlite:", "file:")) or "://" not in uri:
@@ -287,36 +289,36 @@ def announce(address: str | None, client: Any, run_id: str) -> str:
     return where
 
 
-def launch_slots(cfg: Any, address: str | None, runs: int) -> list[dict[str, Any]] | None:
-    """Ray ``.options`` of each of a comparison's or sweep's runs of ``cfg`` that may run at once on the
-    cluster at ``address``, each pinned to the node its plan chose; None: no limit (native runs are one
-    task each, and a veRL job on its own private Ray holds nothing here). veRL runs start only as the
-    cluster can host them whole (:func:`exgrpo.backends.verl.resources.plan_slots`): started at once,
-    they took each other's CPUs and none could start. Says once when ``runs`` must wait."""
-    if address is None or cfg.backend.name != "verl" or cfg.backend.verl.ray_address != address:
-        return None
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    from exgrpo.backends.verl.resources import DRIVER_CPUS, check, needs, plan_slots, waiting_note
-
-    v, nodes = cfg.backend.verl, alive_nodes()
-    check(v, nodes, address)  # one line for a cluster too small for even a job alone
-    slots = plan_slots(v, nodes)
-    if not slots:
-        need = needs(v)
-        raise ClusterError(
-            f"the Ray cluster at {address} can never run these veRL runs: beside its workers' node(s) each run "
-            f"needs a node with {DRIVER_CPUS} free CPUs for its launcher and TaskRunner and {need.total_cpus + 1} "
-            f"CPUs in all; its nodes have: {', '.join(f'{n.cpus:g} CPU/{n.gpus:g} GPU' for n in nodes)}. Add a "
-            f"node, e.g. `ray start --address={address} --num-cpus={DRIVER_CPUS + 1}`")
-    if runs > len(slots):
-        print(f"note: {waiting_note(v, nodes, len(slots), runs)}", flush=True)
-    return [{"scheduling_strategy": NodeAffinitySchedulingStrategy(nodes[i].node_id, soft=False)} for i in slots]
-
-
 def largest_node_cpus() -> int:
     """The most CPUs one live node has: a task asking for more could never be scheduled."""
     return int(max((n.cpus for n in alive_nodes()), default=1))
+
+
+def ensure_ray(address: str | None = None, num_cpus: int = 2) -> None:
+    """``ray.init`` once per process: the cluster of ``address`` (else ``RAY_ADDRESS``) with the code
+    shipped (:func:`join`); otherwise a private local Ray with token authentication
+    (:func:`exgrpo.raylocal.init_local_ray`)."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    address = cluster_address(address)
+    runtime_env = {"env_vars": {"OMP_NUM_THREADS": "1"}}
+    if address:
+        join(address, log_to_driver=True, runtime_env=runtime_env)
+    else:
+        init_local_ray(num_cpus, include_dashboard=False, log_to_driver=True, runtime_env=runtime_env)
+
+
+def task_cpus(cfg: Any) -> int:
+    """CPUs the Ray task of a run of ``cfg`` (a sweep trial, a compare run) asks for: a native run's
+    torch threads (``train.threads``), so Ray never runs more of them at once than the cluster has
+    cores for (2 runs x 2 threads on 2 cores ran each far below its speed alone), capped by the
+    largest node's CPUs (a task no node can hold would wait forever); a veRL run 1 (its job's actors
+    ask for their own)."""
+    if cfg.backend.name != "native":
+        return 1
+    return max(1, min(int(cfg.train.threads), largest_node_cpus()))
 
 
 def on_cluster(cfg: Any, address: str | None) -> Any:
@@ -326,21 +328,3 @@ def on_cluster(cfg: Any, address: str | None) -> Any:
         return cfg
     verl = cfg.backend.verl.model_copy(update={"ray_address": address})
     return cfg.model_copy(update={"backend": cfg.backend.model_copy(update={"verl": verl})})
-
-
-def train_on_cluster(cfg: Any, address: str, **tracked: Any) -> Any:
-    """One tracked native run (:func:`exgrpo.tracking.tracked_train`) as a Ray task on the cluster; its
-    run directory is ``output_dir`` made absolute (a path every node shares)."""
-    import ray
-
-    from exgrpo.raylocal import ensure_ray, task_cpus
-    from exgrpo.tracking import tracked_train
-
-    ensure_ray(address)
-    print(f"running on {describe(address)}", flush=True)
-    cfg = cfg.model_copy(update={"output_dir": Path(cfg.output_dir).resolve()})
-    task = ray.remote(max_retries=0)(tracked_train).options(num_cpus=task_cpus(cfg))
-    try:
-        return ray.get(task.remote(cfg, progress=False, **tracked))
-    except ray.exceptions.RayTaskError as e:
-        raise e.as_instanceof_cause() from None

@@ -18,6 +18,10 @@ import sys
 from dataclasses import dataclass
 
 from exgrpo.config import ExperimentConfig
+from exgrpo.backends.verl import resources
+from exgrpo.backends.verl.runner import job_python
+from exgrpo.cluster import ClusterError, alive_nodes, cluster_address, describe, join_failure, probe
+from exgrpo.tracking.mlflow_tracking import TrackingError, check_reachable, resolve_tracking_uri
 
 JOB_PROBE_SECONDS = 120
 """The longest the job environment's interpreter may take to import its packages and answer."""
@@ -57,8 +61,6 @@ class Finding:
 
 def job_environment(cfg: ExperimentConfig) -> list[Finding]:
     """The job's interpreter and what it holds."""
-    from exgrpo.backends.verl.runner import job_python
-
     v = cfg.backend.verl
     try:
         python = job_python(v)
@@ -101,9 +103,6 @@ def job_environment(cfg: ExperimentConfig) -> list[Finding]:
 def ray_cluster(cfg: ExperimentConfig) -> list[Finding]:
     """A configured cluster's resources against what the veRL job asks for (the private local Ray is
     started per run)."""
-    from exgrpo.backends.verl import resources
-    from exgrpo.cluster import ClusterError, alive_nodes, cluster_address, describe, join_failure, probe
-
     address = cluster_address(cfg.backend.verl.ray_address)
     if address is None:
         return [Finding(True, "Ray: a private local Ray is started for each run (127.0.0.1, token auth)")]
@@ -155,8 +154,6 @@ def exposed_metrics(nodes: list[dict], seconds: float = METRICS_SECONDS) -> list
 
 
 def mlflow_store(tracking_uri: str | None = None) -> list[Finding]:
-    from exgrpo.tracking.mlflow_tracking import TrackingError, check_reachable, resolve_tracking_uri
-
     uri = resolve_tracking_uri(tracking_uri)
     try:
         check_reachable(uri)

@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from exgrpo.progress import console as default_console, is_watched
+
 PRINT_SECONDS = 10.0
 """Default seconds between two progress lines of the same run (``EXGRPO_PROGRESS_SECONDS`` overrides)."""
 
@@ -153,8 +155,6 @@ class LiveProgressTable:
     def __init__(self, board: Any, total_runs: int, console: Any = None) -> None:
         from rich.live import Live
 
-        from exgrpo.progress import console as default_console
-
         self.board, self.total_runs, self.done = board, total_runs, 0
         self.states: dict[str, dict[str, Any]] = {}
         self.ended: dict[str, str] = {}
@@ -203,9 +203,6 @@ class LiveProgressTable:
 def progress_display(board: Any, total_runs: int, console: Any = None) -> LiveProgressTable | ProgressPrinter:
     """A live table where a terminal is attached (``console.is_terminal``), plain lines elsewhere;
     ``EXGRPO_PROGRESS=plain`` forces the lines. Use as a context manager."""
-    from exgrpo.progress import console as default_console
-    from exgrpo.progress import is_watched
-
     console = console or default_console
     if is_watched(console):
         return LiveProgressTable(board, total_runs, console)

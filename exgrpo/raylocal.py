@@ -9,9 +9,8 @@ and job server bind to 127.0.0.1. Its Prometheus metrics export is off (:data:`L
 it would serve, on every interface and without a token, the session name, driver PIDs, node address
 and task and actor names.
 
-A configured cluster (``ray_address``) is joined as it is (:mod:`exgrpo.cluster`): its operator
-secures it. :func:`ensure_ray` is the one entry point of sweeps and comparisons; :func:`task_cpus`
-is what each of their runs asks Ray for.
+A configured cluster (``ray_address``) is joined as it is (:mod:`exgrpo.cluster`, which starts this
+private Ray when there is none: :func:`exgrpo.cluster.ensure_ray`): its operator secures it.
 """
 
 from __future__ import annotations
@@ -93,34 +92,3 @@ def init_local_ray(num_cpus: int, **kwargs: Any):
     runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **env}
     return ray.init(address="local", num_cpus=num_cpus, _temp_dir=local_temp_dir(), runtime_env=runtime_env,
                     _system_config=LOCAL_SYSTEM_CONFIG, **kwargs)
-
-
-def ensure_ray(address: str | None = None, num_cpus: int = 2) -> None:
-    """``ray.init`` once per process: the cluster of ``address`` (else ``RAY_ADDRESS``) with the code
-    shipped (:func:`exgrpo.cluster.join`); otherwise a private local Ray with token authentication
-    (:func:`init_local_ray`)."""
-    import ray
-
-    from exgrpo.cluster import cluster_address, join
-
-    if ray.is_initialized():
-        return
-    address = cluster_address(address)
-    runtime_env = {"env_vars": {"OMP_NUM_THREADS": "1"}}
-    if address:
-        join(address, log_to_driver=True, runtime_env=runtime_env)
-    else:
-        init_local_ray(num_cpus, include_dashboard=False, log_to_driver=True, runtime_env=runtime_env)
-
-
-def task_cpus(cfg: Any) -> int:
-    """CPUs the Ray task of a run of ``cfg`` (a sweep trial, a compare run) asks for: a native run's
-    torch threads (``train.threads``), so Ray never runs more of them at once than the cluster has
-    cores for (2 runs x 2 threads on 2 cores ran each far below its speed alone), capped by the
-    largest node's CPUs (a task no node can hold would wait forever); a veRL run 1 (its job's actors
-    ask for their own)."""
-    from exgrpo.cluster import largest_node_cpus
-
-    if cfg.backend.name != "native":
-        return 1
-    return max(1, min(int(cfg.train.threads), largest_node_cpus()))

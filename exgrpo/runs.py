@@ -6,16 +6,22 @@
 * :func:`move_aside` moves an earlier run's directory out of a fresh run's way and says where.
 * :func:`has_checkpoint` says whether a run directory holds checkpoints to resume from, and
   :func:`resumable` says so to the user when a ``--resume`` has none.
+* :func:`read_metrics` / :func:`write_metrics`: its ``metrics.jsonl``, one record per step, on either backend.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from exgrpo.config import resume_safe_fields
+from exgrpo.atomic import write_text_atomic
+from exgrpo.config import ExperimentConfig, resume_safe_fields
+
+logger = logging.getLogger(__name__)
 
 SAFE_TO_CHANGE: frozenset[str] = resume_safe_fields()
 """Fields a resumed run may change (marked ``RESUME_SAFE`` in the config): they do not change what the
@@ -39,8 +45,6 @@ def _resolved(config: dict[str, Any] | str) -> dict[str, Any]:
     """The config as today's schema resolves it (a config saved by an older version may list fields
     that no longer apply, e.g. the ExGRPO fields of a GRPO run); as saved if it no longer validates."""
     from pydantic import ValidationError
-
-    from exgrpo.config import ExperimentConfig
 
     data = json.loads(config) if isinstance(config, str) else config
     try:
@@ -91,11 +95,13 @@ def resumable(cfg: Any) -> bool:
     return False
 
 
+RECORD_FILE = "mlflow_run.json"
+"""The file of a run directory naming its MLflow run and the process training it (``tracking.run_record``)."""
+
+
 def move_aside(run_dir: Path) -> Path | None:
     """If ``run_dir`` holds an earlier run, rename it to ``<run_dir>.old-<time>`` and return the new path
     (a directory holding only the MLflow record of the run starting now is not an earlier run)."""
-    from exgrpo.tracking.run_record import RECORD_FILE
-
     if not run_dir.exists() or all(p.name == RECORD_FILE for p in run_dir.iterdir()):
         return None
     target = run_dir.with_name(f"{run_dir.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -119,3 +125,23 @@ def resumed_line(step: int, replay_stats: dict[str, float], where: Path | str) -
     else:
         pool = "no replay pool (on-policy)"
     return f"resumed at step {step} from {where}: {pool}"
+
+
+def read_metrics(path: Path, up_to_step: int, warn: Callable[[str], None] = logger.warning) -> list[dict[str, float]]:
+    """Metric records with step <= ``up_to_step`` (later ones belong to the killed tail). A line
+    that does not parse (a kill during its write) is dropped with a warning."""
+    if not path.exists():
+        return []
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            warn(f"{path}:{n}: a torn metrics line is dropped ({line[:60]!r})")
+    return [r for r in rows if r["step"] <= up_to_step]
+
+
+def write_metrics(path: Path, rows: list[dict[str, float]]) -> None:
+    write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+from exgrpo.cluster import ClusterError
+from exgrpo.config import ConfigError
+from exgrpo.tracking import TrackingError
+
 
 def user_errors() -> tuple[type[BaseException], ...]:
     """Errors phrased for the user in one line (a config, an unreachable store, a cluster that refuses
     us): a flow run ends Failed with that line, and no traceback in its log."""
-    from exgrpo.cluster import ClusterError
-    from exgrpo.config import ConfigError
-    from exgrpo.tracking import TrackingError
-
     return ConfigError, ClusterError, TrackingError
 
 

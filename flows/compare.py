@@ -22,6 +22,7 @@ from prefect.artifacts import (
     create_table_artifact,
     update_progress_artifact,
 )
+from exgrpo.config import load_compare
 
 
 def _key(*parts: str) -> str:
@@ -52,8 +53,7 @@ def compare_flow(
     statistics on an MLflow parent run and publish the table as Prefect artifacts. ``resume``: runs
     with checkpoints continue from them (finished ones end at once), so a killed comparison goes on
     and one with more seeds or steps trains only what is new."""
-    from exgrpo.config import load_compare
-    from exgrpo.tracking.compare import run_tracked_compare
+    from exgrpo.compare.tracked import run_tracked_compare  # torch: when the flow runs, not when Prefect reads it
 
     log = get_run_logger()
     cc = load_compare(config, overrides or {})

@@ -19,6 +19,9 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
+from exgrpo.tracking import Tracker, run_tags
+from exgrpo.tracking.registry import resolve_checkpoint
+
 
 def find_train_run(train_flow_run: str, tracking_uri: str | None) -> tuple[str, str, str | None]:
     """(checkpoint, MLflow run id, tracking URI) of the run a train flow run created; ``train_flow_run``
@@ -26,8 +29,6 @@ def find_train_run(train_flow_run: str, tracking_uri: str | None) -> tuple[str, 
     from uuid import UUID
 
     from prefect.client.orchestration import get_client
-
-    from exgrpo.tracking import Tracker
 
     flow_run_id = train_flow_run.rsplit(".", 1)[-1]
     with get_client(sync_client=True) as client:
@@ -51,17 +52,15 @@ async def evaluate_flow(checkpoint: str | None = None, run_id: str | None = None
     """Evaluate ``checkpoint`` (a path or ``models:/<name>@<alias>``); log ``eval/*`` into MLflow run ``run_id`` (default: a new run
     tagged kind=evaluate in the config's experiment). With ``train_flow_run`` (what the trigger
     passes), the checkpoint and the run are those of that train flow run."""
-    from exgrpo.tracking import Tracker, run_tags
-
     if train_flow_run is not None:
         checkpoint, run_id, tracking_uri = find_train_run(train_flow_run, tracking_uri)
     if checkpoint is None:
         raise ValueError("evaluate: give checkpoint=<path to step_N.pt or a veRL global_step_N/> (or "
                          "train_flow_run=<flow run id>)")
     if checkpoint.startswith("models:/"):  # a registered checkpoint, e.g. a sweep's models:/exgrpo-<study>@champion
-        from exgrpo.tracking.registry import resolve_checkpoint
 
         checkpoint = str(resolve_checkpoint(checkpoint, tracking_uri))
+    # torch: when the flow runs, not when Prefect reads it
     from exgrpo.evaluation.runner import eval_names, evaluate_as_in_training, load_checkpoint_policy
 
     tracker = Tracker(tracking_uri)

@@ -13,6 +13,9 @@ from prefect import flow, get_run_logger
 from flows import failed, user_errors
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
 
+from exgrpo.sweep import load_sweep, run_sweep
+from exgrpo.tracking import run_url
+
 
 def _key(*parts: str) -> str:
     return re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", "-".join(parts).lower())).strip("-")
@@ -30,9 +33,6 @@ def sweep_flow(
     """Run or resume the study of a sweep file until it has ``n_trials`` finished trials.
     ``overrides``: dotted keys into the sweep file (``study.name``, ``budget_steps``,
     ``base.<config field>``, ``space.<field>.<attr>``)."""
-    from exgrpo.sweep import load_sweep, run_sweep
-    from exgrpo.tracking import run_url
-
     log = get_run_logger()
     sc = load_sweep(config, overrides or {})  # space errors surface here, before any trial
     log.info("study %s: %s sampler, %s pruner, budget %d steps, space %s", sc.study.name, sc.study.sampler,

@@ -19,6 +19,8 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import acreate_link_artifact
 
 from flows import failed, user_errors
+from exgrpo.cluster import cluster_address, on_cluster, require_shared_stores
+from exgrpo.config import load_experiment
 
 
 @flow(name="train", log_prints=True)
@@ -33,9 +35,7 @@ async def train_flow(
     """One tracked training run: MLflow run with tags, params, per-step metrics and the checkpoint.
     ``ray_address`` (else ``RAY_ADDRESS``): the Ray cluster the run (a veRL job, or a native run as a
     Ray task) goes to."""
-    from exgrpo.cluster import cluster_address, on_cluster, require_shared_stores, train_on_cluster
-    from exgrpo.config import load_experiment
-    from exgrpo.tracking import tracked_train
+    from exgrpo.launch import tracked_train, train_on_cluster  # torch: when the flow runs, not when Prefect reads it
 
     overrides = dict(overrides or {})
     if seed is not None:

@@ -16,7 +16,7 @@ export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
 case "${1:-}" in
   -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
-  --path) exec "$PY" -c 'from exgrpo.backends.native.lm.smollm2 import smollm2_dir; print(smollm2_dir())' ;;
+  --path) exec "$PY" -c 'from exgrpo.policies.lm.smollm2 import smollm2_dir; print(smollm2_dir())' ;;
   "") ;;
   *) echo "setup-smollm2: unknown argument '$1' (--path|--help)" >&2; exit 2 ;;
 esac
@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from exgrpo.backends.native.lm.smollm2 import chat_prompt_ids, ensure_smollm2, load_smollm2
+from exgrpo.policies.lm.smollm2 import chat_prompt_ids, ensure_smollm2, load_smollm2
 
 t0 = time.perf_counter()
 path = ensure_smollm2(progress=True)

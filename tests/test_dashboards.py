@@ -47,7 +47,7 @@ def lab(tmp_path_factory):
     """One MLflow store holding a compare (grpo vs exgrpo x seeds 0, 1) and a 3-trial study."""
     from exgrpo.config import load_compare
     from exgrpo.sweep import load_sweep, run_sweep
-    from exgrpo.tracking.compare import run_tracked_compare
+    from exgrpo.compare.tracked import run_tracked_compare
 
     tmp = tmp_path_factory.mktemp("dash")
     uri = f"sqlite:///{tmp}/mlruns/mlflow.db"

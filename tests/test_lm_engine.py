@@ -9,14 +9,14 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from exgrpo.backends.native.interfaces import Rollout, Scores  # noqa: E402
-from exgrpo.backends.native.lm.engine import (  # noqa: E402
+from exgrpo.policies.interfaces import Rollout, Scores  # noqa: E402
+from exgrpo.policies.lm.engine import (  # noqa: E402
     RolloutEngine,
     SamplingParams,
     build_packed_batch,
     token_log_prob_entropy,
 )
-from exgrpo.backends.native.lm.policy import LMPolicy, LMPolicyConfig  # noqa: E402
+from exgrpo.policies.lm.policy import LMPolicy, LMPolicyConfig  # noqa: E402
 
 PAD, BOS, EOS = 0, 1, 2
 TEMP = 0.7
@@ -190,8 +190,8 @@ def test_static_kv_equals_hf_decoder_on_qwen2_with_biases():
     """Qwen2 blocks (q/k/v biases, another rotary base): same greedy tokens, log-probs = a re-score."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from exgrpo.backends.native.lm.fused_kv import supports_fused_kv
-    from exgrpo.backends.native.lm.static_kv import supports_static_kv
+    from exgrpo.policies.lm.fused_kv import supports_fused_kv
+    from exgrpo.policies.lm.static_kv import supports_static_kv
 
     torch.manual_seed(4)
     cfg = Qwen2Config(
@@ -221,7 +221,7 @@ def test_prepacked_weights_are_used_and_follow_each_update(model, decoder):
     """The packed (static-kv) or rewritten (fused) copy of the weights is taken per rollout: after an
     optimizer-like update the next rollout decodes the new weights (as the unpacked static-KV
     decoder, which reads the parameters themselves, does), not a stale copy."""
-    from exgrpo.backends.native.lm import fused_kv, static_kv
+    from exgrpo.policies.lm import fused_kv, static_kv
 
     assert static_kv.can_prepack(), "this torch build has no oneDNN packed linear: the fast path is off"
     model = copy.deepcopy(model)
@@ -242,7 +242,7 @@ def test_prepacked_weights_are_used_and_follow_each_update(model, decoder):
 
 @pytest.mark.parametrize("decoder", ["static-kv", "fused"])
 def test_static_kv_drops_finished_rows_from_the_batch(model, monkeypatch, decoder):
-    from exgrpo.backends.native.lm import static_kv
+    from exgrpo.policies.lm import static_kv
 
     sizes = []
     real_drop = static_kv.StaticKVDecoder.drop
@@ -264,7 +264,7 @@ def test_static_kv_prefills_each_distinct_prompt_once(model, monkeypatch, decode
     """A GRPO batch (each prompt K times, the trainer's layout): the prefill runs the distinct
     prompts only, and every row decodes as if it had its own (greedy = the hf decoder's tokens,
     sampled log-probs = a full-forward re-score)."""
-    from exgrpo.backends.native.lm import static_kv
+    from exgrpo.policies.lm import static_kv
 
     prompts = [p for p in PROMPTS[:5] for _ in range(3)]  # 15 rows, 5 distinct
     widths = []
@@ -290,7 +290,7 @@ def test_static_kv_prefills_each_distinct_prompt_once(model, monkeypatch, decode
 def test_static_kv_falls_back_to_hf_for_other_architectures():
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from exgrpo.backends.native.lm.static_kv import supports_static_kv
+    from exgrpo.policies.lm.static_kv import supports_static_kv
 
     torch.manual_seed(0)
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=10, n_embd=32, n_layer=1, n_head=2, n_positions=64)).eval()
@@ -305,8 +305,8 @@ def test_fused_runs_as_static_kv_where_it_cannot_fuse(model):
     engine runs the static-KV decoder for it, bit for bit; the tests' model is inside it."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from exgrpo.backends.native.lm.fused_kv import FusedKVDecoder, supports_fused_kv
-    from exgrpo.backends.native.lm.static_kv import StaticKVDecoder
+    from exgrpo.policies.lm.fused_kv import FusedKVDecoder, supports_fused_kv
+    from exgrpo.policies.lm.static_kv import StaticKVDecoder
 
     assert supports_fused_kv(model) and engine(model, "fused")._own_decoder() is FusedKVDecoder
     torch.manual_seed(5)
@@ -324,7 +324,7 @@ def test_fused_runs_as_static_kv_where_it_cannot_fuse(model):
 def test_inverse_cdf_sampling_follows_the_distribution():
     from scipy.stats import chisquare
 
-    from exgrpo.backends.native.lm.engine import _inverse_cdf_index, _sample_inverse_cdf
+    from exgrpo.policies.lm.engine import _inverse_cdf_index, _sample_inverse_cdf
 
     probs = torch.tensor([0.0, 0.5, 0.0, 0.2, 0.25, 0.05, 0.0])
     draws = _sample_inverse_cdf(probs.expand(200_000, -1), torch.Generator().manual_seed(0))
@@ -388,7 +388,7 @@ def test_unpadded_scoring_equals_the_padded_forward_with_gradients(model, family
     """Responses scored without their padding (flat real tokens, attention on the row grid): same
     log-probs, entropies and parameter gradients as the padded single forward, for ragged rows
     (some a single token), repeated and distinct prompts, in any row order."""
-    from exgrpo.backends.native.lm.unpadded import supports_unpadded
+    from exgrpo.policies.lm.unpadded import supports_unpadded
 
     m = model if family == "llama" else _qwen2_model()
     assert supports_unpadded(m)
@@ -421,9 +421,9 @@ def test_unpadded_scoring_equals_the_padded_forward_with_gradients(model, family
 
 
 def test_every_name_the_lm_package_exports_resolves():
-    """``exgrpo.backends.native.lm`` resolves its names lazily; each one in ``__all__`` must import
+    """``exgrpo.policies.lm`` resolves its names lazily; each one in ``__all__`` must import
     (CharTokenizer pointed at a module that no longer existed)."""
-    import exgrpo.backends.native.lm as lm
+    import exgrpo.policies.lm as lm
 
     for name in lm.__all__:
         assert getattr(lm, name).__name__ == name

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from exgrpo.backends.verl.loss import LOSS_NAME, get_exgrpo_loss_fn, register
+from exgrpo.backends.native.policy_loss import LOSS_NAME, get_exgrpo_loss_fn, register
 from exgrpo.config import LossAggregation, Shaping
 from exgrpo.core.advantages import grpo_advantages
 from exgrpo.core.loss import MixedLossConfig, aggregate, compute_exgrpo_policy_loss

@@ -13,7 +13,7 @@ import pytest
 
 from exgrpo import cli
 from exgrpo.config import load_experiment
-from exgrpo.tracking import tracked_train
+from exgrpo.launch import tracked_train
 from exgrpo.tracking.sync import PENDING_FILE
 from mlflowserver import Server
 
@@ -131,7 +131,7 @@ def test_compare_parent_run_is_kept_for_exgrpo_sync_when_mlflow_dies_at_the_end(
     from mlflow import MlflowClient
 
     from exgrpo.config import load_compare
-    from exgrpo.tracking.compare import run_tracked_compare
+    from exgrpo.compare.tracked import run_tracked_compare
 
     cc = load_compare("experiments/toy.yaml", {"name": "outage-cmp", "output_dir": str(tmp_path / "runs"),
                                                "task.max_operand": 4, "policy.hidden": 16, "policy.layers": 1,
@@ -166,7 +166,7 @@ def test_a_comparison_run_that_starts_during_an_outage_trains_and_is_delivered_b
     from mlflow import MlflowClient
 
     from exgrpo.config import load_compare
-    from exgrpo.tracking.compare import run_tracked_compare
+    from exgrpo.compare.tracked import run_tracked_compare
 
     cc = load_compare("experiments/toy.yaml", {"name": "outage-start", "output_dir": str(tmp_path / "runs"),
                                                "task.max_operand": 4, "policy.hidden": 16, "policy.layers": 1,

@@ -294,7 +294,7 @@ def test_token_mode_without_a_token_and_malformed_addresses_are_named(tmp_path, 
 
 
 def test_a_failed_verl_job_quotes_its_error_line_whole():
-    from exgrpo.backends.verl.runner import last_error
+    from exgrpo.backends.verl.prepared import last_error
 
     line = ("ray.exceptions.AuthenticationError: Token authentication is enabled but no authentication token was "
             "found. Ensure that the token for the cluster is available in a local file (e.g., ~/.ray/auth_token or "

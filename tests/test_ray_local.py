@@ -14,7 +14,7 @@ def test_dead_ray_cluster_file_does_not_break_local_runs():
     and num_gpus must not be provided")."""
     code = (
         "import ray\n"
-        "from exgrpo.raylocal import ensure_ray\n"
+        "from exgrpo.cluster import ensure_ray\n"
         "ensure_ray()\n"
         "print(ray.get(ray.remote(lambda: 41 + 1).remote()))\n"
         "ray.shutdown()\n"
@@ -35,7 +35,7 @@ def test_dead_ray_cluster_file_does_not_break_local_runs():
 
 _DRIVER = (
     "import os, sys, ray\n"
-    "from exgrpo.raylocal import ensure_ray\n"
+    "from exgrpo.cluster import ensure_ray\n"
     "ensure_ray()\n"
     "print(ray.get_runtime_context().gcs_address, os.environ['RAY_AUTH_TOKEN'], flush=True)\n"
     "sys.stdin.read()\n"  # stay up until the test closes stdin
@@ -98,7 +98,7 @@ def test_the_private_local_ray_exports_no_prometheus_metrics():
     started without LOCAL_SYSTEM_CONFIG serves /metrics on its metrics export port)."""
     code = (
         "import ray, requests\n"
-        "from exgrpo.raylocal import ensure_ray\n"
+        "from exgrpo.cluster import ensure_ray\n"
         "ensure_ray()\n"
         "ray.get(ray.remote(lambda: 1).remote())\n"
         "port = ray._private.worker.global_worker.node.metrics_export_port\n"
@@ -118,7 +118,7 @@ def test_a_job_server_beside_another_private_ray_accepts_jobs():
     """Two private Rays on one host (a sweep's, and a Prefect worker's job server for a veRL Ray Job):
     both agents asked for port 52365, the second's HTTP server failed, and every job submitted to it
     was refused with "No available agent to submit job" (seen with agent_port_any removed)."""
-    other = subprocess.Popen([sys.executable, "-c", "import sys\nfrom exgrpo.raylocal import ensure_ray\n"
+    other = subprocess.Popen([sys.executable, "-c", "import sys\nfrom exgrpo.cluster import ensure_ray\n"
                               "ensure_ray()\nprint('UP', flush=True)\nsys.stdin.read()\n"],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:

@@ -6,7 +6,7 @@ import os
 def test_exgrpo_cache_builds_the_tiny_lm_once_for_the_whole_run(exgrpo_cache, request, monkeypatch):
     """One directory for the pytest run (the same object wherever it is asked for), in which a
     second load of a warm start is a cache hit."""
-    from exgrpo.backends.native.lm.tiny_lm import TinyLMConfig, load_tiny_lm
+    from exgrpo.policies.lm.tiny_lm import TinyLMConfig, load_tiny_lm
 
     assert exgrpo_cache.is_dir() and request.getfixturevalue("exgrpo_cache") is exgrpo_cache
     fixturedef = request._fixturemanager.getfixturedefs("exgrpo_cache", request.node)[-1]

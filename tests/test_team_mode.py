@@ -74,7 +74,7 @@ from optuna.trial import TrialState  # noqa: E402
 
 from exgrpo.config import load_compare  # noqa: E402
 from exgrpo.sweep import load_sweep, run_sweep  # noqa: E402
-from exgrpo.tracking.compare import run_tracked_compare  # noqa: E402
+from exgrpo.compare.tracked import run_tracked_compare  # noqa: E402
 
 TINY_BASE = {
     "base.task.max_operand": 5, "base.train.batch_size": 16, "base.algorithm.group_size": 4,

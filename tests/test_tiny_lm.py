@@ -130,7 +130,7 @@ def test_task_rewards_on_constructed_strings():
 # ---------------------------------------------------------------------------------- tiny LM
 def test_tiny_sft_runs_and_caches(tmp_path, monkeypatch):
     pytest.importorskip("transformers")
-    from exgrpo.backends.native.lm.tiny_lm import TinyLMConfig, config_hash, load_tiny_lm
+    from exgrpo.policies.lm.tiny_lm import TinyLMConfig, config_hash, load_tiny_lm
 
     monkeypatch.setenv("EXGRPO_CACHE", str(tmp_path))
     cfg = TinyLMConfig(
@@ -157,8 +157,8 @@ def test_tiny_sft_runs_and_caches(tmp_path, monkeypatch):
 def test_lm_policy_runs_a_trainer_step(tmp_path):
     """The tiny-lm pieces plug into the backend-agnostic trainer unchanged."""
     pytest.importorskip("transformers")
-    from exgrpo.backends.native.lm.policy import LMPolicy, LMPolicyConfig
-    from exgrpo.backends.native.lm.tiny_lm import TinyLMConfig, build_model
+    from exgrpo.policies.lm.policy import LMPolicy, LMPolicyConfig
+    from exgrpo.policies.lm.tiny_lm import TinyLMConfig, build_model
     from exgrpo.backends.native.trainer import Trainer
     from exgrpo.config import ExperimentConfig
 

@@ -23,8 +23,8 @@ from exgrpo.tracking import (  # noqa: E402
     curated_params,
     resolve_tracking_uri,
     sanitize_metric_name,
-    tracked_train,
 )
+from exgrpo.launch import tracked_train  # noqa: E402
 
 TINY = {
     "task.max_operand": 5, "train.batch_size": 16, "algorithm.group_size": 4, "train.max_steps": 8,
@@ -170,7 +170,7 @@ def test_failed_run_is_marked_failed(tmp_path):
 def test_tracked_compare_on_a_process_pool(tmp_path):
     """The compare runner hook: spawned processes, each (arm, seed) an MLflow child of one parent."""
     from exgrpo.config import load_compare
-    from exgrpo.tracking.compare import run_tracked_compare
+    from exgrpo.compare.tracked import run_tracked_compare
 
     cc = load_compare("experiments/toy.yaml", {**{k: v for k, v in TINY.items()}, "output_dir": str(tmp_path / "runs"),
                                                "name": "pp"})
@@ -193,7 +193,7 @@ def test_a_killed_comparison_resumes_its_runs_and_mlflow_gets_their_whole_histor
     and ends as an uninterrupted run would; each new child run holds every step."""
     from exgrpo.backends.native.trainer import Trainer
     from exgrpo.config import load_compare
-    from exgrpo.tracking.compare import run_tracked_compare
+    from exgrpo.compare.tracked import run_tracked_compare
 
     def compare(root):
         cc = load_compare("experiments/toy.yaml", {**TINY, "train.checkpoint_every": 2, "output_dir": str(root),

@@ -239,7 +239,7 @@ def test_two_threads_reproduce_a_run_bit_for_bit(tmp_path, experiment, steps):
 def test_unique_rows_equals_torch_unique_on_every_batch_layout(layout):
     """The toy policy's fast dedupe gives torch.unique(dim=0)'s exact rows and inverse, whether each
     prompt's K copies sit together (the trainer's layout), are scattered, or are mixed with replays."""
-    from exgrpo.backends.native.mlp_policy import unique_rows
+    from exgrpo.policies.mlp_policy import unique_rows
 
     g = torch.Generator().manual_seed(0)
     table = torch.randint(0, 3, (40, 4), generator=g).float() / 2  # few values: many equal columns

@@ -150,7 +150,7 @@ def test_hf_rollout_server_samples_with_the_policys_decoder(exgrpo_cache, monkey
     """The server's engine is the one ``policy.decoder`` names: its samples are that decoder's (``hf``
     draws from the random stream differently from the engine's default, so a server that ignored the
     setting fails the ``hf`` case)."""
-    from exgrpo.backends.native.lm.engine import RolloutEngine, SamplingParams
+    from exgrpo.policies.lm.engine import RolloutEngine, SamplingParams
     from exgrpo.backends.verl.assets import export_model
     from exgrpo.backends.verl.platform.hf_rollout import HFRolloutServer
 

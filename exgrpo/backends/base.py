@@ -3,17 +3,41 @@
 A backend turns an :class:`~exgrpo.config.ExperimentConfig` into a finished run. It owns the
 model, the rollouts and the optimiser; the algorithm (replay strategy, batch building, loss) comes
 from :mod:`exgrpo.core`. ``native`` trains in-process on CPU; ``verl`` runs veRL's RayPPOTrainer.
+It also says how to read the checkpoints it writes and how to build the policy they hold: evaluation
+and recording read any registered backend's checkpoint through :func:`read_checkpoint`,
+:func:`policy_file` and :func:`build_policy`, without naming one.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 if TYPE_CHECKING:
-    from exgrpo.backends.native.trainer import StepCallback, TrainResult
     from exgrpo.config import ExperimentConfig
+
+StepCallback = Callable[[int, dict[str, float]], None]
+"""(step, metrics) -> None; called after every step and every evaluation. A callback with an
+``on_start(total_steps)`` method is told the run's planned step count first (e.g. a progress ETA);
+one with ``on_evaluation(step, correct)`` gets each evaluation's held-out result per question
+(a list of 0/1 in the fixed order of the task's validation ids; e.g. a paired pruning test)."""
+
+
+@dataclass
+class TrainResult:
+    """What a finished run returns, whatever its backend."""
+
+    final_metrics: dict[str, float]
+    history: list[dict[str, float]] = field(default_factory=list)
+    run_dir: Path | None = None
+    checkpoint: Path | None = None
+    task: Any = None
+    """The task the run trained on (its train/val question ids and texts, for dataset records)."""
+    policy: Any = None
+    """The trained policy (for model records)."""
 
 
 class MLflowRun(NamedTuple):
@@ -41,6 +65,18 @@ class Backend(Protocol):
         force_resume: bool = False,
         mlflow_run: MLflowRun | None = None,
     ) -> TrainResult: ...
+
+    def read_checkpoint(self, path: Path) -> dict[str, Any] | None:
+        """The policy entries (``config``: the run's config as JSON, ``model``: the policy's state
+        dict, ``step``) of ``path`` if it is a checkpoint this backend writes, else None. Loads weights
+        only: never code."""
+
+    def policy_file(self, checkpoint: Path) -> Path | None:
+        """``checkpoint``'s policy as one file holding those entries (made once beside it if the
+        checkpoint is not one already), if it is a checkpoint this backend writes; else None."""
+
+    def build_policy(self, cfg: ExperimentConfig) -> tuple[Any, Any]:
+        """``(task, policy)`` of a run of ``cfg``: a checkpoint's ``model`` entries load into the policy."""
 
 
 BACKENDS: dict[str, str] = {
@@ -71,6 +107,22 @@ def train(cfg: ExperimentConfig, callbacks: list[StepCallback] | None = None, re
     resume = resume and resumable(cfg)
     return get_backend(cfg.backend.name).train(cfg, callbacks=callbacks, resume=resume, progress=progress,
                                                force_resume=force_resume, mlflow_run=mlflow_run)
+
+
+def read_checkpoint(path: Path) -> dict[str, Any] | None:
+    """The policy entries of checkpoint ``path``, read by the registered backend that writes such
+    checkpoints (:meth:`Backend.read_checkpoint`); None if none does."""
+    return next((state for name in BACKENDS if (state := get_backend(name).read_checkpoint(path)) is not None), None)
+
+
+def policy_file(checkpoint: Path) -> Path | None:
+    """``checkpoint``'s policy as one file (:meth:`Backend.policy_file`); None if no backend writes such checkpoints."""
+    return next((file for name in BACKENDS if (file := get_backend(name).policy_file(checkpoint)) is not None), None)
+
+
+def build_policy(cfg: ExperimentConfig) -> tuple[Any, Any]:
+    """``(task, policy)`` of a run of ``cfg``, as its backend builds them (:meth:`Backend.build_policy`)."""
+    return get_backend(cfg.backend.name).build_policy(cfg)
 
 
 def register_backend(name: str, target: str) -> Callable[[], None]:

@@ -9,8 +9,8 @@ The total objective adds ``-entropy_coeff * H`` and ``+kl_coeff * KL`` (see :fun
 
 :func:`compute_exgrpo_policy_loss` has veRL's policy-loss signature (old_log_prob, log_prob,
 advantages, response_mask, loss_agg_mode, config, rollout_is_weights) plus one keyword,
-``off_policy_mask``; ``exgrpo.backends.verl.loss`` registers it in veRL's registry and the native
-trainer calls it through that registry, so the CPU tests exercise the code the GPU trainer runs.
+``off_policy_mask``; ``exgrpo.backends.native.policy_loss`` registers it in veRL's registry and the
+native trainer calls it through that registry, so the CPU tests exercise the code the GPU trainer runs.
 """
 
 from __future__ import annotations

@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from exgrpo.dashboard._store import DashboardError, get_run, latest_parent, open_client
+from exgrpo.dashboard import sweep
 from exgrpo.dashboard.server import serve, start_server
+from exgrpo.sweep import resolve_storage
 
 ARTIFACT_PATHS = {"comparison": "dashboards/comparison.html", "sweep": "dashboards/sweep.html"}
 
@@ -75,7 +77,6 @@ def build_report(run_id: str | None = None, *, tracking_uri: str | None = None, 
     if study:
         if run_id or experiment:
             raise DashboardError("give either a run (--run-id / --experiment) or a study (--study), not both")
-        from exgrpo.sweep import resolve_storage
 
         return build_sweep_report(study=study, storage=resolve_storage(storage), tracking_uri=tracking_uri)
     client, uri = open_client(tracking_uri)
@@ -92,7 +93,7 @@ def build_report(run_id: str | None = None, *, tracking_uri: str | None = None, 
 
 def build_comparison_report(run_id: str, *, tracking_uri: str | None = None, _client: Any = None,
                             _run: Any = None) -> Report:
-    from exgrpo.dashboard import comparison
+    from exgrpo.dashboard import comparison  # scipy: `exgrpo --help` imports this package (its cli)
 
     client, uri = (_client, tracking_uri) if _client is not None else open_client(tracking_uri)
     parent = _run or get_run(client, run_id)
@@ -105,8 +106,6 @@ def build_sweep_report(run_id: str | None = None, *, tracking_uri: str | None = 
                        storage: str | None = None, _client: Any = None, _run: Any = None) -> Report:
     """From the study's MLflow parent run (``run_id``), or from ``study`` + ``storage`` (the MLflow
     store is then optional: used for run links and logging when it holds the study's parent run)."""
-    from exgrpo.dashboard import sweep
-
     if run_id:
         client, uri = (_client, tracking_uri) if _client is not None else open_client(tracking_uri)
         parent = _run or get_run(client, run_id)

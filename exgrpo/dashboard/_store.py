@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from exgrpo.sqlite_wal import sqlite_file
+from exgrpo.tracking.mlflow_tracking import TrackingError, check_reachable, resolve_tracking_uri, run_url
+
 
 class DashboardError(RuntimeError):
     """A report cannot be built (unknown run, not a compare/sweep parent, unreadable store...)."""
@@ -12,9 +15,6 @@ class DashboardError(RuntimeError):
 def open_client(tracking_uri: str | None = None) -> tuple[Any, str]:
     """An :class:`mlflow.MlflowClient` on the resolved store; a sqlite store must already exist
     (reading must not create an empty database)."""
-    from exgrpo.sqlite_wal import sqlite_file
-    from exgrpo.tracking.mlflow_tracking import TrackingError, check_reachable, resolve_tracking_uri
-
     uri = resolve_tracking_uri(tracking_uri)
     db = sqlite_file(uri)
     if db is not None and not db.is_file():
@@ -80,6 +80,4 @@ def history(client: Any, run_id: str, key: str) -> dict[int, float]:
 
 
 def run_link(run: Any, tracking_uri: str) -> str:
-    from exgrpo.tracking.mlflow_tracking import run_url
-
     return run_url(run.info.experiment_id, run.info.run_id, tracking_uri)

@@ -8,6 +8,9 @@ import argparse
 import signal
 import sys
 
+from exgrpo.dashboard import DashboardError, build_report
+from exgrpo.dashboard.server import serve
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_argument_group("what to report (one of)")
@@ -33,9 +36,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from exgrpo.dashboard import DashboardError, build_report
-    from exgrpo.dashboard.server import serve
-
     def build():
         return build_report(args.run_id, tracking_uri=args.tracking_uri, experiment=args.experiment, kind=args.kind,
                             study=args.study, storage=args.storage)

@@ -1,4 +1,4 @@
-"""Comparison report of a compare parent run (``kind=compare``, see exgrpo.tracking.compare).
+"""Comparison report of a compare parent run (``kind=compare``, see exgrpo.compare.tracked).
 
 Read from MLflow only: the parent's tags (arms, baseline, metric) and, for every child run
 (one per arm x seed), its ``final/<metric>`` and the per-step histories of the metric,

@@ -20,6 +20,7 @@ from typing import Any
 from exgrpo.dashboard import _html as H
 from exgrpo.dashboard._store import DashboardError, children, get_run, history, run_link
 from exgrpo.tracking.mlflow_tracking import run_url, sanitize_metric_name
+from exgrpo.sweep import ParamSpec
 
 
 @dataclass
@@ -82,8 +83,6 @@ def study_from_mlflow(client: Any, parent: Any, metric: str, direction: str) -> 
     """An in-memory Optuna study holding the trials recorded as MLflow child runs of ``parent``."""
     import optuna
     from optuna.trial import TrialState, create_trial
-
-    from exgrpo.sweep import ParamSpec
 
     import os
 

@@ -15,8 +15,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from exgrpo.backends.base import build_policy
+from exgrpo.backends.base import read_checkpoint as backend_checkpoint
 from exgrpo.config import ExperimentConfig, MLPPolicyConfig
+from exgrpo.evaluation.benchmarks import AnswerType, get_benchmark, parse_benchmark_spec
 from exgrpo.evaluation.metrics import MetricKind, Score, avg_at_k, metric_name, pass_at_k_matrix
+from exgrpo.rewards import MathVerifier
+from exgrpo.rewards.choice import LetterGrader
 
 
 @dataclass(frozen=True)
@@ -47,48 +52,63 @@ class CheckpointPolicy:
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """The policy entries (``config``, ``model``, ``step``) of a checkpoint: a native ``step_*.pt``
-    file (:func:`exgrpo.backends.native.checkpoint.load_state`) or a veRL ``global_step_N``
-    directory (:func:`exgrpo.backends.verl.actor_weights.policy_state`). Both load weights_only."""
-    from exgrpo.backends.native.checkpoint import load_state
-
+    """The policy entries (``config``, ``model``, ``step``) of a checkpoint of any registered backend (a
+    native ``step_*.pt`` file, a veRL ``global_step_N`` directory: :func:`exgrpo.backends.base.read_checkpoint`).
+    Every backend loads weights_only."""
     path = Path(path)
+    state = backend_checkpoint(path)
+    if state is not None:
+        return state
     if path.is_dir():
-        from exgrpo.backends.verl.actor_weights import is_step_dir, policy_state
-
-        if not is_step_dir(path):
-            raise FileNotFoundError(f"--checkpoint {path}: a directory that is not a veRL checkpoint (those are "
-                                    "runs/<name>/seed<k>/checkpoints/global_step_N/)")
-        return policy_state(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"--checkpoint {path}: no such file (checkpoints are runs/<name>/seed<k>/checkpoints/"
-                                "step_*.pt, or global_step_N/ for a veRL run)")
-    return load_state(path)
+        raise FileNotFoundError(f"--checkpoint {path}: a directory that is not a veRL checkpoint (those are "
+                                "runs/<name>/seed<k>/checkpoints/global_step_N/)")
+    raise FileNotFoundError(f"--checkpoint {path}: no such file (checkpoints are runs/<name>/seed<k>/checkpoints/"
+                            "step_*.pt, or global_step_N/ for a veRL run)")
 
 
 def load_checkpoint_policy(path: str | Path) -> CheckpointPolicy:
-    """The policy of a native or veRL checkpoint (:func:`read_checkpoint`), in eval mode, on the
-    native backend's task and policy classes (a veRL run's HF actor is the native LM policy's model)."""
-    from exgrpo.backends.native.trainer import build_task_and_policy
-
+    """The policy of a checkpoint (:func:`read_checkpoint`), in eval mode, as the backend of the run that
+    wrote it builds it (:func:`exgrpo.backends.base.build_policy`)."""
     state = read_checkpoint(path)
     cfg = ExperimentConfig.model_validate_json(state["config"])
-    task, policy = build_task_and_policy(cfg)
+    task, policy = build_policy(cfg)
     policy.load_state_dict(state["model"])
     policy.eval()
     return CheckpointPolicy(cfg, task, policy, int(state.get("step", 0)))
 
 
-def evaluate_as_in_training(checkpoint: str | Path | CheckpointPolicy) -> dict[str, float]:
-    """The checkpoint's policy (a native step_*.pt, a veRL global_step_N/, or one already loaded) on a
-    native trainer built from the run's config, evaluated as the run evaluates (``Trainer.evaluate``:
-    greedy val and train-probe accuracy; ``exgrpo eval`` scores benchmarks with sampling settings)."""
-    from exgrpo.backends.native.trainer import Trainer
+def train_probe(task: Any) -> list[int]:
+    """The training questions ``train/accuracy`` is measured on: min(|val|, |train|) of them, drawn
+    with their own seed (a run's random streams are not touched)."""
+    ids = list(task.train_ids)
+    n = min(len(task.val_ids), len(ids))
+    pick = np.random.default_rng(len(ids)).choice(len(ids), size=n, replace=False)
+    return sorted(ids[i] for i in pick)
 
+
+@torch.no_grad()
+def greedy_accuracy(task: Any, policy: Any, generator: torch.Generator, probe: list[int]) -> tuple[dict[str, float], list[float]]:
+    """How a run evaluates: greedy accuracy on the held-out questions (``val/accuracy``) and on the
+    training questions ``probe`` (:func:`train_probe`; ``train/accuracy``: memorisation shows as the
+    gap between them); and the held-out reward per validation question."""
+    out, val_correct = {}, []
+    for name, ids in (("val/accuracy", task.val_ids), ("train/accuracy", probe)):
+        ro = policy.generate(task.prompts(ids), generator, greedy=True)
+        rewards = task.rewards(ids, ro.tokens, ro.mask)
+        out[name] = float(rewards.mean())
+        if name == "val/accuracy":
+            val_correct = [float(r) for r in rewards]
+    return out, val_correct
+
+
+def evaluate_as_in_training(checkpoint: str | Path | CheckpointPolicy) -> dict[str, float]:
+    """The checkpoint's policy (a native step_*.pt, a veRL global_step_N/, or one already loaded)
+    evaluated as the run evaluates (:func:`greedy_accuracy`, on the run's thread count and seed;
+    ``exgrpo eval`` scores benchmarks with sampling settings)."""
     loaded = checkpoint if isinstance(checkpoint, CheckpointPolicy) else load_checkpoint_policy(checkpoint)
-    trainer = Trainer(loaded.config, loaded.task, loaded.policy)
-    trainer.step = loaded.step
-    return trainer.evaluate()
+    torch.set_num_threads(loaded.config.train.threads)  # as the run's trainer: float sums follow the thread count
+    generator = torch.Generator().manual_seed(loaded.config.seed)
+    return greedy_accuracy(loaded.task, loaded.policy, generator, train_probe(loaded.task))[0]
 
 
 def eval_names(metrics: dict[str, float]) -> dict[str, float]:
@@ -105,12 +125,8 @@ def _sample(policy, prompts: list, settings: EvalSettings, max_tokens: int) -> l
     out = []
     with torch.no_grad():
         if hasattr(policy, "eos_id"):  # an LMPolicy: sample with this evaluation's settings
-            from exgrpo.backends.native.lm.engine import RolloutEngine, SamplingParams
-
-            params = SamplingParams(max_tokens, settings.temperature or 1.0, settings.top_p)
-            engine = RolloutEngine(policy.model, policy.pad_id, policy.eos_id, params, decoder=policy.engine.decoder)
             for _ in range(1 if greedy else settings.n):
-                ro = engine.generate(prompts, generator=g, greedy=greedy)
+                ro = policy.sample(prompts, g, greedy, max_tokens, settings.temperature or 1.0, settings.top_p)
                 out.append((ro.tokens, ro.mask))
         else:
             for _ in range(1 if greedy else settings.n):
@@ -143,8 +159,6 @@ def _text_codec(task):
 def evaluate_checkpoint(path: str | Path, spec: str = "val", settings: EvalSettings = EvalSettings(),
                         workers: int = 2) -> list[Score]:
     """Scores of a checkpoint on the benchmarks of ``spec`` (e.g. ``"val,arith:100,gsm8k:64"``)."""
-    from exgrpo.evaluation.benchmarks import parse_benchmark_spec
-
     loaded = load_checkpoint_policy(path)
     cfg, task, policy = loaded.config, loaded.task, loaded.policy
     is_lm = not isinstance(cfg.policy, MLPPolicyConfig)
@@ -162,10 +176,6 @@ def evaluate_checkpoint(path: str | Path, spec: str = "val", settings: EvalSetti
         template = _text_codec(task)[2] if is_lm else "features"
         scores += _scores("val", correct, settings, max_tokens, template, f"{cfg.task.kind}-exact", "builtin")
     if requests:
-        from exgrpo.evaluation.benchmarks import AnswerType, get_benchmark
-        from exgrpo.rewards import MathVerifier
-        from exgrpo.rewards.choice import LetterGrader
-
         encode, decode, template = _text_codec(task)
         with MathVerifier(workers=workers) as math_verifier:
             for req in requests:

@@ -11,9 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from exgrpo.raylocal import ensure_ray, task_cpus
+from exgrpo.cluster import announce, cluster_address, ensure_ray, require_shared_stores, task_cpus
+from exgrpo.launch import launch_slots
 from exgrpo.sweep.space import SweepConfig, base_config, resolve_storage, space_signature, trial_config
 from exgrpo.sweep.study import make_pruner, open_study
+from exgrpo.live_progress import ProgressBoard, ProgressReporter, progress_display
+from exgrpo.tracking import Tracker, run_tags
+from exgrpo.tracking.registry import CHAMPION, register_champion
 
 
 # --------------------------------------------------------------------------------------------
@@ -79,15 +83,13 @@ def run_trial(payload: dict[str, Any]) -> dict[str, Any]:
         out["run_id"] = run_id
         trial.set_user_attr("mlflow_run_id", run_id)
 
-    from exgrpo.tracking import Tracker, run_tags, tracked_train
+    from exgrpo.launch import tracked_train  # torch: the sweep package stays light (dashboards, `exgrpo ui` read it)
 
     tags = {"trial_number": number, "kind": "trial"}
     try:
         cfg = trial_config(sc, params, number)
         callbacks = [PerQuestion() if sc.study.pruner == "wilcoxon" else prune_cb]
         if payload.get("progress_board") is not None:
-            from exgrpo.live_progress import ProgressReporter
-
             callbacks.append(ProgressReporter(payload["progress_board"], f"trial {number}", cfg.train.max_steps))
         run = tracked_train(cfg, tracking_uri=payload["tracking_uri"], experiment=payload["experiment"],
                             run_name=f"trial-{number:04d}", parent_run_id=payload["parent_run_id"],
@@ -182,10 +184,6 @@ def run_sweep(
     import ray
     from optuna.trial import TrialState
 
-    from exgrpo.tracking import Tracker
-
-    from exgrpo.cluster import cluster_address, require_shared_stores
-
     ray_address = cluster_address(ray_address)
     require_shared_stores(ray_address, tracking_uri, resolve_storage(storage or sc.study.storage))  # before any work
     tracker = Tracker(tracking_uri)  # unreachable store: an error here, before any trial
@@ -228,15 +226,12 @@ def run_sweep(
     result = SweepResult(sc.study.name, url, parent, exp_id, tracker.uri)
     dists = {k: v.distribution() for k, v in sc.space.items()}
     if todo:
-        from exgrpo.live_progress import ProgressBoard, progress_display
-
         try:
             ensure_ray(ray_address)
         except Exception as e:  # e.g. a cluster that refuses us: the parent run must not stay RUNNING
             tracker.client.set_tag(parent, "error", str(e)[:5000])
             tracker.end_run(parent, "FAILED")
             raise
-        from exgrpo.cluster import announce, launch_slots
 
         announce(ray_address, tracker.client, parent)
         board = ray.remote(num_cpus=0)(ProgressBoard).remote()
@@ -318,8 +313,6 @@ def _summarise_on_parent(tracker: Any, parent: str, study: Any, result: SweepRes
 def _register_best(tracker: Any, parent: str, study: Any, best: Any, result: SweepResult) -> None:
     """The best trial's checkpoint as ``models:/exgrpo-<study>@champion`` (tag ``champion_model`` on
     the parent); a trial without a checkpoint leaves a note instead of failing the summary."""
-    from exgrpo.tracking.registry import CHAMPION, register_champion
-
     run_id = best.user_attrs.get("mlflow_run_id")
     checkpoint = tracker.client.get_run(run_id).data.tags.get("checkpoint") if run_id else None
     try:

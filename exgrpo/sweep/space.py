@@ -11,7 +11,17 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from exgrpo.config import ConfigError, ExperimentConfig, apply_overrides, config_fields, load_experiment, read_yaml
+from exgrpo.config import (
+    ConfigError,
+    ExperimentConfig,
+    _validate,
+    apply_overrides,
+    config_fields,
+    load_experiment,
+    read_yaml,
+)
+from exgrpo.sqlite_wal import sqlite_file, with_sqlite_file
+from exgrpo.tracking import project_root
 
 
 class SweepError(ConfigError):
@@ -208,8 +218,6 @@ def load_sweep(path: str | Path | dict[str, Any], overrides: dict[str, Any] | No
 def check_bounds(sc: SweepConfig) -> None:
     """Each bound (low, high) or choice of each searched field must be a valid value of that field,
     checked on the sweep's base config before any trial runs; SweepError naming the bound if not."""
-    from exgrpo.config import ConfigError
-
     base = base_config(sc).model_dump(mode="json")
     for name, spec in sc.space.items():
         values = list(spec.choices or []) if spec.type == "categorical" else [spec.low, spec.high]
@@ -249,8 +257,6 @@ def base_config(sc: SweepConfig) -> ExperimentConfig:
 
 
 def _from_mapping(data: dict[str, Any], overrides: dict[str, Any], source: str = "sweep base") -> ExperimentConfig:
-    from exgrpo.config import _validate
-
     return _validate(ExperimentConfig, apply_overrides(data, overrides), source=source)
 
 
@@ -271,16 +277,12 @@ def space_signature(sc: SweepConfig) -> str:
 
 
 def default_storage() -> str:
-    from exgrpo.tracking import project_root
-
     return f"sqlite:///{project_root() / 'studies' / 'optuna.db'}"
 
 
 def resolve_storage(url: str | None) -> str:
     """The argument, else ``EXGRPO_OPTUNA_STORAGE``, else :func:`default_storage`; a sqlite file's
     path made absolute (Ray workers run elsewhere) and its directory created."""
-    from exgrpo.sqlite_wal import sqlite_file, with_sqlite_file
-
     url = url or os.environ.get("EXGRPO_OPTUNA_STORAGE") or default_storage()
     db = sqlite_file(url)
     if db is not None:

@@ -42,6 +42,8 @@ import torch
 from pydantic import Field
 
 from exgrpo.config.tasks import GradedTaskConfig
+from exgrpo.rewards.math_reward import MathVerifier
+from exgrpo.tasks.tokenizers import chat_prompt_ids
 
 __all__ = ["REQUIRED_COLUMNS", "OpenR1FormatError", "OpenR1Task", "OpenR1TaskConfig", "load_openr1"]
 
@@ -188,8 +190,6 @@ class OpenR1Task:
 
     # ------------------------------------------------------------------ prompts
     def _render(self, msgs: list[dict[str, str]]) -> list[int]:
-        from exgrpo.tasks.tokenizers import chat_prompt_ids
-
         return chat_prompt_ids(self.tokenizer, msgs)
 
     def __len__(self) -> int:
@@ -208,8 +208,6 @@ class OpenR1Task:
     @property
     def verifier(self):
         if self._verifier is None:
-            from exgrpo.rewards.math_reward import MathVerifier
-
             # The process pool: graded on its workers' main threads, bounded from outside.
             self._verifier = MathVerifier(answer_format=self.cfg.answer_format, max_answer_chars=self.cfg.max_answer_chars)
         return self._verifier

@@ -59,6 +59,7 @@ from exgrpo.config.tasks import (
 )
 from exgrpo.config import AnswerFormat
 from exgrpo.rewards.extraction import DEFAULT_MAX_ANSWER_CHARS, extract_answer, warn_if_lenient
+from exgrpo.tasks.tokenizers import CharTokenizer, chat_prompt_ids
 
 __all__ = [
     "REFUSED",
@@ -248,8 +249,6 @@ class ReasoningGymTask:
         cls, cfg: ReasoningGymTaskConfig | None, tokenizer: Any, system: str | None = None
     ) -> ReasoningGymTask:
         """Prompts rendered with an HF tokenizer's chat template (e.g. SmolLM2's ChatML)."""
-        from exgrpo.tasks.tokenizers import chat_prompt_ids
-
         task = cls(
             cfg,
             prompt_fn=lambda text: chat_prompt_ids(tokenizer, text, system=system),
@@ -263,8 +262,6 @@ class ReasoningGymTask:
         """Prompts ``[BOS] + chars(text.lower())`` for the tiny-lm :class:`CharTokenizer` (its
         alphabet has no capitals; other characters outside it become ``<unk>``)."""
         if tokenizer is None:
-            from exgrpo.tasks.tokenizers import CharTokenizer
-
             tokenizer = CharTokenizer()
         task = cls(
             cfg,

@@ -2,7 +2,7 @@
 
 A question is an expression of 2-3 integer operands joined by ``+``, ``-``, ``*`` (``*`` binds
 first), written ``"12+7*3=?"``. Its worked solution (the SFT target of
-:mod:`exgrpo.backends.native.lm.tiny_lm`) does one operation per step, products first, then sums
+:mod:`exgrpo.policies.lm.tiny_lm`) does one operation per step, products first, then sums
 left to right, and ends with the boxed answer::
 
     "12+7*3=?"  ->  "7*3=21 12+21=33 \\boxed{33}"

@@ -5,14 +5,14 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+from exgrpo import __version__
+
 
 @functools.cache
 def code_version_tags() -> dict[str, str]:
     """``exgrpo_version`` and, in a git checkout of the project, ``git_commit`` (with ``-dirty`` when
     tracked files differ from it): what traces a result to the code that produced it."""
     import subprocess
-
-    from exgrpo import __version__
 
     tags = {"exgrpo_version": __version__}
     src = Path(__file__).resolve().parents[2]  # the checkout holding exgrpo/

@@ -19,10 +19,11 @@ import logging
 import os
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from exgrpo.atomic import torch_save_atomic
+from exgrpo.backends.base import policy_file
 from exgrpo.config import ExperimentConfig
 
 
@@ -32,10 +33,11 @@ backend wrote them."""
 
 
 def log_finished_run(tracker: Any, run_id: str, cfg: ExperimentConfig, result: Any, step: int, *,
+                     load_policy: Callable[[Path], Any], evaluate: Callable[[Any], dict[str, float]],
                      log_checkpoint: bool = True, log_model: bool = True) -> None:
-    """Record the finished run ``result`` (a TrainResult of any backend) on MLflow run ``run_id``."""
-    from exgrpo.evaluation.runner import eval_names, evaluate_as_in_training, load_checkpoint_policy
-
+    """Record the finished run ``result`` (a TrainResult of any backend) on MLflow run ``run_id``.
+    The caller evaluates: ``load_policy(file)`` rebuilds the final policy from its checkpoint file (a
+    ``CheckpointPolicy``: its ``task`` and ``policy``), ``evaluate(loaded)`` gives its ``eval/*`` metrics."""
     client = tracker.client
     for name, folder in RECORD_FILES.items():
         record = Path(result.run_dir) / name if result.run_dir else None
@@ -44,12 +46,12 @@ def log_finished_run(tracker: Any, run_id: str, cfg: ExperimentConfig, result: A
     if result.checkpoint is None:
         return
     policy_file = policy_checkpoint(Path(result.checkpoint))
-    final = load_checkpoint_policy(policy_file)
+    final = load_policy(policy_file)
     log_task_datasets(client, run_id, cfg, final.task)
     if log_checkpoint:
         client.log_artifact(run_id, str(policy_file), "checkpoints")
         client.set_tag(run_id, "checkpoint", str(result.checkpoint))
-    tracker.log_metrics(run_id, eval_names(evaluate_as_in_training(final)), step=step)
+    tracker.log_metrics(run_id, evaluate(final), step=step)
     if log_model:
         log_final_model(tracker.uri, run_id, final.policy, step)
 
@@ -74,19 +76,14 @@ def _tracking_uri(uri: str):
 
 
 def policy_checkpoint(checkpoint: Path) -> Path:
-    """The policy of a checkpoint as a native checkpoint file (config, model, step; no optimiser or
-    pool: it evaluates, it does not resume): ``checkpoint`` itself, or for a veRL ``global_step_N/``
-    directory its FSDP shards merged once into ``verl_global_step_N.pt`` beside it."""
-    if checkpoint.is_file():
-        return checkpoint
-    from exgrpo.backends.verl.actor_weights import is_step_dir, policy_state
-
-    if not is_step_dir(checkpoint):
+    """The policy of a checkpoint as one checkpoint file (config, model, step; no optimiser or pool: it
+    evaluates, it does not resume), as the backend that wrote it makes it
+    (:func:`exgrpo.backends.base.policy_file`): a native ``step_*.pt`` is one already, a veRL
+    ``global_step_N/`` directory has its FSDP shards merged once into ``verl_global_step_N.pt`` beside it."""
+    file = policy_file(checkpoint)
+    if file is None:
         raise FileNotFoundError(f"checkpoint {checkpoint} is a directory but not a veRL checkpoint")
-    out = checkpoint.parent / f"verl_{checkpoint.name}.pt"
-    if not out.is_file():
-        torch_save_atomic(policy_state(checkpoint), out)
-    return out
+    return file
 
 
 def log_task_datasets(client: Any, run_id: str, cfg: ExperimentConfig, task: Any) -> None:

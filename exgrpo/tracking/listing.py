@@ -10,6 +10,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from exgrpo.tracking.mlflow_tracking import Tracker
+
 
 @dataclass
 class RunLine:
@@ -47,8 +49,6 @@ def recent_runs(tracking_uri: str | None = None, limit: int = 20, experiment: st
     """The ``limit`` most recent top-level runs (newest first), of one experiment or of all."""
     from mlflow import MlflowClient
     from mlflow.entities import ViewType
-
-    from exgrpo.tracking.mlflow_tracking import Tracker
 
     client: MlflowClient = Tracker(tracking_uri).client
     exps = client.search_experiments(view_type=ViewType.ACTIVE_ONLY)

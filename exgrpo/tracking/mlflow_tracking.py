@@ -1,5 +1,6 @@
 """MLflow tracking for exgrpo runs: where the store is, what a run is tagged with, which params
-are logged, how metric names are made MLflow-safe, and a step callback for ``train(...)``.
+are logged, how metric names are made MLflow-safe, and a step callback for ``train(...)``. Training
+itself is started by :mod:`exgrpo.launch`, never here.
 
 Everything goes through an explicit :class:`mlflow.MlflowClient` (never the fluent, process-global
 active run), so the same code works in the driver, in Ray workers and inside Prefect flows, and a
@@ -13,12 +14,10 @@ Team mode: ``MLFLOW_TRACKING_URI=postgresql://...`` (``scripts/setup-postgres.sh
 
 from __future__ import annotations
 
-import math
 import os
-import re
 import socket
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,8 +26,8 @@ from urllib.parse import urlparse
 from exgrpo.config import ExperimentConfig, flatten, mlflow_param_keys
 from exgrpo.sqlite_wal import ensure_wal, sqlite_file
 from exgrpo.tracking.code_version import code_version_tags
-from exgrpo.tracking.finished_run import log_finished_run
-from exgrpo.tracking.step_logger import MLflowStepLogger  # noqa: F401  (re-exported)
+from exgrpo.tracking.names import sanitize_metric_name
+from exgrpo.tracking.step_logger import MLflowStepLogger
 
 
 class TrackingError(RuntimeError):
@@ -121,24 +120,9 @@ def check_reachable(uri: str, timeout: float = 3.0) -> None:
 # --------------------------------------------------------------------------------------------
 # Names, tags, params
 # --------------------------------------------------------------------------------------------
-_BAD = re.compile(r"[^/\w.\- :]")
-
-
-def sanitize_metric_name(name: str) -> str:
-    """MLflow-safe metric/param key: ``@`` -> ``_at_``, anything outside ``[/\\w.\\- :]``
-    (parentheses, brackets, commas, ...) -> ``_``, runs of ``_`` collapsed, no trailing ``_``.
-
-    >>> sanitize_metric_name("val/pass@k(16)")
-    'val/pass_at_k_16'
-    """
-    out = _BAD.sub("_", name.replace("@", "_at_"))
-    out = re.sub(r"_+", "_", out)
-    return "/".join(part.strip("_") or "_" for part in out.split("/"))
-
-
 def algo_tag(cfg: ExperimentConfig) -> str:
     """The replay strategy's label: ``grpo`` (no replay), ``exgrpo`` (bucketed pool), ``notebook``, ..."""
-    from exgrpo.core.replay import REPLAY_STRATEGIES
+    from exgrpo.core.replay import REPLAY_STRATEGIES  # torch: tracking stays light (the CLI, dashboards)
 
     return REPLAY_STRATEGIES[cfg.algorithm.replay].label_for(cfg.algorithm)
 
@@ -318,57 +302,6 @@ class TrackedRun:
         return run_url(self.experiment_id, self.run_id, self.tracking_uri)
 
 
-def _final_metrics(result: Any) -> dict[str, float]:
-    """``final/*``: a finished run's last validation and batch metrics (finite ones)."""
-    return {f"final/{k}": v for k, v in result.final_metrics.items()
-            if k.startswith(("val/", "batch/solved")) and isinstance(v, float) and math.isfinite(v)}
-
-
-def _reachable(uri: str) -> bool:
-    try:
-        check_reachable(uri)
-    except TrackingError:
-        return False
-    return True
-
-
-def _train_unrecorded(cfg: ExperimentConfig, uri: str, creation: dict[str, Any], callbacks: list[Any], *,
-                      resume: bool, force_resume: bool, progress: bool) -> TrackedRun:
-    """Train while the store cannot take a new run. ``metrics.jsonl`` holds every step; the marker
-    :func:`exgrpo.tracking.sync.write_pending` leaves carries what creates the run later (experiment,
-    name, parent, tags, params, config). If the store is back at the end the run is delivered now,
-    else by ``exgrpo sync``. A failed run is marked FAILED the same way, and the error re-raised."""
-    from exgrpo.backends.base import train
-    from exgrpo.tracking.sync import sync_run, write_pending
-
-    print(f"note: MLflow ({uri}) cannot take run {creation['run_name']} now; it trains anyway and its "
-          "record waits on disk for the store", flush=True)
-    def deliver(run_dir: Path, status: str, **record: Any) -> Any:
-        """Leave the marker, then deliver it now if the store is back (its ``Synced``), else say how."""
-        write_pending(run_dir, uri, None, status, create=creation, **record)
-        try:
-            return sync_run(run_dir)
-        except Exception:  # noqa: BLE001 - still down
-            print(f"note: run {creation['run_name']} ended {status} while MLflow is unreachable; it is on disk, "
-                  f"record it with `exgrpo sync {run_dir}`", flush=True)
-            return None
-
-    try:
-        result = train(cfg, callbacks=callbacks, resume=resume, force_resume=force_resume, progress=progress)
-    except BaseException as e:
-        if cfg.run_dir().is_dir():
-            deliver(cfg.run_dir(), _status_for(e), error=f"{type(e).__name__}: {e}")
-        raise
-    synced = deliver(Path(result.run_dir), "FINISHED", final_metrics=_final_metrics(result))
-    if synced is None:
-        return TrackedRun(result, "", "", uri, synced=False)
-    return TrackedRun(result, synced.run_id, synced.experiment_id, uri)
-
-
-def _status_for(exc: BaseException) -> str:
-    return "KILLED" if type(exc).__name__ in ("TrialPruned", "KeyboardInterrupt") else "FAILED"
-
-
 def backfill_steps(client: Any, run_id: str, history: list[dict[str, float]], logger: MLflowStepLogger,
                    probe: str = "batch/solved") -> int:
     """After a job that logged to MLflow by itself: log the steps of ``history`` (metrics.jsonl)
@@ -389,144 +322,3 @@ def backfill_steps(client: Any, run_id: str, history: list[dict[str, float]], lo
         for row in missing:
             logger(int(row["step"]), row)
     return len(missing)
-
-
-def _log_steps_before_resume(logger: MLflowStepLogger, history: list[dict[str, float]], seen: set[int],
-                             arrived: set[int] = frozenset()) -> None:
-    """A resumed run's MLflow run gets the steps trained before the resume that it lacks (from
-    metrics.jsonl, as ``history`` holds them; ``arrived``: the steps it has), so it shows the whole
-    run."""
-    for row in history:
-        if int(row["step"]) not in seen and int(row["step"]) not in arrived:
-            logger(int(row["step"]), row)
-
-
-def tracked_train(
-    cfg: ExperimentConfig,
-    *,
-    tracking_uri: str | None = None,
-    experiment: str | None = None,
-    run_name: str | None = None,
-    parent_run_id: str | None = None,
-    arm: str | None = None,
-    study: str | None = None,
-    tags: Mapping[str, Any] | None = None,
-    extra_params: Iterable[str] = (),
-    callbacks: Iterable[Callable[[int, dict[str, float]], None]] = (),
-    system_metrics: bool | None = None,
-    log_checkpoint: bool = True,
-    log_model: bool = True,
-    resume: bool = False,
-    force_resume: bool = False,
-    progress: bool = False,
-    check: bool = True,
-    on_start: Callable[[str], None] | None = None,
-    defer_if_unreachable: bool = False,
-) -> TrackedRun:
-    """Train ``cfg`` into one MLflow run of experiment ``experiment`` (default ``cfg.name``):
-    tags, curated params, the resolved config, per-step metrics, the final checkpoint.
-
-    The run ends FINISHED, FAILED (tag ``error``) or KILLED (pruned; tag ``pruned=true``); the
-    exception is re-raised. ``on_start(run_id)`` is called once the run exists. System metrics
-    (CPU, memory; ``system/*``) are sampled when ``system_metrics`` is true, or when it is None and
-    ``MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING=true``. ``defer_if_unreachable`` (a comparison's runs): when
-    the store cannot take a new run, train anyway and leave the whole record to ``exgrpo sync``
-    (:func:`_train_unrecorded`)."""
-    from exgrpo.backends.base import MLflowRun, get_backend, train
-    from exgrpo.runs import move_aside, resumable
-    from exgrpo.tracking.run_record import continuable, end_if_orphaned, write_record
-
-    tracker = Tracker(tracking_uri, check=check)
-    exp_name = experiment or cfg.name
-    run_name = run_name or f"{arm or algo_tag(cfg)}-seed{cfg.seed}"
-    tags = run_tags(cfg, arm, study, tags)
-    run_dir = cfg.run_dir()
-    resume = resume and resumable(cfg)
-    continued = None
-    try:
-        exp_id = tracker.experiment_id(exp_name)
-        if (killed := end_if_orphaned(run_dir, tracker.client)) is not None:
-            print(f"note: {killed}", flush=True)
-        if resume:
-            continued = continuable(run_dir, tracker.client, tracker.uri)
-        else:
-            move_aside(run_dir)  # before this run's record goes in (the backend would move it aside too)
-        if continued is not None:
-            run_id = tracker.continue_run(continued, tags, parent_run_id)
-        else:
-            run_id = tracker.start_run(exp_name, run_name, tags, parent_run_id)
-        write_record(run_dir, tracker.uri, run_id)
-    except Exception:
-        if not defer_if_unreachable or _reachable(tracker.uri):
-            raise
-        creation = {"experiment": exp_name, "run_name": run_name, "parent_run_id": parent_run_id,
-                    "tags": {**code_version_tags(), **tags},
-                    "params": curated_params(cfg, extra_params), "config": cfg.model_dump(mode="json")}
-        return _train_unrecorded(cfg, tracker.uri, creation, list(callbacks), resume=resume,
-                                 force_resume=force_resume, progress=progress)
-    client = tracker.client
-    monitor = None
-    if system_metrics is None:
-        system_metrics = os.environ.get("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", "").lower() in ("true", "1")
-    try:
-        if on_start is not None:
-            on_start(run_id)
-        tracker.log_identity(run_id, curated_params(cfg, extra_params), cfg.model_dump(mode="json"))
-        if system_metrics:
-            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
-
-            monitor = SystemMetricsMonitor(run_id, sampling_interval=2, tracking_uri=tracker.uri)
-            monitor.start()
-        logger = MLflowStepLogger(client, run_id, every=cfg.train.log_every_steps)
-        live = get_backend(cfg.backend.name).reports_to_mlflow  # the job logs its steps by itself
-        seen: set[int] = set()  # steps trained in this call (a resumed run's earlier steps are not)
-
-        def saw(step: int, _row: dict[str, float]) -> None:
-            seen.add(int(step))
-
-        try:
-            result = train(cfg, callbacks=[*callbacks, saw] if live else [logger, saw, *callbacks], resume=resume,
-                           force_resume=force_resume, progress=progress, mlflow_run=MLflowRun(tracker.uri, run_id) if live else None)
-            if live:  # the job logged its steps; those that did not arrive are logged now, loudly
-                trained = [r for r in result.history if not resume or int(r["step"]) in seen]
-                backfill_steps(client, run_id, trained, logger)
-            if resume:
-                arrived = {m.step for m in client.get_metric_history(run_id, "batch/solved")} if continued else set()
-                _log_steps_before_resume(logger, result.history, seen, arrived)
-        finally:
-            delivered = logger.flush(force=True)
-        final = _final_metrics(result)
-        if not delivered and result.run_dir:  # the server is down at the end: leave it to `exgrpo sync`
-            from exgrpo.tracking.sync import write_pending
-
-            marker = write_pending(result.run_dir, tracker.uri, run_id, "FINISHED", final)
-            print(f"note: MLflow is unreachable; run {run_id} is complete on disk, finish it in MLflow with "
-                  f"`exgrpo sync {marker.parent}`", flush=True)
-            if monitor is not None:
-                monitor.finish()
-            return TrackedRun(result, run_id, exp_id, tracker.uri, synced=False)
-        step = int(result.final_metrics.get("step", 0))
-        tracker.log_metrics(run_id, final, step=step)
-        log_finished_run(tracker, run_id, cfg, result, step, log_checkpoint=log_checkpoint, log_model=log_model)
-    except BaseException as e:
-        status = _status_for(e)
-        try:
-            if status == "KILLED":
-                client.set_tag(run_id, "pruned", "true")
-            else:
-                client.set_tag(run_id, "error", f"{type(e).__name__}: {e}"[:5000])
-            tracker.end_run(run_id, status)
-        except Exception:  # noqa: BLE001 - the store is down too: the run is ended by `exgrpo sync`
-            run_dir = cfg.run_dir()
-            if run_dir.is_dir():
-                from exgrpo.tracking.sync import write_pending
-
-                write_pending(run_dir, tracker.uri, run_id, status, error=f"{type(e).__name__}: {e}")
-        finally:
-            if monitor is not None:
-                monitor.finish()
-        raise
-    if monitor is not None:
-        monitor.finish()
-    tracker.end_run(run_id, "FINISHED")
-    return TrackedRun(result, run_id, exp_id, tracker.uri)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from exgrpo.tracking.finished_run import policy_checkpoint
+from exgrpo.tracking.mlflow_tracking import resolve_tracking_uri
 
 CHAMPION = "champion"
 """The alias of a sweep's best policy."""
@@ -60,8 +61,6 @@ def resolve_checkpoint(spec: str, tracking_uri: str | None = None) -> Path:
     if not spec.startswith(MODELS_PREFIX):
         return Path(spec)
     import mlflow
-
-    from exgrpo.tracking.mlflow_tracking import resolve_tracking_uri
 
     uri = resolve_tracking_uri(tracking_uri)
     client = mlflow.MlflowClient(uri)

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from exgrpo.atomic import write_text_atomic
+from exgrpo.runs import RECORD_FILE
 
-RECORD_FILE = "mlflow_run.json"
 
 
 @dataclass(frozen=True)

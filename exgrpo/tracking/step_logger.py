@@ -25,6 +25,8 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from exgrpo.tracking.names import sanitize_metric_name
+
 logger = logging.getLogger(__name__)
 
 FLUSH_SECONDS = 5.0
@@ -60,8 +62,6 @@ class MLflowStepLogger:
         """Metric values dropped from a full buffer (still in metrics.jsonl)."""
 
     def _name(self, key: str) -> str:
-        from exgrpo.tracking.mlflow_tracking import sanitize_metric_name
-
         if key not in self._names:
             self._names[key] = sanitize_metric_name(key)
         return self._names[key]

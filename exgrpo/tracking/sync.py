@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from exgrpo.atomic import write_text_atomic
+from exgrpo.runs import read_metrics
+from exgrpo.tracking.mlflow_tracking import Tracker, sanitize_metric_name
 
 PENDING_FILE = "mlflow_pending.json"
 """The marker of a run that MLflow has not fully received."""
@@ -73,16 +75,12 @@ def pending_runs(root: str | Path) -> list[Path]:
 
 def _rows(metrics_file: Path) -> list[dict[str, Any]]:
     """Every record of ``metrics.jsonl`` (a torn last line dropped), as resume reads it."""
-    from exgrpo.backends.native.checkpoint import read_metrics
-
     return read_metrics(metrics_file, up_to_step=float("inf"), warn=lambda _msg: None)
 
 
 def sync_run(run_dir: str | Path) -> Synced:
     """Deliver what MLflow lacks of the run in ``run_dir`` (creating the run if it never was) and end it."""
     from mlflow.entities import Metric
-
-    from exgrpo.tracking.mlflow_tracking import Tracker, sanitize_metric_name
 
     run_dir = Path(run_dir)
     marker = run_dir / PENDING_FILE

@@ -1,1 +1,2 @@
-"""Native PyTorch backend: policies, tasks' rollouts and the trainer loop, runnable on a CPU."""
+"""The native backend: the in-process CPU trainer loop, its checkpoints and its loss (the policies it
+trains are :mod:`exgrpo.policies`, shared with the veRL backend)."""

@@ -8,25 +8,32 @@ skipped with a warning naming it, and the run goes on from the one before.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 
-from exgrpo.atomic import torch_save_atomic, write_text_atomic
-
-if TYPE_CHECKING:
-    from exgrpo.backends.native.trainer import Trainer
+from exgrpo.atomic import torch_save_atomic
 
 logger = logging.getLogger(__name__)
 _STEP = re.compile(r"step_(\d+)\.pt$")
 
 
-def save(trainer: Trainer, run_dir: Path) -> Path:
+class Checkpointed(Protocol):
+    """What a checkpoint saves and restores: the native trainer."""
+
+    cfg: Any
+    step: int
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def save(trainer: Checkpointed, run_dir: Path) -> Path:
     """Write ``step_<n>.pt``; then, with ``train.keep_last``, delete all but the newest that many."""
     d = run_dir / "checkpoints"
     d.mkdir(parents=True, exist_ok=True)
@@ -91,25 +98,5 @@ def _first_line(e: Exception) -> str:
     return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:160]}"
 
 
-def load(trainer: Trainer, path: Path) -> None:
+def load(trainer: Checkpointed, path: Path) -> None:
     trainer.load_state_dict(load_state(path))
-
-
-def read_metrics(path: Path, up_to_step: int, warn: Callable[[str], None] = logger.warning) -> list[dict[str, float]]:
-    """Metric records with step <= ``up_to_step`` (later ones belong to the killed tail). A line
-    that does not parse (a kill during its write) is dropped with a warning."""
-    if not path.exists():
-        return []
-    rows = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            warn(f"{path}:{n}: a torn metrics line is dropped ({line[:60]!r})")
-    return [r for r in rows if r["step"] <= up_to_step]
-
-
-def write_metrics(path: Path, rows: list[dict[str, float]]) -> None:
-    write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))

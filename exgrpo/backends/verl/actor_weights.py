@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from exgrpo.backends.verl.runner import SPEC_FILE
+from exgrpo.backends.verl.prepared import SPEC_FILE
 
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 

@@ -41,7 +41,7 @@ def hf_char_tokenizer(char_tokenizer):
 def export_model(cfg: ExperimentConfig, progress: bool = False) -> Path:
     """The tiny LM of ``cfg.policy.model`` (SFT warm start, trained once and cached) as an HF model
     directory veRL loads with ``AutoModelForCausalLM`` / ``AutoTokenizer``; cached beside it."""
-    from exgrpo.backends.native.lm.tiny_lm import load_tiny_lm
+    from exgrpo.policies.lm.tiny_lm import load_tiny_lm  # torch: not imported with the runner, which reads this module
 
     if not isinstance(cfg.policy, LMPolicyConfig):
         raise ValueError(f"backend.name=verl needs policy.kind=lm (the tiny LM), got policy.kind={cfg.policy.kind!r}")
@@ -72,7 +72,7 @@ def write_dataset(cfg: ExperimentConfig, directory: Path) -> tuple[Path, Path]:
     question id."""
     import pandas as pd
 
-    from exgrpo.tasks.text_arithmetic import TextArithmetic
+    from exgrpo.tasks.text_arithmetic import TextArithmetic  # torch: as above
 
     if not isinstance(cfg.task, TextArithmeticTaskConfig):
         raise ValueError(f"backend.name=verl supports task.kind=text_arithmetic for now, got {cfg.task.kind!r}")

@@ -14,6 +14,8 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+from exgrpo.atomic import write_text_atomic
+
 TRACKER = "latest_checkpointed_iteration.txt"
 POOL_FILE = "exgrpo_pool.pt"
 _STEP_DIR = re.compile(r"global_step_(\d+)$")
@@ -64,8 +66,6 @@ def newest_intact(ckpt_dir: Path) -> int | None:
 def repair_tracker(ckpt_dir: Path, say: Callable[[str], None] = print) -> int | None:
     """Point the tracker at the newest intact step at or before the one it names (any step if it is
     missing or torn); returns that step, or None when there is none (a fresh start)."""
-    from exgrpo.atomic import write_text_atomic
-
     tracked = read_tracker(ckpt_dir)
     candidates = [(n, p) for n, p in step_dirs(ckpt_dir) if tracked is None or n <= tracked]
     for n, path in reversed(candidates):

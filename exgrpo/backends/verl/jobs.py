@@ -16,8 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from exgrpo.backends.verl.live import StepFeed
-from exgrpo.backends.verl.runner import PreparedRun, VerlRunError
+from exgrpo.backends.verl.prepared import PreparedRun, VerlRunError, diagnosed, last_error
 from exgrpo.cluster import runtime_env
+from exgrpo.raylocal import init_local_ray
 
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 
@@ -31,8 +32,6 @@ def local_job_server(num_cpus: int = 4) -> str:
     global _LOCAL_JOB_SERVER
     if _LOCAL_JOB_SERVER is None:
         import ray
-
-        from exgrpo.raylocal import init_local_ray
 
         if ray.is_initialized():  # e.g. an earlier comparison's Ray in this process, started without a job server
             ray.shutdown()
@@ -49,8 +48,6 @@ def run_ray_job(prepared: PreparedRun, address: str, on_line: Callable[[str], No
     ``on_submit(job_id)`` runs once the job is accepted. ``feed`` is polled every ``poll_seconds``;
     when one of its callbacks raises, the job is stopped and this raises VerlRunError (STOPPED). A job
     whose log stays the same for ``stall_seconds`` is stopped and this raises VerlRunError."""
-    from exgrpo.backends.verl.runner import diagnosed, last_error
-
     from ray.job_submission import JobStatus, JobSubmissionClient
 
     client = JobSubmissionClient(address)

@@ -1,6 +1,6 @@
 """Live MLflow metrics from inside a veRL job.
 
-The caller (the Prefect train flow, through :func:`exgrpo.tracking.tracked_train`) creates the MLflow
+The caller (the Prefect train flow, through :func:`exgrpo.launch.tracked_train`) creates the MLflow
 run first and hands its id to the job as ``MLFLOW_RUN_ID`` with ``MLFLOW_TRACKING_URI``. In the job,
 veRL's file logger writes one JSON line per step, unbuffered, to ``VERL_FILE_LOGGER_PATH``;
 :class:`LiveMetrics` tails that file in the same process and writes each step to the run through
@@ -22,6 +22,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from exgrpo.tracking.mlflow_tracking import sanitize_metric_name
+from exgrpo.tracking.step_logger import MLflowStepLogger
+
 RUN_ID_ENV = "MLFLOW_RUN_ID"
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
 FILE_LOGGER_ENV = "VERL_FILE_LOGGER_PATH"
@@ -42,8 +45,6 @@ def verl_row(record: dict[str, Any]) -> tuple[int, dict[str, float]]:
     """One line of veRL's file logger ``{"step": n, "data": {...}}`` -> (step, our metric row):
     numbers only, names MLflow-safe, a quantity the native trainer logs too under its name
     (:data:`SHARED_NAMES`), and veRL's validation mean as ``val/accuracy``."""
-    from exgrpo.tracking.mlflow_tracking import sanitize_metric_name
-
     step = int(record["step"])
     row: dict[str, float] = {"step": float(step)}
     for key, value in record["data"].items():
@@ -112,8 +113,6 @@ class LiveMetrics:
 
     def __init__(self, path: str | Path, tracking_uri: str, run_id: str, poll_seconds: float = 1.0) -> None:
         import mlflow
-
-        from exgrpo.tracking.step_logger import MLflowStepLogger
 
         self.tail, self.poll_seconds = MetricTail(path), poll_seconds
         self.logger = MLflowStepLogger(mlflow.MlflowClient(tracking_uri), run_id, flush_every=1, background=False,

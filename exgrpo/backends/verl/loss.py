@@ -1,20 +1,16 @@
-"""The ExGRPO loss in veRL: registered in veRL's policy-loss registry, and installed on the actor.
+"""The ExGRPO loss on veRL's actor.
 
-* The native trainer calls :func:`get_exgrpo_loss_fn`, i.e. the function veRL's registry returns.
-* veRL 0.9.1's ``workers/utils/losses.ppo_loss`` passes only veRL's own fields to a registered loss,
-  so the off-policy mask would never arrive. The veRL backend therefore installs
-  :func:`exgrpo_actor_loss` on the actor (``actor_rollout_wg.set_loss_fn`` after ``init_workers``).
-  It reads the per-row ``exgrpo_off_policy`` and ``exgrpo_clip_on_policy`` fields the driver adds,
-  computes the same per-token terms as the native backend (:func:`exgrpo.core.loss.exgrpo_token_loss`)
-  and aggregates them with veRL's ``agg_loss`` over the *global* batch counts, because veRL sums the
-  micro-batch losses.
+veRL 0.9.1's ``workers/utils/losses.ppo_loss`` passes only veRL's own fields to a registered loss (the
+native trainer's way in: :mod:`exgrpo.backends.native.policy_loss`), so the off-policy mask would never
+arrive. The veRL backend therefore installs :func:`exgrpo_actor_loss` on the actor
+(``actor_rollout_wg.set_loss_fn`` after ``init_workers``). It reads the per-row ``exgrpo_off_policy``
+and ``exgrpo_clip_on_policy`` fields the driver adds, computes the same per-token terms as the native
+backend (:func:`exgrpo.core.loss.exgrpo_token_loss`) and aggregates them with veRL's ``agg_loss`` over
+the *global* batch counts, because veRL sums the micro-batch losses.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import warnings
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -23,38 +19,10 @@ import torch
 
 from exgrpo.core.loss import (
     MixedLossConfig,
-    PolicyLossFn,
-    compute_exgrpo_policy_loss,
     exgrpo_token_loss,
     low_var_kl_per_token,
     token_loss_sums,
 )
-
-LOSS_NAME = "exgrpo"
-"""Key of the ExGRPO mixed-policy loss in veRL's POLICY_LOSS_REGISTRY."""
-
-
-def _import_core_algos():
-    os.environ.setdefault("WANDB_MODE", "disabled")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        logging.getLogger("verl").setLevel(logging.ERROR)
-        from verl.trainer.ppo import core_algos
-    return core_algos
-
-
-def register() -> None:
-    """Register :func:`compute_exgrpo_policy_loss` under ``exgrpo`` (idempotent)."""
-    core_algos = _import_core_algos()
-    if core_algos.POLICY_LOSS_REGISTRY.get(LOSS_NAME) is not compute_exgrpo_policy_loss:
-        core_algos.register_policy_loss(LOSS_NAME)(compute_exgrpo_policy_loss)
-
-
-def get_exgrpo_loss_fn() -> PolicyLossFn:
-    """The ExGRPO loss as veRL's registry returns it."""
-    register()
-    return _import_core_algos().get_policy_loss_fn(LOSS_NAME)
-
 
 SUMS_PREFIX = "exgrpo_sums/"
 """Prefix of the additive loss statistics the actor returns (turned into ``actor/`` means on the driver)."""
@@ -127,4 +95,4 @@ def exgrpo_actor_loss(settings: ActorLossSettings, model_output: Any, data: Any,
     return loss, metrics
 
 
-__all__ = ["ActorLossSettings", "CLIP_FIELD", "OFF_POLICY_FIELD", "exgrpo_actor_loss", "get_exgrpo_loss_fn", "register"]
+__all__ = ["ActorLossSettings", "CLIP_FIELD", "OFF_POLICY_FIELD", "exgrpo_actor_loss"]

@@ -14,7 +14,13 @@ from pathlib import Path
 
 import ray
 
+from exgrpo.backends.verl.prepared import JOB_ERROR
 from exgrpo.config import ExperimentConfig
+from exgrpo.backends.verl import resources
+from exgrpo.backends.verl.live import LiveMetrics
+from exgrpo.backends.verl.overrides import compose
+from exgrpo.cluster import ClusterError, alive_nodes, describe, join
+from exgrpo.raylocal import LOCAL_SYSTEM_CONFIG, agent_port_any, enable_token_auth
 
 
 FORWARDED_ENV = ("VERL_PLATFORM", "VERL_ENGINE_DEVICE", "EXGRPO_SEED", "PYTHONPATH", "VERL_FILE_LOGGER_PATH",
@@ -23,10 +29,6 @@ FORWARDED_ENV = ("VERL_PLATFORM", "VERL_ENGINE_DEVICE", "EXGRPO_SEED", "PYTHONPA
 
 LAUNCHER_ENV = "EXGRPO_LAUNCHER_PID"
 """PID of the command that started this job as its child process (unset for a Ray Job)."""
-
-JOB_ERROR = "exgrpo: error: "
-"""Prefix of the one line a job prints when it diagnosed its own failure (the runner reports just that)."""
-
 
 class ExGRPOTaskRunner:
     """veRL's v0 TaskRunner, building :class:`ExGRPORayTrainer` (veRL's own is a Ray actor class
@@ -42,6 +44,7 @@ class ExGRPOTaskRunner:
         from verl.utils.dataset.rl_dataset import collate_fn
         from verl.workers.config import HFModelConfig
 
+        # veRL: imported when the job runs, not when the module is read
         from exgrpo.backends.verl.trainer import ExGRPORayTrainer
 
         cfg = ExperimentConfig.model_validate_json(exgrpo_json)
@@ -62,7 +65,6 @@ class ExGRPOTaskRunner:
             resource_pool_manager=resource_pool_manager, ray_worker_group_cls=worker_group_cls,
             train_dataset=train, val_dataset=val, collate_fn=collate_fn, exgrpo_cfg=cfg,
         )
-        from exgrpo.backends.verl.live import LiveMetrics
 
         live = LiveMetrics.from_env()  # the MLflow run the caller created, if any: steps go there live
         if live is not None:
@@ -89,8 +91,6 @@ def run(cfg: ExperimentConfig, overrides: list[str]) -> None:
     from omegaconf import OmegaConf
     from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
 
-    from exgrpo.backends.verl.overrides import compose
-
     config = compose(overrides)
     private = False
     if not ray.is_initialized():
@@ -102,8 +102,6 @@ def run(cfg: ExperimentConfig, overrides: list[str]) -> None:
                 env[key] = value
         init = {k: v for k, v in init.items() if v is not None}
         if init.get("address") == "local":  # a private Ray, even inside a Ray Job (its env is forwarded above)
-            from exgrpo.raylocal import LOCAL_SYSTEM_CONFIG, agent_port_any, enable_token_auth
-
             os.environ.pop("RAY_JOB_CONFIG_JSON_ENV_VAR", None)
             os.environ.pop("RAY_ADDRESS", None)
             env.update(enable_token_auth())
@@ -112,9 +110,6 @@ def run(cfg: ExperimentConfig, overrides: list[str]) -> None:
             ray.init(runtime_env=runtime_env, **init)
             private = True
         else:
-            from exgrpo.backends.verl import resources
-            from exgrpo.cluster import alive_nodes, describe, join
-
             join(init.pop("address"), runtime_env=runtime_env, **init)
             print(f"exgrpo: veRL job on {describe(cfg.backend.verl.ray_address)}", flush=True)
             resources.check(cfg.backend.verl, alive_nodes(), cfg.backend.verl.ray_address or "")
@@ -167,11 +162,10 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("usage: python -m exgrpo.backends.verl.main <run_dir>/verl_run.json")
     spec = json.loads(Path(argv[0]).read_text())
     cfg = ExperimentConfig.model_validate_json(json.dumps(spec["config"]))
-    from exgrpo.cluster import ClusterError
 
     try:
         run(cfg, list(spec["overrides"]) + argv[1:])
-    except ClusterError as e:  # diagnosed here: one line for the caller (runner.JOB_ERROR), no traceback
+    except ClusterError as e:  # diagnosed here: one line for the caller (prepared.JOB_ERROR), no traceback
         print(f"{JOB_ERROR}{e}", flush=True)
         raise SystemExit(2) from None
 

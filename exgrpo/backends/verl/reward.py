@@ -7,6 +7,7 @@ from typing import Any
 from exgrpo.backends.verl.assets import DATA_SOURCE
 from exgrpo.config.options import AnswerFormat
 from exgrpo.rewards.extraction import DEFAULT_MAX_ANSWER_CHARS
+from exgrpo.rewards.math_reward import MathVerifier
 
 
 def compute_score(
@@ -24,7 +25,7 @@ def compute_score(
     ``answer_format`` and ``max_answer_chars`` come from the task config (``reward_kwargs``).
     """
     if data_source == DATA_SOURCE:
-        from exgrpo.tasks.text_arithmetic import extract_final_integer
+        from exgrpo.tasks.text_arithmetic import extract_final_integer  # torch: only for this task's rows
 
         return float(extract_final_integer(solution_str, AnswerFormat(answer_format), max_answer_chars) == int(ground_truth))
     return float(_math_verifier(answer_format, max_answer_chars).score_one(solution_str, ground_truth))
@@ -37,7 +38,5 @@ def _math_verifier(answer_format: str, max_answer_chars: int):
     """One math-verify grader per process and setting (its worker pool is reused across calls)."""
     key = (answer_format, max_answer_chars)
     if key not in _VERIFIERS:
-        from exgrpo.rewards.math_reward import MathVerifier
-
         _VERIFIERS[key] = MathVerifier(answer_format=answer_format, max_answer_chars=max_answer_chars)
     return _VERIFIERS[key]

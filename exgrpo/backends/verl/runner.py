@@ -18,17 +18,22 @@ import tempfile
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from exgrpo.atomic import write_text_atomic
-from exgrpo.backends.base import MLflowRun
-from exgrpo.backends.verl.live import FILE_LOGGER_ENV, LOOPBACK_ENV, StepFeed
+from exgrpo.atomic import torch_save_atomic, write_text_atomic
+from exgrpo.backends.base import MLflowRun, TrainResult
+from exgrpo.backends.verl.jobs import local_job_server, run_ray_job
+from exgrpo.backends.verl.live import FILE_LOGGER_ENV, LOOPBACK_ENV, RUN_ID_ENV, StepFeed, TRACKING_URI_ENV, verl_row
+from exgrpo.backends.verl.prepared import SPEC_FILE, PreparedRun, VerlRunError, diagnosed, last_error
 from exgrpo.config import ConfigError, ExperimentConfig
 from exgrpo.config.backend import VerlSettings
 from exgrpo.progress import StepProgress, console, is_watched
+from exgrpo.backends.verl import assets
+from exgrpo.backends.verl.checkpoints import newest_intact
+from exgrpo.backends.verl.overrides import RunPaths, hydra_overrides
+from exgrpo.runs import check_resume, move_aside
 
-SPEC_FILE = "verl_run.json"
 OWN_LINE = re.compile(r"^(?:\x1b\[[0-9;]*m)?(?:\([^)]*\)\s*)?(?:\x1b\[[0-9;]*m)?\s*(exgrpo: .*)$")
 """The job's own lines for the user (a resume, where it runs), shown above the step bar: ``exgrpo: ...``,
 printed by the driver or by one of its Ray actors (whose lines Ray prefixes with ``(Actor pid=N)``)."""
@@ -42,25 +47,9 @@ RAW_METRICS = "verl_metrics"
 """Directory of veRL's own metric logs, one JSONL file per attempt (veRL truncates its file on open)."""
 
 
-class VerlRunError(RuntimeError):
-    """A veRL run that failed: the one-line reason and the last lines of its log."""
-
-
-@dataclass
-class PreparedRun:
-    run_dir: Path
-    command: list[str]
-    env: dict[str, str]
-    """Variables the run needs on top of the caller's environment (also a Ray Job's runtime_env)."""
-
-
 def prepare(cfg: ExperimentConfig, resume: bool = False, progress: bool = False,
             force_resume: bool = False) -> PreparedRun:
     """Build the run's assets and its veRL overrides; nothing is launched."""
-    from exgrpo.backends.verl import assets
-    from exgrpo.backends.verl.overrides import RunPaths, hydra_overrides
-    from exgrpo.runs import check_resume, move_aside
-
     python = job_python(cfg.backend.verl)  # before any work: a missing job environment is a one-line error
     run_dir = cfg.run_dir().resolve()
     ckpt = run_dir / "checkpoints"
@@ -122,8 +111,6 @@ def prepare(cfg: ExperimentConfig, resume: bool = False, progress: bool = False,
 def ended_at(run_dir: Path, max_steps: int | None) -> int | None:
     """The step a run already ended at: its newest intact checkpoint, if at or past ``max_steps``
     (a run bounded by epochs is left to the job, which knows its length)."""
-    from exgrpo.backends.verl.checkpoints import newest_intact
-
     step = newest_intact(run_dir / "checkpoints") if max_steps else None
     return step if step is not None and step >= max_steps else None
 
@@ -142,8 +129,6 @@ def job_python(v: VerlSettings) -> str:
 
 def collect(run_dir: Path) -> list[dict[str, float]]:
     """veRL's metric logs of every attempt -> our rows (one per step; a resumed attempt's rows win)."""
-    from exgrpo.backends.verl.live import verl_row
-
     by_step: dict[int, dict[str, float]] = {}
     for path in sorted((run_dir / RAW_METRICS).glob("attempt_*.jsonl")):
         for line in path.read_text().splitlines():
@@ -169,7 +154,7 @@ def run_local(prepared: PreparedRun, progress: bool = True, log_tail: int = 40, 
     import queue
     import threading
 
-    from exgrpo.backends.verl.main import LAUNCHER_ENV
+    from exgrpo.backends.verl.main import LAUNCHER_ENV  # Ray: the job's entry point imports it at the top
 
     env = {**os.environ, **prepared.env, LAUNCHER_ENV: str(os.getpid())}  # the job stops if this process dies
     log_path = prepared.run_dir / "verl.log"
@@ -217,31 +202,6 @@ def run_local(prepared: PreparedRun, progress: bool = True, log_tail: int = 40, 
                            "Last lines:\n" + "\n".join(tail))
 
 
-def diagnosed(lines) -> str | None:
-    """The job's own one-line diagnosis (e.g. a cluster too small for it), if it printed one."""
-    from exgrpo.backends.verl.main import JOB_ERROR
-
-    for line in reversed(list(lines)):
-        if line.startswith(JOB_ERROR):
-            return line[len(JOB_ERROR):].strip()
-    return None
-
-
-ERROR_CHARS = 1000
-"""The most of an error line a failure's one-line reason quotes: cut at a word, with the exception's name."""
-
-
-def last_error(lines) -> str:
-    """The last line of ``lines`` that names an error (e.g. a rollout server's exception), as a clause:
-    whole, or its first :data:`ERROR_CHARS` characters cut at a word (never mid-word)."""
-    import textwrap
-
-    for line in reversed(list(lines)):
-        if "Error" in line or "Exception" in line:
-            return textwrap.shorten(line.strip(), ERROR_CHARS, placeholder=" ...") + "; "
-    return ""
-
-
 def stop_child(proc: subprocess.Popen, grace_seconds: float = 30.0) -> None:
     """SIGTERM the job's driver (Ray's exit handler shuts its private cluster down), SIGKILL if it lingers."""
     proc.terminate()
@@ -258,8 +218,6 @@ def _launch(prepared: PreparedRun, v: VerlSettings, feed: StepFeed, echo: bool, 
     exception (e.g. a pruned trial) is raised as is."""
     try:
         if v.launch == "ray_job":
-            from exgrpo.backends.verl.jobs import local_job_server, run_ray_job
-
             def submitted(job_id: str) -> None:
                 if mlflow_run is not None:
                     import mlflow
@@ -308,8 +266,6 @@ class VerlBackend:
 
     def train(self, cfg: ExperimentConfig, callbacks=None, resume: bool = False, progress: bool = True,
               force_resume: bool = False, mlflow_run: MLflowRun | None = None):
-        from exgrpo.backends.verl.live import RUN_ID_ENV, TRACKING_URI_ENV
-
         prepared = prepare(cfg, resume=resume, progress=progress, force_resume=force_resume)
         ended = ended_at(prepared.run_dir, cfg.train.max_steps) if resume else None
         if ended is not None:  # a finished run resumed (e.g. by `exgrpo compare --resume`): reused as it is
@@ -350,11 +306,32 @@ class VerlBackend:
                 raise
         return self._result(prepared.run_dir)
 
+    def read_checkpoint(self, path: Path) -> dict[str, Any] | None:
+        """A ``global_step_N/`` directory: its FSDP actor shards merged (:mod:`.actor_weights`)."""
+        from exgrpo.backends.verl import actor_weights  # torch: not imported with the backend (`exgrpo doctor` reads it)
+
+        return actor_weights.policy_state(path) if actor_weights.is_step_dir(path) else None
+
+    def policy_file(self, checkpoint: Path) -> Path | None:
+        """The shards of ``global_step_N/`` merged once into ``verl_global_step_N.pt`` beside it."""
+        from exgrpo.backends.verl import actor_weights  # torch: not imported with the backend (`exgrpo doctor` reads it)
+
+        if not actor_weights.is_step_dir(checkpoint):
+            return None
+        out = checkpoint.parent / f"verl_{checkpoint.name}.pt"
+        if not out.is_file():
+            torch_save_atomic(actor_weights.policy_state(checkpoint), out)
+        return out
+
+    def build_policy(self, cfg: ExperimentConfig) -> tuple[Any, Any]:
+        """The native LM policy: a veRL run's HF actor is its ``model``."""
+        from exgrpo.policies.build import build_task_and_policy  # torch: as above
+
+        return build_task_and_policy(cfg)
+
     @staticmethod
     def _result(run_dir: Path):
         """The finished run in ``run_dir``: its metrics (collected into metrics.jsonl) and newest checkpoint."""
-        from exgrpo.backends.native.trainer import TrainResult
-
         history = collect(run_dir)
         if not any("batch/solved" in r for r in history):
             raise VerlRunError(f"veRL run in {run_dir} finished but logged no training step")

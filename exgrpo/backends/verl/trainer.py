@@ -43,6 +43,7 @@ from exgrpo.core.batch import Replays, StepBatch, batch_metrics
 from exgrpo.core.fresh import FreshSampler
 from exgrpo.core.loss import metrics_from_sums
 from exgrpo.core.replay import ReplayStrategy, make_replay_strategy
+from exgrpo.runs import resumed_line
 
 """The replay state beside veRL's own checkpoint: ``global_step_N/exgrpo_pool.pt``."""
 
@@ -340,7 +341,6 @@ class ExGRPORayTrainer(RayPPOTrainer):
             self.fresh.load_state_dict(state["fresh"])
             self.rng.bit_generator.state = json.loads(state["rng"]["numpy"])
             self.fresh.rng.bit_generator.state = json.loads(state["rng"]["numpy_fresh"])
-            from exgrpo.runs import resumed_line
 
             print(f"exgrpo: {resumed_line(state['step'], self.strategy.stats(), path)}", flush=True)
         return result

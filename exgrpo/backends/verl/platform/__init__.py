@@ -26,6 +26,7 @@ def register() -> None:
     from verl.workers.rollout import base as rollout_base
     from verl.workers.rollout.replica import RolloutReplicaRegistry
 
+    # inside register(): a broken part is logged loudly (veRL hides plugin errors)
     from exgrpo.backends.verl.platform.cpu import CPUPlatform
     from exgrpo.backends.verl.platform import vllm_cpu
     from exgrpo.backends.verl.platform.patches import bind_loopback, patch_process_group_init, quiet_repeated_warnings
@@ -35,6 +36,7 @@ def register() -> None:
     rollout_base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = "exgrpo.backends.verl.platform.hf_rollout.HFServerAdapter"
 
     def _load_hf_replica():
+        # veRL's replica registry takes a loader: Ray and veRL's rollout load when used
         from exgrpo.backends.verl.platform.hf_rollout import HFReplica
 
         return HFReplica

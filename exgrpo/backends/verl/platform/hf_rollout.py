@@ -4,7 +4,7 @@ Three pieces, as veRL's vLLM rollout has them:
 
 * :class:`HFRolloutServer`, a Ray actor per replica. The agent loop sends it one prompt per
   request, many at once. It samples them with the KV-cache engine the native backend uses
-  (:class:`exgrpo.backends.native.lm.engine.RolloutEngine`), returning token ids and their
+  (:class:`exgrpo.policies.lm.engine.RolloutEngine`), returning token ids and their
   log-probs (``rollout_log_probs``: the behaviour log-probs replay needs), in one of two ways:
 
   - *reproducible* (the default): each request alone, from a generator seeded by (run seed,
@@ -31,6 +31,8 @@ import torch
 
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
+
+from exgrpo.policies.lm.engine import RolloutEngine, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -117,8 +119,6 @@ class HFRolloutServer:
 
     @torch.no_grad()
     def _generate(self, prompts: list[list[int]], key: tuple, generator: torch.Generator | None = None) -> list[TokenOutput]:
-        from exgrpo.backends.native.lm.engine import RolloutEngine, SamplingParams
-
         temperature, top_p, max_tokens = key
         greedy = temperature <= 0
         params = SamplingParams(max_new_tokens=max_tokens, temperature=1.0 if greedy else temperature, top_p=top_p)

@@ -17,6 +17,8 @@ import hashlib
 import inspect
 import logging
 
+from exgrpo.backends.verl.live import LOOPBACK_ENV
+
 
 def source_sha256(fn) -> str:
     """sha256 of a function's source (what the guard test compares)."""
@@ -28,8 +30,6 @@ def bind_loopback() -> None:
     import os
 
     import ray.util
-
-    from exgrpo.backends.verl.live import LOOPBACK_ENV
 
     original = ray.util.get_node_ip_address
     if os.environ.get(LOOPBACK_ENV) != "1" or getattr(original, "__exgrpo_patched__", False):

@@ -1,4 +1,4 @@
-"""HF causal-LM policies for the native trainer (tiny-lm tier and up).
+"""HF causal-LM policies (tiny-lm tier and up), trained by both backends; the engine is also veRL's CPU rollout.
 
 * :mod:`.engine` — :class:`RolloutEngine`: KV-cache batched sampling and one-forward scoring, with
   the single packing helper :func:`build_packed_batch`.

@@ -21,7 +21,7 @@ packed copy), so build one per rollout: it always decodes the weights of that mo
 batch layout and the GEMM kernel differ from a full forward, so its log-probs equal a re-score of
 the same responses up to float rounding (tests check 1e-5 on the tiny LM).
 
-Layout: as :mod:`exgrpo.backends.native.lm.engine` (prompts left-padded to P, responses appended
+Layout: as :mod:`exgrpo.policies.lm.engine` (prompts left-padded to P, responses appended
 column by column; padding after a row's EOS is never attended to).
 """
 

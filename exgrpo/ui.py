@@ -21,6 +21,7 @@ from pathlib import Path
 
 from exgrpo.prefect_home import announce_server, prefect_home, use_prefect_home, withdraw_server
 from exgrpo.sqlite_wal import sqlite_file
+from exgrpo.sweep import resolve_storage
 from exgrpo.tracking.mlflow_tracking import artifact_root, experiment_url, project_root, resolve_tracking_uri
 
 
@@ -64,8 +65,6 @@ def _ready(url: str) -> bool:
 def services(host: str = "127.0.0.1", prefect_port: int = 4200, mlflow_port: int = 5000, optuna_port: int = 8080,
              tracking_uri: str | None = None, storage: str | None = None) -> list[Service]:
     """The commands (not started)."""
-    from exgrpo.sweep import resolve_storage
-
     uri = resolve_tracking_uri(tracking_uri)
     out = [Service("prefect", f"http://{host}:{prefect_port}", f"http://{host}:{prefect_port}/api/health",
                    [_exe("prefect"), "server", "start", "--host", host, "--port", str(prefect_port)])]

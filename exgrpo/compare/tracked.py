@@ -7,6 +7,7 @@ address) or to the spawned process pool of :func:`exgrpo.compare.run_local`.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -14,6 +15,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
+from exgrpo.atomic import write_text_atomic
+from exgrpo.cluster import announce, cluster_address, ensure_ray, on_cluster, require_shared_stores, task_cpus
 from exgrpo.compare import (
     ArmSummary,
     RunOutcome,
@@ -27,8 +30,11 @@ from exgrpo.compare import (
     summarize,
 )
 from exgrpo.config import CompareConfig, ExperimentConfig
-from exgrpo.tracking.mlflow_tracking import Tracker, curated_params, model_tag, run_url, tracked_train
+from exgrpo.launch import launch_slots, tracked_train
+from exgrpo.live_progress import ProgressBoard, ProgressReporter, progress_display
+from exgrpo.tracking.mlflow_tracking import Tracker, curated_params, model_tag, run_url
 from exgrpo.tracking.run_record import end_if_orphaned, write_record
+from exgrpo.tracking.sync import write_pending
 
 
 def tracked_run_one(cfg: ExperimentConfig, arm: str, metric: str = "val/accuracy", *, tracking_uri: str,
@@ -40,8 +46,6 @@ def tracked_run_one(cfg: ExperimentConfig, arm: str, metric: str = "val/accuracy
     new child run holds its whole history (the steps before the resume logged from metrics.jsonl)."""
     callbacks = []
     if progress_board is not None:
-        from exgrpo.live_progress import ProgressReporter
-
         callbacks.append(ProgressReporter(progress_board, f"{arm} seed {cfg.seed}", cfg.train.max_steps))
     run = tracked_train(cfg, tracking_uri=tracking_uri, experiment=experiment, parent_run_id=parent_run_id,
                         arm=arm, study=study, run_name=f"{arm}-seed{cfg.seed}", check=False, callbacks=callbacks,
@@ -99,10 +103,6 @@ class TrackedComparison:
 
 def _save_locally(base: ExperimentConfig, table: str, outcomes: list[RunOutcome]) -> Path:
     """The comparison's table and outcomes under ``<output_dir>/<name>/`` (when MLflow cannot take them)."""
-    import json
-
-    from exgrpo.atomic import write_text_atomic
-
     where = Path(base.output_dir) / base.name
     where.mkdir(parents=True, exist_ok=True)
     write_text_atomic(where / "comparison.md", table + "\n")
@@ -148,8 +148,6 @@ def run_tracked_compare(
     as soon as the parent run exists; ``on_done(outcome)`` as each child finishes; with Ray,
     ``on_progress(fraction)`` as steps advance (finished runs 1, running ones step/total);
     ``on_failed(arm, seed, error)`` as a run fails."""
-    from exgrpo.cluster import cluster_address, on_cluster, require_shared_stores
-
     ray_address = cluster_address(ray_address) if executor == "ray" else None
     require_shared_stores(ray_address, tracking_uri)  # before any work
     tracker = Tracker(tracking_uri)  # unreachable store: an error here, before any training
@@ -189,16 +187,11 @@ def run_tracked_compare(
         if executor == "ray":
             import ray
 
-            from exgrpo.live_progress import ProgressBoard, progress_display
-            from exgrpo.raylocal import ensure_ray, task_cpus
-
             try:
                 ensure_ray(ray_address)
             except Exception as e:  # e.g. a cluster that refuses us: say why on the parent run (it ends FAILED)
                 tracker.client.set_tag(parent, "error", str(e)[:5000])
                 raise
-            from exgrpo.cluster import announce, launch_slots
-
             announce(ray_address, tracker.client, parent)
             board = ray.remote(num_cpus=0)(ProgressBoard).remote()
             remote = ray.remote(max_retries=0)(tracked_run_one)
@@ -273,8 +266,6 @@ def run_tracked_compare(
         except Exception as e:  # noqa: BLE001 - MLflow went away: the statistics wait on disk for `exgrpo sync`
             result.summary_error = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
             where = _save_locally(base, table, outcomes)
-            from exgrpo.tracking.sync import write_pending
-
             write_pending(where, tracker.uri, parent, "FAILED" if failures else "FINISHED",
                           {k: v for k, v in metrics.items() if _finite(v)}, "; ".join(failures)[:5000] or None,
                           artifacts={"comparison.md": "", "outcomes.json": ""},

@@ -14,6 +14,8 @@ import multiprocessing as mp
 
 from exgrpo.config import CompareConfig, ExperimentConfig
 from exgrpo.stats import Estimate, iqm_ci, mean_ci, paired_difference, probability_of_improvement, steps_to_target
+from exgrpo.backends.base import train
+from exgrpo.runs import has_checkpoint
 
 
 @dataclass
@@ -87,16 +89,12 @@ def continues(cfg: ExperimentConfig, resume: bool) -> bool:
     """Whether a comparison's run of ``cfg`` continues from its own checkpoints: with ``resume``,
     when its run directory has any (a finished run then ends at once with its record; a killed one
     goes on); otherwise, or without checkpoints, it starts afresh."""
-    from exgrpo.runs import has_checkpoint
-
     return resume and has_checkpoint(cfg.run_dir())
 
 
 def run_one(cfg: ExperimentConfig, arm: str, metric: str = "val/accuracy", resume: bool = False) -> RunOutcome:
     """Train one (arm, seed) in this process and reduce it to a :class:`RunOutcome` (``resume``:
     see :func:`continues`)."""
-    from exgrpo.backends.base import train
-
     result = train(cfg, progress=False, resume=continues(cfg, resume))
     evals = [h for h in result.history if metric in h]
     return RunOutcome(

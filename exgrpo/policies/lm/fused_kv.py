@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from exgrpo.backends.native.lm.static_kv import StaticKVDecoder, pack_weight, packed_linear
+from exgrpo.policies.lm.static_kv import StaticKVDecoder, pack_weight, packed_linear
 
 __all__ = ["FusedKVDecoder", "supports_fused_kv"]
 

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from exgrpo.backends.native.lm.engine import RolloutEngine, SamplingParams
+from exgrpo.policies.lm.engine import RolloutEngine, SamplingParams
 from exgrpo.tasks.tokenizers import CharTokenizer
 from exgrpo.config import TinyLMConfig
 from exgrpo.filelock import exclusive
@@ -41,6 +41,7 @@ from exgrpo.tasks.text_arithmetic import (
     TextArithmeticTaskConfig,
     sample_sft_problems,
 )
+from exgrpo.core.selection import pad_right
 
 __all__ = [
     "TinyLM", "TinyLMConfig", "build_model", "cache_root", "config_hash", "greedy_accuracy", "load_tiny_lm", "sft",
@@ -125,8 +126,6 @@ def sft(
     ``on_step(step, loss)`` is called after every optimiser step (e.g. to evaluate along the way)."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from exgrpo.core.selection import pad_right
 
     engine = RolloutEngine(model, tokenizer.pad_id, tokenizer.eos_id, SamplingParams(temperature=1.0))
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.sft_lr, betas=(0.9, 0.98), weight_decay=cfg.sft_weight_decay)

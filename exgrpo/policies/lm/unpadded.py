@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from exgrpo.backends.native.lm.static_kv import rms_norm, rotate_half, supports_static_kv
+from exgrpo.policies.lm.static_kv import rms_norm, rotate_half, supports_static_kv
 
 __all__ = ["forward_responses", "supports_unpadded"]
 

@@ -2,7 +2,7 @@
 
 Prompt rows are unpadded token-id lists (``task.prompts(qids)``); responses are right-padded (N, T)
 tensors with a bool mask through EOS. Sampling and scoring go through one
-:class:`~exgrpo.backends.native.lm.engine.RolloutEngine`, so behaviour log-probs of fresh rows
+:class:`~exgrpo.policies.lm.engine.RolloutEngine`, so behaviour log-probs of fresh rows
 and ``score`` of the same rows agree (same temperature, same packed layout).
 """
 
@@ -13,8 +13,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from exgrpo.backends.native.interfaces import Rollout, Scores
-from exgrpo.backends.native.lm.engine import RolloutEngine, SamplingParams
+from exgrpo.policies.interfaces import Rollout, Scores
+from exgrpo.policies.lm.engine import RolloutEngine, SamplingParams
 from exgrpo.config import LMPolicyConfig
 
 __all__ = ["LMPolicy", "LMPolicyConfig"]
@@ -40,12 +40,21 @@ class LMPolicy(nn.Module):
 
     @classmethod
     def from_tiny_lm(cls, tiny, cfg: LMPolicyConfig | None = None) -> LMPolicy:
-        """From a :class:`~exgrpo.backends.native.lm.tiny_lm.TinyLM` (what ``load_tiny_lm`` returns)."""
+        """From a :class:`~exgrpo.policies.lm.tiny_lm.TinyLM` (what ``load_tiny_lm`` returns)."""
         return cls(tiny.model, tiny.tokenizer.pad_id, tiny.tokenizer.eos_id, cfg)
 
     def generate(self, prompts: Sequence[Sequence[int]], generator: torch.Generator, greedy: bool = False) -> Rollout:
         """One response per prompt row; randomness only from ``generator`` (reproducible)."""
         out = self.engine.generate(prompts, generator=generator, greedy=greedy)
+        return Rollout(tokens=out.tokens, mask=out.mask, log_prob=out.log_prob, entropy=out.entropy)
+
+    def sample(self, prompts: Sequence[Sequence[int]], generator: torch.Generator, greedy: bool, max_tokens: int,
+               temperature: float, top_p: float) -> Rollout:
+        """One response per prompt row with these sampling settings (an evaluation's) instead of the
+        policy's own, on the policy's decoder."""
+        params = SamplingParams(max_tokens, temperature, top_p)
+        engine = RolloutEngine(self.model, self.pad_id, self.eos_id, params, decoder=self.engine.decoder)
+        out = engine.generate(prompts, generator=generator, greedy=greedy)
         return Rollout(tokens=out.tokens, mask=out.mask, log_prob=out.log_prob, entropy=out.entropy)
 
     def score(

@@ -38,9 +38,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from exgrpo.backends.native.lm.fused_kv import FusedKVDecoder, supports_fused_kv
-from exgrpo.backends.native.lm.static_kv import StaticKVDecoder, distinct_rows, supports_static_kv
-from exgrpo.backends.native.lm.unpadded import forward_responses, supports_unpadded
+from exgrpo.policies.lm.fused_kv import FusedKVDecoder, supports_fused_kv
+from exgrpo.policies.lm.static_kv import StaticKVDecoder, distinct_rows, supports_static_kv
+from exgrpo.policies.lm.unpadded import forward_responses, supports_unpadded
 from exgrpo.config.options import Decoder
 
 __all__ = [

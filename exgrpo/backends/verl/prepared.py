@@ -1,0 +1,46 @@
+"""A prepared veRL run and how its end is told: its spec file, the error of a failed run, and the
+one-line diagnosis a job prints of its own failure (shared by the child-process and Ray Job launches)."""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+SPEC_FILE = "verl_run.json"
+"""The run's spec in its run directory: our config and the veRL overrides derived from it."""
+JOB_ERROR = "exgrpo: error: "
+"""Prefix of the one line a job prints when it diagnosed its own failure (the runner reports just that)."""
+
+
+class VerlRunError(RuntimeError):
+    """A veRL run that failed: the one-line reason and the last lines of its log."""
+
+
+@dataclass
+class PreparedRun:
+    run_dir: Path
+    command: list[str]
+    env: dict[str, str]
+    """Variables the run needs on top of the caller's environment (also a Ray Job's runtime_env)."""
+
+
+def diagnosed(lines) -> str | None:
+    """The job's own one-line diagnosis (e.g. a cluster too small for it), if it printed one."""
+    for line in reversed(list(lines)):
+        if line.startswith(JOB_ERROR):
+            return line[len(JOB_ERROR):].strip()
+    return None
+
+
+ERROR_CHARS = 1000
+"""The most of an error line a failure's one-line reason quotes: cut at a word, with the exception's name."""
+
+
+def last_error(lines) -> str:
+    """The last line of ``lines`` that names an error (e.g. a rollout server's exception), as a clause:
+    whole, or its first :data:`ERROR_CHARS` characters cut at a word (never mid-word)."""
+    for line in reversed(list(lines)):
+        if "Error" in line or "Exception" in line:
+            return textwrap.shorten(line.strip(), ERROR_CHARS, placeholder=" ...") + "; "
+    return ""

@@ -1,0 +1,264 @@
+"""Running one tracked run: a backend trains the config, MLflow records it, its checkpoint is evaluated.
+
+The one place that starts training and records it: ``exgrpo train``, the train flow, a comparison's
+and a sweep's runs all call :func:`tracked_train` (on a Ray cluster: :func:`train_on_cluster`). The
+backend comes from the registry (:func:`exgrpo.backends.base.get_backend`); recording is
+:mod:`exgrpo.tracking`'s, evaluating the final checkpoint :mod:`exgrpo.evaluation`'s.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from exgrpo.backends.base import MLflowRun, get_backend, train
+from exgrpo.backends.verl.resources import DRIVER_CPUS, check, needs, plan_slots, waiting_note
+from exgrpo.cluster import ClusterError, alive_nodes, describe, ensure_ray, task_cpus
+from exgrpo.config import ExperimentConfig
+from exgrpo.evaluation.runner import CheckpointPolicy, eval_names, evaluate_as_in_training, load_checkpoint_policy
+from exgrpo.tracking.code_version import code_version_tags
+from exgrpo.tracking.finished_run import log_finished_run
+from exgrpo.tracking.mlflow_tracking import (
+    TrackedRun,
+    Tracker,
+    TrackingError,
+    algo_tag,
+    backfill_steps,
+    check_reachable,
+    curated_params,
+    run_tags,
+)
+from exgrpo.runs import move_aside, resumable
+from exgrpo.tracking.run_record import continuable, end_if_orphaned, write_record
+from exgrpo.tracking.step_logger import MLflowStepLogger
+from exgrpo.tracking.sync import sync_run, write_pending
+
+
+def _final_metrics(result: Any) -> dict[str, float]:
+    """``final/*``: a finished run's last validation and batch metrics (finite ones)."""
+    return {f"final/{k}": v for k, v in result.final_metrics.items()
+            if k.startswith(("val/", "batch/solved")) and isinstance(v, float) and math.isfinite(v)}
+
+
+def _reachable(uri: str) -> bool:
+    try:
+        check_reachable(uri)
+    except TrackingError:
+        return False
+    return True
+
+
+def _train_unrecorded(cfg: ExperimentConfig, uri: str, creation: dict[str, Any], callbacks: list[Any], *,
+                      resume: bool, force_resume: bool, progress: bool) -> TrackedRun:
+    """Train while the store cannot take a new run. ``metrics.jsonl`` holds every step; the marker
+    :func:`exgrpo.tracking.sync.write_pending` leaves carries what creates the run later (experiment,
+    name, parent, tags, params, config). If the store is back at the end the run is delivered now,
+    else by ``exgrpo sync``. A failed run is marked FAILED the same way, and the error re-raised."""
+    print(f"note: MLflow ({uri}) cannot take run {creation['run_name']} now; it trains anyway and its "
+          "record waits on disk for the store", flush=True)
+    def deliver(run_dir: Path, status: str, **record: Any) -> Any:
+        """Leave the marker, then deliver it now if the store is back (its ``Synced``), else say how."""
+        write_pending(run_dir, uri, None, status, create=creation, **record)
+        try:
+            return sync_run(run_dir)
+        except Exception:  # noqa: BLE001 - still down
+            print(f"note: run {creation['run_name']} ended {status} while MLflow is unreachable; it is on disk, "
+                  f"record it with `exgrpo sync {run_dir}`", flush=True)
+            return None
+
+    try:
+        result = train(cfg, callbacks=callbacks, resume=resume, force_resume=force_resume, progress=progress)
+    except BaseException as e:
+        if cfg.run_dir().is_dir():
+            deliver(cfg.run_dir(), _status_for(e), error=f"{type(e).__name__}: {e}")
+        raise
+    synced = deliver(Path(result.run_dir), "FINISHED", final_metrics=_final_metrics(result))
+    if synced is None:
+        return TrackedRun(result, "", "", uri, synced=False)
+    return TrackedRun(result, synced.run_id, synced.experiment_id, uri)
+
+
+def _final_evaluation(final: CheckpointPolicy) -> dict[str, float]:
+    """``eval/*``: the final policy evaluated as the run evaluates."""
+    return eval_names(evaluate_as_in_training(final))
+
+
+def _status_for(exc: BaseException) -> str:
+    return "KILLED" if type(exc).__name__ in ("TrialPruned", "KeyboardInterrupt") else "FAILED"
+
+
+def _log_steps_before_resume(logger: MLflowStepLogger, history: list[dict[str, float]], seen: set[int],
+                             arrived: set[int] = frozenset()) -> None:
+    """A resumed run's MLflow run gets the steps trained before the resume that it lacks (from
+    metrics.jsonl, as ``history`` holds them; ``arrived``: the steps it has), so it shows the whole
+    run."""
+    for row in history:
+        if int(row["step"]) not in seen and int(row["step"]) not in arrived:
+            logger(int(row["step"]), row)
+
+
+def tracked_train(
+    cfg: ExperimentConfig,
+    *,
+    tracking_uri: str | None = None,
+    experiment: str | None = None,
+    run_name: str | None = None,
+    parent_run_id: str | None = None,
+    arm: str | None = None,
+    study: str | None = None,
+    tags: Mapping[str, Any] | None = None,
+    extra_params: Iterable[str] = (),
+    callbacks: Iterable[Callable[[int, dict[str, float]], None]] = (),
+    system_metrics: bool | None = None,
+    log_checkpoint: bool = True,
+    log_model: bool = True,
+    resume: bool = False,
+    force_resume: bool = False,
+    progress: bool = False,
+    check: bool = True,
+    on_start: Callable[[str], None] | None = None,
+    defer_if_unreachable: bool = False,
+) -> TrackedRun:
+    """Train ``cfg`` into one MLflow run of experiment ``experiment`` (default ``cfg.name``):
+    tags, curated params, the resolved config, per-step metrics, the final checkpoint.
+
+    The run ends FINISHED, FAILED (tag ``error``) or KILLED (pruned; tag ``pruned=true``); the
+    exception is re-raised. ``on_start(run_id)`` is called once the run exists. System metrics
+    (CPU, memory; ``system/*``) are sampled when ``system_metrics`` is true, or when it is None and
+    ``MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING=true``. ``defer_if_unreachable`` (a comparison's runs): when
+    the store cannot take a new run, train anyway and leave the whole record to ``exgrpo sync``
+    (:func:`_train_unrecorded`)."""
+    tracker = Tracker(tracking_uri, check=check)
+    exp_name = experiment or cfg.name
+    run_name = run_name or f"{arm or algo_tag(cfg)}-seed{cfg.seed}"
+    tags = run_tags(cfg, arm, study, tags)
+    run_dir = cfg.run_dir()
+    resume = resume and resumable(cfg)
+    continued = None
+    try:
+        exp_id = tracker.experiment_id(exp_name)
+        if (killed := end_if_orphaned(run_dir, tracker.client)) is not None:
+            print(f"note: {killed}", flush=True)
+        if resume:
+            continued = continuable(run_dir, tracker.client, tracker.uri)
+        else:
+            move_aside(run_dir)  # before this run's record goes in (the backend would move it aside too)
+        if continued is not None:
+            run_id = tracker.continue_run(continued, tags, parent_run_id)
+        else:
+            run_id = tracker.start_run(exp_name, run_name, tags, parent_run_id)
+        write_record(run_dir, tracker.uri, run_id)
+    except Exception:
+        if not defer_if_unreachable or _reachable(tracker.uri):
+            raise
+        creation = {"experiment": exp_name, "run_name": run_name, "parent_run_id": parent_run_id,
+                    "tags": {**code_version_tags(), **tags},
+                    "params": curated_params(cfg, extra_params), "config": cfg.model_dump(mode="json")}
+        return _train_unrecorded(cfg, tracker.uri, creation, list(callbacks), resume=resume,
+                                 force_resume=force_resume, progress=progress)
+    client = tracker.client
+    monitor = None
+    if system_metrics is None:
+        system_metrics = os.environ.get("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", "").lower() in ("true", "1")
+    try:
+        if on_start is not None:
+            on_start(run_id)
+        tracker.log_identity(run_id, curated_params(cfg, extra_params), cfg.model_dump(mode="json"))
+        if system_metrics:
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+            monitor = SystemMetricsMonitor(run_id, sampling_interval=2, tracking_uri=tracker.uri)
+            monitor.start()
+        logger = MLflowStepLogger(client, run_id, every=cfg.train.log_every_steps)
+        live = get_backend(cfg.backend.name).reports_to_mlflow  # the job logs its steps by itself
+        seen: set[int] = set()  # steps trained in this call (a resumed run's earlier steps are not)
+
+        def saw(step: int, _row: dict[str, float]) -> None:
+            seen.add(int(step))
+
+        try:
+            result = train(cfg, callbacks=[*callbacks, saw] if live else [logger, saw, *callbacks], resume=resume,
+                           force_resume=force_resume, progress=progress, mlflow_run=MLflowRun(tracker.uri, run_id) if live else None)
+            if live:  # the job logged its steps; those that did not arrive are logged now, loudly
+                trained = [r for r in result.history if not resume or int(r["step"]) in seen]
+                backfill_steps(client, run_id, trained, logger)
+            if resume:
+                arrived = {m.step for m in client.get_metric_history(run_id, "batch/solved")} if continued else set()
+                _log_steps_before_resume(logger, result.history, seen, arrived)
+        finally:
+            delivered = logger.flush(force=True)
+        final = _final_metrics(result)
+        if not delivered and result.run_dir:  # the server is down at the end: leave it to `exgrpo sync`
+            marker = write_pending(result.run_dir, tracker.uri, run_id, "FINISHED", final)
+            print(f"note: MLflow is unreachable; run {run_id} is complete on disk, finish it in MLflow with "
+                  f"`exgrpo sync {marker.parent}`", flush=True)
+            if monitor is not None:
+                monitor.finish()
+            return TrackedRun(result, run_id, exp_id, tracker.uri, synced=False)
+        step = int(result.final_metrics.get("step", 0))
+        tracker.log_metrics(run_id, final, step=step)
+        log_finished_run(tracker, run_id, cfg, result, step, load_policy=load_checkpoint_policy, evaluate=_final_evaluation,
+                         log_checkpoint=log_checkpoint, log_model=log_model)
+    except BaseException as e:
+        status = _status_for(e)
+        try:
+            if status == "KILLED":
+                client.set_tag(run_id, "pruned", "true")
+            else:
+                client.set_tag(run_id, "error", f"{type(e).__name__}: {e}"[:5000])
+            tracker.end_run(run_id, status)
+        except Exception:  # noqa: BLE001 - the store is down too: the run is ended by `exgrpo sync`
+            run_dir = cfg.run_dir()
+            if run_dir.is_dir():
+                write_pending(run_dir, tracker.uri, run_id, status, error=f"{type(e).__name__}: {e}")
+        finally:
+            if monitor is not None:
+                monitor.finish()
+        raise
+    if monitor is not None:
+        monitor.finish()
+    tracker.end_run(run_id, "FINISHED")
+    return TrackedRun(result, run_id, exp_id, tracker.uri)
+
+
+def train_on_cluster(cfg: Any, address: str, **tracked: Any) -> Any:
+    """One tracked native run (:func:`tracked_train`) as a Ray task on the cluster; its
+    run directory is ``output_dir`` made absolute (a path every node shares)."""
+    import ray
+
+    ensure_ray(address)
+    print(f"running on {describe(address)}", flush=True)
+    cfg = cfg.model_copy(update={"output_dir": Path(cfg.output_dir).resolve()})
+    task = ray.remote(max_retries=0)(tracked_train).options(num_cpus=task_cpus(cfg))
+    try:
+        return ray.get(task.remote(cfg, progress=False, **tracked))
+    except ray.exceptions.RayTaskError as e:
+        raise e.as_instanceof_cause() from None
+
+
+def launch_slots(cfg: Any, address: str | None, runs: int) -> list[dict[str, Any]] | None:
+    """Ray ``.options`` of each of a comparison's or sweep's runs of ``cfg`` that may run at once on the
+    cluster at ``address``, each pinned to the node its plan chose; None: no limit (native runs are one
+    task each, and a veRL job on its own private Ray holds nothing here). veRL runs start only as the
+    cluster can host them whole (:func:`exgrpo.backends.verl.resources.plan_slots`): started at once,
+    they took each other's CPUs and none could start. Says once when ``runs`` must wait."""
+    if address is None or cfg.backend.name != "verl" or cfg.backend.verl.ray_address != address:
+        return None
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    v, nodes = cfg.backend.verl, alive_nodes()
+    check(v, nodes, address)  # one line for a cluster too small for even a job alone
+    slots = plan_slots(v, nodes)
+    if not slots:
+        need = needs(v)
+        raise ClusterError(
+            f"the Ray cluster at {address} can never run these veRL runs: beside its workers' node(s) each run "
+            f"needs a node with {DRIVER_CPUS} free CPUs for its launcher and TaskRunner and {need.total_cpus + 1} "
+            f"CPUs in all; its nodes have: {', '.join(f'{n.cpus:g} CPU/{n.gpus:g} GPU' for n in nodes)}. Add a "
+            f"node, e.g. `ray start --address={address} --num-cpus={DRIVER_CPUS + 1}`")
+    if runs > len(slots):
+        print(f"note: {waiting_note(v, nodes, len(slots), runs)}", flush=True)
+    return [{"scheduling_strategy": NodeAffinitySchedulingStrategy(nodes[i].node_id, soft=False)} for i in slots]

