@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from exgrpo.backends.native import mlp_policy
+from exgrpo.policies import mlp_policy
 from exgrpo.backends.native.trainer import Trainer
 from exgrpo.config import load_experiment
 

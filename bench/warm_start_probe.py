@@ -19,8 +19,8 @@ import json
 
 import torch
 
-from exgrpo.backends.native.lm.engine import RolloutEngine, SamplingParams
-from exgrpo.backends.native.lm.tiny_lm import load_tiny_lm
+from exgrpo.policies.lm.engine import RolloutEngine, SamplingParams
+from exgrpo.policies.lm.tiny_lm import load_tiny_lm
 from exgrpo.config import load_experiment, parse_set
 from exgrpo.tasks.text_arithmetic import TextArithmetic
 

@@ -65,7 +65,9 @@ def test_a_finished_run_logs_its_run_directorys_records_as_artifacts(store, tmp_
     (run_dir / "verl.log").write_text("step:1 - timing_s/step:1.5\n")
     (run_dir / "verl_run.json.tmp").write_text("")  # not a record
     log_finished_run(tracker, run_id, load_experiment("experiments/verl-tiny-grpo.yaml"),
-                     SimpleNamespace(run_dir=run_dir, checkpoint=None), step=1)
+                     SimpleNamespace(run_dir=run_dir, checkpoint=None), step=1,
+                     load_policy=lambda file: pytest.fail("no checkpoint: nothing to load"),
+                     evaluate=lambda loaded: pytest.fail("no checkpoint: nothing to evaluate"))
     client = tracker.client
     logged = {a.path for folder in ("config", "logs", "metrics") for a in client.list_artifacts(run_id, folder)}
     assert logged == {"config/verl_run.json", "logs/verl.log", "metrics/metrics.jsonl"}

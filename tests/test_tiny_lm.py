@@ -75,7 +75,7 @@ def test_worked_solutions_are_correct():
 
 
 def test_a_mixed_strategy_warm_start_draws_direct_answers_and_leaves_the_worked_stream_alone():
-    from exgrpo.backends.native.lm.tiny_lm import TinyLMConfig, config_hash
+    from exgrpo.policies.lm.tiny_lm import TinyLMConfig, config_hash
     from exgrpo.tasks.text_arithmetic import direct_solution
 
     assert direct_solution([12, 7, 3], ["+", "*"]) == "\\boxed{33}"
@@ -187,7 +187,7 @@ def test_a_command_says_whether_the_warm_start_was_cached_or_trained_now(tmp_pat
     """`make demo` (a comparison) and `exgrpo train` say in one line whether the SFT warm start was in the
     cache (a cached one turns a 6-minute demo into a 4-minute one), with its path."""
     pytest.importorskip("transformers")
-    from exgrpo.backends.native.lm.tiny_lm import cache_root, config_hash
+    from exgrpo.policies.lm.tiny_lm import cache_root, config_hash
     from exgrpo.compare import jobs, prepare_warm_starts
     from exgrpo.config import load_compare, load_experiment
 

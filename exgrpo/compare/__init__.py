@@ -124,14 +124,14 @@ def prepare_warm_starts(configs: Iterable[ExperimentConfig], say: Callable[[str]
                         progress: bool = True) -> None:
     """Before a command's runs start on this machine: the tiny LM warm start each distinct model of
     ``configs`` needs, from the cache or trained now (once, not by every run at the same time), and
-    one line per model saying which (:func:`exgrpo.backends.native.lm.tiny_lm.warm_start`)."""
+    one line per model saying which (:func:`exgrpo.policies.lm.tiny_lm.warm_start`)."""
     from exgrpo.config import LMPolicyConfig
 
     models = {cfg.policy.model.model_dump_json(): cfg.policy.model for cfg in configs
               if isinstance(cfg.policy, LMPolicyConfig)}
     if not models:
         return
-    from exgrpo.backends.native.lm.tiny_lm import warm_start
+    from exgrpo.policies.lm.tiny_lm import warm_start
 
     for model in models.values():
         say(warm_start(model, progress=progress))
