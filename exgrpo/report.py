@@ -83,12 +83,14 @@ def comparison_figure(outcomes: Sequence[RunOutcome], arms: Sequence[str], metri
     return out
 
 
-def _mean_curve(rows: list[list[dict[str, float]]], key: str, cumulative: bool = False) -> tuple[np.ndarray, np.ndarray] | None:
+def _mean_curve(rows: list[list[dict[str, float]]], key: str, cumulative: bool = False,
+                nonzero: bool = False) -> tuple[np.ndarray, np.ndarray] | None:
     """Mean over runs of ``key`` at the steps every run logged it (summed up to each step with
-    ``cumulative``); None if no run logged it."""
+    ``cumulative``; with ``nonzero``, only steps where it is not 0, e.g. a ratio before there is
+    anything to weigh); None if no run logged it."""
     curves = []
     for rr in rows:
-        pts = [(r["step"], r[key]) for r in rr if key in r]
+        pts = [(r["step"], r[key]) for r in rr if key in r and not (nonzero and r[key] == 0)]
         if not pts:
             return None
         steps, values = zip(*pts, strict=True)
@@ -132,8 +134,8 @@ def mechanism_figure(outcomes: Sequence[RunOutcome], arms: Sequence[str], out: s
         if lam is not None:
             axes[0].plot(*lam, "--", color=color, label=f"{arm}: λ, weight of its replay term")
         for key, style in (("actor/off_ratio_mean", "-"), ("notebook/off_w_mean", "--")):
-            ratio = _mean_curve(rows, key)
-            if ratio is not None and np.any(ratio[1] != 0):
+            ratio = _mean_curve(rows, key, nonzero=True)
+            if ratio is not None and len(ratio[0]):
                 axes[2].plot(*ratio, style, color=color, label=f"{arm} ({key.split('/')[1]})")
         fresh = _mean_curve(rows, "compute/fresh_questions", cumulative=True)
         if fresh is not None:
@@ -146,13 +148,13 @@ def mechanism_figure(outcomes: Sequence[RunOutcome], arms: Sequence[str], out: s
                                   colors=plt.cm.viridis(np.linspace(0.1, 0.9, len(keys))))
                 axes[1].set_title(f"{arm}: pooled questions by bucket (latest k correct)")
                 pool_drawn = True
-    axes[0].set(title="replay in each step (mean over seeds)", xlabel="step", ylim=(-0.02, 1.02))
+    axes[0].set(title="replay in each step: share of the loss's tokens (mean over seeds)", xlabel="step", ylim=(-0.02, 1.02))
     if not pool_drawn:
         axes[1].set_title("experience pool by bucket")
         axes[1].text(0.5, 0.5, "no arm keeps the paper's\nexperience pool", ha="center", va="center",
                      transform=axes[1].transAxes, color="0.4")
     axes[1].set_xlabel("step")
-    axes[2].set(title="importance ratio of replayed tokens (mean)", xlabel="step")
+    axes[2].set(title="importance ratio of replayed tokens (mean, steps that replay)", xlabel="step")
     axes[2].axhline(1.0, color="0.5", lw=0.8)
     axes[3].set(title="questions drawn fresh so far", xlabel="step")
     for ax in axes:

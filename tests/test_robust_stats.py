@@ -75,6 +75,8 @@ def test_the_mechanism_series_are_means_over_seeds_of_what_the_trainer_logged(tm
     assert list(steps) == [1, 2, 3] and share == pytest.approx([0.0, 0.1, 0.25])
     assert _mean_curve(rows, "compute/fresh_questions", cumulative=True)[1] == pytest.approx([32, 54, 61])
     assert _mean_curve(rows, "notebook/lambda") is None  # an arm without the notebook's term draws none
+    rows[0][0]["actor/off_ratio_mean"] = 0.0  # nothing replayed at step 1 of seed 0: no ratio, not a ratio of 0
+    assert list(_mean_curve(rows, "actor/off_ratio_mean", nonzero=True)[0]) == [2, 3]
     grpo = [RunOutcome("grpo", 0, 0.4, [], [], run_dir=_write_run(tmp_path / "grpo", [
         {"step": 1, "compute/rollout_tokens": 100.0, "compute/grad_tokens": 100.0, "compute/fresh_questions": 32.0}]))]
     out = mechanism_figure(pool + grpo, ["grpo", "exgrpo"], tmp_path / "why.png")
