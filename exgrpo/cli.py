@@ -93,6 +93,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
                           "drop --no-tracking and pass --tracking-uri of a server every node reaches")
     cfg = on_cluster(cfg, address)
     check_cluster(address, args.tracking_uri)
+    if cfg.backend.name == "verl":  # the job's interpreter, before the run's record or assets exist
+        from exgrpo.backends.verl.runner import job_python
+
+        job_python(cfg.backend.verl)
     if address is None and cfg.backend.name == "verl" and cfg.backend.verl.ray_address is not None:
         probe(cfg.backend.verl.ray_address)  # the config's own cluster: before the run's assets are built
     if address is None:  # on a cluster, the node that runs it loads or trains its own

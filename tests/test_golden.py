@@ -19,7 +19,8 @@ from golden import FIXTURES, RUNS, run_pinned
 RECORDED = json.loads(FIXTURES.read_text())
 DROPPED = {"notebook/lambda"}
 """Keys the old trainer logged for every algorithm; now only the notebook strategy reports them."""
-ADDED = {"compute/rollout_tokens", "compute/grad_tokens", "train/accuracy"}
+ADDED = {"compute/rollout_tokens", "compute/grad_tokens", "compute/fresh_questions", "compute/replay_term_tokens",
+         "train/accuracy"}
 """Keys logged since the recording (new metrics, not changed numbers)."""
 RECORDED_ON = "AuthenticAMD"
 """The CPU vendor the fixtures were recorded on (``vendor_id`` of /proc/cpuinfo)."""

@@ -48,22 +48,22 @@ def test_lm_config_checks():
 def test_cli_train_tiny_lm_replays_text_trajectories(tmp_path):
     sets = [f"--set={k}={v}" for k, v in TINY.items()]
     out = subprocess.run(
-        [sys.executable, "-m", "exgrpo.cli", "train", "experiments/tiny-lm.yaml", "--no-progress",
+        [sys.executable, "-m", "exgrpo.cli", "train", "experiments/tiny-lm.yaml", "--arm", "exgrpo", "--no-progress",
          "--output-dir", str(tmp_path), *sets],
         capture_output=True, text=True, env={**os.environ},
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    rows = [json.loads(x) for x in (tmp_path / "tiny-lm" / "seed0" / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(x) for x in (tmp_path / "tiny-lm" / "tiny-lm-exgrpo" / "seed0" / "metrics.jsonl").read_text().splitlines()]
     assert rows[0]["step"] == 0 and "val/accuracy" in rows[0]  # the warm start is evaluated
     assert [r["step"] for r in rows if "val/accuracy" in r] == [0, 3, 6]
     assert max(r.get("replay/questions", 0) for r in rows) > 0
     assert any(r.get("actor/off_token_fraction", 0) > 0 for r in rows)
-    state = ckpt.load_state(ckpt.latest_checkpoint(tmp_path / "tiny-lm" / "seed0"))
+    state = ckpt.load_state(ckpt.latest_checkpoint(tmp_path / "tiny-lm" / "tiny-lm-exgrpo" / "seed0"))
     lengths = set(state["replay"]["pool"]["length"].tolist())
     assert lengths and max(lengths) > 1  # multi-token text trajectories, stored as token ids
 
     # the checkpoint evaluates through the real CLI: own held-out split + a registry benchmark
-    path = ckpt.latest_checkpoint(tmp_path / "tiny-lm" / "seed0")
+    path = ckpt.latest_checkpoint(tmp_path / "tiny-lm" / "tiny-lm-exgrpo" / "seed0")
     ev = subprocess.run(
         [sys.executable, "-m", "exgrpo.cli", "eval", "--checkpoint", str(path), "--benchmarks", "val,arith:6,arc_challenge:4",
          "--n", "2", "--temperature", "1.0", "--json", str(tmp_path / "scores.json")],
