@@ -30,6 +30,22 @@ def _band(curves: list[tuple[list[float], list[float]]]) -> tuple[np.ndarray, np
     return np.array(common), np.array([e.mean for e in est]), np.array([e.low for e in est]), np.array([e.high for e in est])
 
 
+def _save(fig, axes, out: str | Path) -> Path:
+    """Grid and legend on every panel, then the figure written to ``out`` (PNG) and closed."""
+    import matplotlib.pyplot as plt
+
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
 def comparison_figure(outcomes: Sequence[RunOutcome], arms: Sequence[str], metric: str, out: str | Path) -> Path:
     """Write ``out`` (PNG): left, ``metric`` vs step (mean ± 95% CI over seeds) per arm; middle,
     batch pass@1; then pool size and retired count (paper ExGRPO arms); right, the performance
@@ -71,16 +87,7 @@ def comparison_figure(outcomes: Sequence[RunOutcome], arms: Sequence[str], metri
                      transform=axes[2].transAxes, color="0.4")
     axes[3].set(title=f"performance profile: runs with final {metric} > τ", xlabel="τ", ylabel="fraction of runs",
                 ylim=(-0.02, 1.02))
-    for ax in axes:
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
-    fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(fig, axes, out)
 
 
 def _mean_curve(rows: list[list[dict[str, float]]], key: str, cumulative: bool = False,
@@ -157,13 +164,4 @@ def mechanism_figure(outcomes: Sequence[RunOutcome], arms: Sequence[str], out: s
     axes[2].set(title="importance ratio of replayed tokens (mean, steps that replay)", xlabel="step")
     axes[2].axhline(1.0, color="0.5", lw=0.8)
     axes[3].set(title="questions drawn fresh so far", xlabel="step")
-    for ax in axes:
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
-    fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(fig, axes, out)
