@@ -100,7 +100,10 @@ def start(svcs: list[Service], log_dir: Path, timeout: float = 120.0) -> None:
     log_dir.mkdir(parents=True, exist_ok=True)
     env = os.environ.copy()
     use_prefect_home(env, find_server=False)
-    env.update(PREFECT_SERVER_ANALYTICS_ENABLED="false", MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+    # the UI is what this command is for, whatever a shell or profile says (PREFECT_SERVER_UI_ENABLED=false
+    # serves the API alone, and every page of the UI answers 404)
+    env.update(PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_SERVER_UI_ENABLED="true",
+               MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
     for s in svcs:  # Prefect's UI calls the API at PREFECT_API_URL, else port 4200: this server's, whatever its port
         if s.name == "prefect" and not env.get("PREFECT_UI_API_URL"):
             env["PREFECT_UI_API_URL"] = f"{s.url}/api"

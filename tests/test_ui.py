@@ -35,9 +35,9 @@ COMPARE = (
 
 
 def _user_env(project: Path, mlflow_ui: str) -> dict[str, str]:
-    """A shell in ``project`` with none of the stores' variables set (what a new user has)."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PREFECT_HOME", "PREFECT_API_URL", "PREFECT_PROFILES_PATH", "MLFLOW_TRACKING_URI")}
+    """A shell in ``project`` with no Prefect setting and no MLflow store set (what a new user has; other test
+    modules set Prefect variables in this process at collection)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k != "MLFLOW_TRACKING_URI"}
     env.update(EXGRPO_MLFLOW_UI=mlflow_ui, PYTHONPATH=str(REPO),
                RAY_TMPDIR=tempfile.mkdtemp(prefix="ray", dir="/tmp"),  # Ray's socket paths must stay short
                PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="600")  # a busy shared machine: a bound, not a limit
@@ -107,8 +107,9 @@ def test_the_prefect_ui_shows_the_comparisons_flow_run_task_runs_and_artifacts(u
     assert run["state_type"] == "COMPLETED" and run["flow_id"]
     listing = app_dom(chromium, f"{ui.prefect}/runs", tmp_path, expect=name)
     assert name in listing and "Can't connect to Server API" not in listing
-    page = app_dom(chromium, f"{ui.prefect}/runs/flow-run/{run['id']}", tmp_path, expect="exgrpo seed 0")
-    assert "grpo seed 0" in page and "exgrpo seed 0" in page  # one task run per (arm, seed)
+    page = app_dom(chromium, f"{ui.prefect}/runs/flow-run/{run['id']}?tab=Task%20Runs", tmp_path,
+                   expect="exgrpo seed 0")
+    assert "grpo seed 0" in page and "exgrpo seed 0" in page  # one task run per (arm, seed), in their own tab
     artifacts = app_dom(chromium, f"{ui.prefect}/artifacts", tmp_path, expect="ui-cmp-comparison")
     assert "ui-cmp-comparison" in artifacts and "ui-cmp-progress" in artifacts
 
