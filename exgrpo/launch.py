@@ -136,7 +136,7 @@ def tracked_train(
     run_name = run_name or f"{arm or algo_tag(cfg)}-seed{cfg.seed}"
     tags = run_tags(cfg, arm, study, tags)
     run_dir = cfg.run_dir()
-    resume = resume and resumable(cfg)
+    resume_asked, resume = resume, resume and resumable(cfg)
     continued = None
     try:
         exp_id = tracker.experiment_id(exp_name)
@@ -145,7 +145,7 @@ def tracked_train(
         if resume:
             continued = continuable(run_dir, tracker.client, tracker.uri)
         else:
-            move_aside(run_dir)  # before this run's record goes in (the backend would move it aside too)
+            move_aside(run_dir, resume_asked)  # before this run's record goes in (the backend would too)
         if continued is not None:
             run_id = tracker.continue_run(continued, tags, parent_run_id)
         else:

@@ -99,9 +99,10 @@ RECORD_FILE = "mlflow_run.json"
 """The file of a run directory naming its MLflow run and the process training it (``tracking.run_record``)."""
 
 
-def move_aside(run_dir: Path) -> Path | None:
+def move_aside(run_dir: Path, resume_asked: bool = False) -> Path | None:
     """If ``run_dir`` holds an earlier run, rename it to ``<run_dir>.old-<time>`` and return the new path
-    (a directory holding only the MLflow record of the run starting now is not an earlier run)."""
+    (a directory holding only the MLflow record of the run starting now is not an earlier run).
+    ``resume_asked``: ``--resume`` was given but found no checkpoint (:func:`resumable` said so)."""
     if not run_dir.exists() or all(p.name == RECORD_FILE for p in run_dir.iterdir()):
         return None
     target = run_dir.with_name(f"{run_dir.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -110,7 +111,8 @@ def move_aside(run_dir: Path) -> Path | None:
         target = run_dir.with_name(f"{run_dir.name}.old-{time.strftime('%Y%m%d-%H%M%S')}-{n}")
         n += 1
     run_dir.rename(target)
-    print(f"note: {run_dir} held an earlier run; moved it to {target} (use --resume to continue a run)")
+    hint = "it had no checkpoint to resume from" if resume_asked else "use --resume to continue a run"
+    print(f"note: {run_dir} held an earlier run; moved it to {target} ({hint})", flush=True)
     return target
 
 

@@ -78,6 +78,7 @@ def test_resume_without_a_checkpoint_says_so_and_trains_from_step_one(tmp_path, 
     notes = [ln for ln in out.splitlines() if ln.startswith("note: --resume")]
     assert notes == [f"note: --resume: {cfg.run_dir() / 'checkpoints'} holds no checkpoint (it checkpoints every 2 "
                      "steps); training from step 1"]
+    assert "held an earlier run; moved it to" in out and "(it had no checkpoint to resume from)" in out
     assert [json.loads(ln)["step"] for ln in (cfg.run_dir() / "metrics.jsonl").read_text().splitlines()] == [1.0, 2.0]
 
 
