@@ -39,6 +39,21 @@ def test_a_verl_run_has_every_verl_setting_that_decides_its_numbers_as_a_param()
     assert native["backend.name"] == "native" and not [k for k in native if k.startswith("backend.verl.")]
 
 
+@pytest.mark.parametrize("path", ["experiments/tiny-lm-chain.yaml", "experiments/verl-tiny-chain.yaml",
+                                  "experiments/toy-exgrpo.yaml", "experiments/smollm2-arith.yaml"])
+def test_every_setting_that_decides_a_runs_numbers_is_a_param(path):
+    from exgrpo.config import flatten, resume_safe_fields
+
+    text = open(path).read()
+    cfg = load_compare(path).arm_config("exgrpo", 0) if "\narms:" in text else load_experiment(path)
+    params = curated_params(cfg)
+    running = {k for k in flatten(cfg) if not k.startswith("backend.") or k.startswith(f"backend.{cfg.backend.name}")}
+    assert running - resume_safe_fields() <= set(params), sorted(running - resume_safe_fields() - set(params))
+    if "chain" in path:  # what makes the regime: its questions and its warm start
+        assert params["task.problems.min_operands"] == "3" and params["task.n_train"] == "20000"
+        assert params["policy.model.sft_direct_fraction"] == "0.6" and params["policy.model.sft_steps"] == "600"
+
+
 def test_step_timings_have_the_native_trainers_names_on_the_verl_backend():
     step, row = verl_row({"step": 3, "data": {"timing_s/step": 1.5, "timing_s/gen": 0.5, "timing_s/reward": 0.25,
                                               "timing_s/update_actor": 0.5, "val-core/arith/acc/mean@1": 0.25}})

@@ -64,7 +64,7 @@ class TrainConfig(_Strict):
     """Validate every this many epochs (and at the end)."""
     eval_before_train: bool = Field(False, json_schema_extra=RESUME_SAFE)
     """Also validate the initial (warm-start) policy, logged at step 0."""
-    eval_every_steps: int | None = Field(None, ge=1, json_schema_extra=RESUME_SAFE)
+    eval_every_steps: int | None = Field(None, ge=1, json_schema_extra=MLFLOW_PARAM | RESUME_SAFE)
     """Validate every this many steps instead (overrides eval_every_epochs); None: use epochs."""
     checkpoint_every: int = Field(0, ge=0, json_schema_extra=RESUME_SAFE)
     """Write a checkpoint every this many steps (0: only at the end)."""
@@ -410,18 +410,21 @@ def resume_safe_fields(model: type[BaseModel] = ExperimentConfig, prefix: str = 
 
 
 def mlflow_param_keys(cfg: BaseModel, prefix: str = "") -> list[str]:
-    """Dotted names of the fields of ``cfg`` (this instance's union members) marked ``MLFLOW_PARAM``,
-    without the settings of a backend that does not run it."""
+    """Dotted names of the fields of ``cfg`` (this instance's union members) that are a run's MLflow
+    params: every field that decides its numbers (all but the ``RESUME_SAFE`` ones, which a resumed run
+    may change), and the ``RESUME_SAFE`` ones marked ``MLFLOW_PARAM`` too (the budget, the decoder);
+    without the settings of a backend that does not run it. A mapping's entries are params each."""
     keys: list[str] = []
     idle = cfg.idle_sections() if hasattr(cfg, "idle_sections") else set()
     for name, field in type(cfg).model_fields.items():
         value = getattr(cfg, name)
         if name in idle:
             continue
+        marks = field.json_schema_extra or {}
         if isinstance(value, BaseModel):
             keys += mlflow_param_keys(value, f"{prefix}{name}.")
-        elif (field.json_schema_extra or {}).get("mlflow_param"):
-            keys.append(f"{prefix}{name}")
+        elif marks.get("mlflow_param") or not marks.get("resume_safe"):
+            keys += [f"{prefix}{name}.{k}" for k in value] if isinstance(value, dict) else [f"{prefix}{name}"]
     return keys
 
 

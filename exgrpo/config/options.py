@@ -113,7 +113,9 @@ class OptimizerKind(StrEnum):
 
 MLFLOW_PARAM: dict[str, bool] = {"mlflow_param": True}
 """Field marker (``Field(..., json_schema_extra=MLFLOW_PARAM)``): log the field as an MLflow param
-(exgrpo.tracking.curated_params); the full config is always an artifact. A backend's settings are
+(exgrpo.tracking.curated_params); the full config is always an artifact. Every field that is not
+``RESUME_SAFE`` decides a run's numbers and is a param without it (``mlflow_param_keys``); the marker
+also makes a ``RESUME_SAFE`` field one (the step budget, the decoder). A backend's settings are
 params of the runs that backend trains (``BackendConfig.idle_sections``)."""
 
 RESUME_SAFE: dict[str, bool] = {"resume_safe": True}
