@@ -9,7 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from exgrpo.config import ConfigError, field_docs, load_compare, load_experiment, parse_set, resume_safe_fields
+from exgrpo.config import ConfigError, field_docs, load_compare, load_run, parse_set, resume_safe_fields
 
 # Each command imports what it runs inside its function: `exgrpo --help`, `--version` and a bad config's
 # one-line error stay free of torch, Ray, MLflow and Prefect.
@@ -51,28 +51,12 @@ class FlowMissing(RuntimeError):
     """A Prefect flow of the ``flows`` package cannot be imported."""
 
 
-def _train_config(path: str | None, overrides: dict, arm: str | None):
-    """The config ``exgrpo train`` runs: an experiment file's, or one arm of a comparison file (``arm``,
-    else its first), said in one line. ``overrides`` apply to a comparison's base, as in ``compare``;
-    the seed is the given one, else the comparison's first."""
-    from exgrpo.config.experiment import read_yaml
-
-    if path is None or "arms" not in read_yaml(path):
-        if arm is not None:
-            raise ConfigError(f"--arm {arm}: {path or 'the default config'} is not a comparison file (it has no "
-                              "`arms:`); drop --arm")
-        return load_experiment(path, overrides)
-    overrides = dict(overrides)
-    seed = overrides.pop("seed", None)
-    cc = load_compare(path, overrides)
-    arms = list(cc.arms)
-    if arm is None:
-        arm = arms[0]
-    elif arm not in cc.arms:
-        raise ConfigError(f"--arm {arm}: {path} has no such arm; its arms are {', '.join(arms)}")
-    cfg = cc.arm_config(arm, cc.seeds[0] if seed is None else seed)
-    print(f"{path} is a comparison of {', '.join(arms)}: training its arm {arm}, seed {cfg.seed} "
-          f"(another arm: --arm NAME; every arm and seed: exgrpo compare {path})", file=sys.stderr, flush=True)
+def _run_config(path: str | None, overrides: dict, arm: str | None):
+    """The config ``exgrpo train`` (or ``config``, ``doctor``) runs: an experiment file's, or one arm of a
+    comparison file, whose arm is said in one line on stderr (:func:`exgrpo.config.load_run`)."""
+    cfg, note = load_run(path, overrides, arm, option="--arm")
+    if note is not None:
+        print(note, file=sys.stderr, flush=True)
     return cfg
 
 
@@ -84,7 +68,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         overrides["train.max_steps"] = args.max_steps
     if args.output_dir is not None:
         overrides["output_dir"] = args.output_dir
-    cfg = _train_config(args.config, overrides, args.arm)  # fails here, before any work, on bad input
+    cfg = _run_config(args.config, overrides, args.arm)  # fails here, before any work, on bad input
     from exgrpo.cluster import check_cluster, cluster_address, on_cluster, probe
 
     address = cluster_address(args.ray_address)
@@ -198,22 +182,16 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 def _cmd_config(args: argparse.Namespace) -> int:
     if args.config:
-        print(load_experiment(args.config, parse_set(args.set)).model_dump_json(indent=2))
+        print(_run_config(args.config, parse_set(args.set), args.arm).model_dump_json(indent=2))
     else:
         print(_fields_epilog())
     return 0
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from exgrpo.config.experiment import read_yaml
     from exgrpo.doctor import run
 
-    if args.config and "arms" in read_yaml(args.config):
-        comparison = load_compare(args.config, parse_set(args.set))
-        cfg = comparison.arm_config(next(iter(comparison.arms)), comparison.seeds[0])
-    else:
-        cfg = load_experiment(args.config, parse_set(args.set))
-    return run(cfg, args.tracking_uri)
+    return run(_run_config(args.config, parse_set(args.set), args.arm), args.tracking_uri)
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
@@ -439,8 +417,9 @@ def build_parser() -> argparse.ArgumentParser:
                        description="One line per finding (ok or PROBLEM) for the run CONFIG describes; exit 1 on a "
                        "problem. Checks the training job's environment (backend.verl.python: veRL, torch, Ray, "
                        "vLLM versions), CUDA GPUs where device=cuda, a configured Ray cluster, the MLflow store.")
-    h.add_argument("config", nargs="?", help="experiment or comparison YAML (a comparison: its first arm) "
+    h.add_argument("config", nargs="?", help="experiment or comparison YAML (a comparison: one arm, see --arm) "
                    "(default: the built-in defaults)")
+    h.add_argument("--arm", help="with a comparison YAML: the arm to check (default: its first arm, named on stderr)")
     h.add_argument("--set", action="append", metavar="FIELD=VALUE",
                    help="override a config field (repeatable; default: none, the file's values)")
     h.add_argument("--tracking-uri", help="MLflow store (default: MLFLOW_TRACKING_URI, else <project>/mlruns/mlflow.db)")
@@ -449,7 +428,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("config", help="print every config field with its doc, or a resolved config",
                        description="Without CONFIG, list every config field with its default and doc (as `exgrpo "
                        "train --help` does). With CONFIG, print the config it resolves to, as JSON, after --set.")
-    g.add_argument("config", nargs="?", help="experiment YAML to resolve (default: list the fields instead)")
+    g.add_argument("config", nargs="?", help="experiment YAML, or comparison YAML (one arm, see --arm), to resolve "
+                   "(default: list the fields instead)")
+    g.add_argument("--arm", help="with a comparison YAML: the arm to resolve (default: its first arm, named on stderr)")
     g.add_argument("--set", action="append", metavar="FIELD=VALUE",
                    help="override a config field (repeatable; default: none, the file's values)")
     g.set_defaults(fn=_cmd_config)

@@ -20,7 +20,7 @@ from prefect.artifacts import acreate_link_artifact
 
 from flows import failed, user_errors
 from exgrpo.cluster import cluster_address, on_cluster, require_shared_stores
-from exgrpo.config import load_experiment
+from exgrpo.config import load_run
 
 
 @flow(name="train", log_prints=True)
@@ -31,19 +31,26 @@ async def train_flow(
     tracking_uri: str | None = None,
     resume: bool = False,
     ray_address: str | None = None,
+    arm: str | None = None,
 ) -> dict[str, Any]:
     """One tracked training run: MLflow run with tags, params, per-step metrics and the checkpoint.
-    ``ray_address`` (else ``RAY_ADDRESS``): the Ray cluster the run (a veRL job, or a native run as a
-    Ray task) goes to."""
+    ``config`` an experiment file, or a comparison file whose ``arm`` (default: its first) runs, said in
+    the flow run's log. ``ray_address`` (else ``RAY_ADDRESS``): the Ray cluster the run (a veRL job, or
+    a native run as a Ray task) goes to."""
     from exgrpo.launch import tracked_train, train_on_cluster  # torch: when the flow runs, not when Prefect reads it
 
     overrides = dict(overrides or {})
     if seed is not None:
         overrides["seed"] = seed
-    cfg = load_experiment(config, overrides)
-    if cfg.backend.name == "verl" and "backend.verl.launch" not in overrides:
-        # the flow launches veRL runs as Ray Jobs: the MLflow run exists first, the job's log streams here
-        cfg = load_experiment(config, {**overrides, "backend.verl.launch": "ray_job"})
+    try:
+        cfg, note = load_run(config, overrides, arm)
+        if cfg.backend.name == "verl" and "backend.verl.launch" not in overrides:
+            # the flow launches veRL runs as Ray Jobs: the MLflow run exists first, the job's log streams here
+            cfg, note = load_run(config, {**overrides, "backend.verl.launch": "ray_job"}, arm)
+    except user_errors() as e:
+        return failed(e)
+    if note is not None:
+        print(note)
     from prefect.runtime import flow_run
 
     # the tag lets the evaluate deployment (triggered by this flow run's completion) find the run

@@ -41,15 +41,15 @@ def test_every_subcommands_help_says_what_it_does_and_each_options_default(name,
 
 
 def test_train_on_a_comparison_file_names_the_arm_it_trains(capsys):
-    from exgrpo.cli import _train_config
+    from exgrpo.cli import _run_config
 
-    cfg = _train_config(VLLM, {}, None)
+    cfg = _run_config(VLLM, {}, None)
     said = capsys.readouterr().err
     assert said == (f"{VLLM} is a comparison of grpo, exgrpo: training its arm grpo, seed 0 (another arm: --arm NAME; "
                     f"every arm and seed: exgrpo compare {VLLM})\n")
     assert cfg.name == "verl-tiny-vllm-grpo" and cfg.algorithm.replay.value == "none"
 
-    cfg = _train_config(VLLM, {"seed": 3, "train.max_steps": 2}, "exgrpo")
+    cfg = _run_config(VLLM, {"seed": 3, "train.max_steps": 2}, "exgrpo")
     assert "training its arm exgrpo, seed 3" in capsys.readouterr().err
     # the arm's own overrides apply, as in `exgrpo compare`; --set goes to the base
     assert (cfg.name, cfg.seed, cfg.train.max_steps) == ("verl-tiny-vllm-exgrpo", 3, 2)
@@ -60,9 +60,9 @@ def test_a_bad_arm_is_one_line_listing_the_arms(capsys):
     assert main(["train", VLLM, "--arm", "ppo"]) == 2
     assert capsys.readouterr().err == (f"error: --arm ppo: {VLLM} has no such arm; its arms are grpo, exgrpo\n")
     with pytest.raises(ConfigError, match="is not a comparison file .* drop --arm"):
-        from exgrpo.cli import _train_config
+        from exgrpo.cli import _run_config
 
-        _train_config("experiments/toy-exgrpo.yaml", {}, "grpo")
+        _run_config("experiments/toy-exgrpo.yaml", {}, "grpo")
 
 
 def test_train_runs_the_chosen_arm_of_a_comparison(tmp_path, capsys):

@@ -119,6 +119,22 @@ def test_compare_flow_parent_and_children_in_mlflow(tmp_path):
     assert sorted(m.step for m in client.get_metric_history(reused.info.run_id, "batch/solved")) == list(range(1, 9))
 
 
+def test_the_train_flow_runs_the_named_arm_of_a_comparison_file(tmp_path):
+    from flows.train import train_flow
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    small = {"output_dir": str(tmp_path / "runs"), "train.max_steps": 2, "task.max_operand": 5, "policy.hidden": 16,
+             "policy.layers": 1, "algorithm.group_size": 4, "train.batch_size": 8}
+    out = asyncio.run(train_flow(config="experiments/toy.yaml", arm="exgrpo-early", seed=1, overrides=small,
+                                 tracking_uri=uri))
+    run = mlflow.MlflowClient(uri).get_run(out["run_id"])
+    # the arm's own overrides apply on top of the base, as in `exgrpo compare`
+    assert run.data.params["name"] == "toy-exgrpo-early" and run.data.params["algorithm.replay"] == "buckets"
+    assert run.data.params["seed"] == "1" and run.data.params["train.max_steps"] == "2"
+    state = asyncio.run(train_flow(config="experiments/toy.yaml", arm="ppo", overrides=small, return_state=True))
+    assert state.is_failed() and state.message.startswith("arm ppo: experiments/toy.yaml has no such arm; its arms are")
+
+
 def test_sweep_flow_runs_a_small_study(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     out = sweep_flow(config="experiments/toy-sweep.yaml", n_trials=2, tracking_uri=uri,

@@ -344,6 +344,31 @@ def load_compare(path: str | Path, overrides: dict[str, Any] | None = None) -> C
     return _validate(CompareConfig, data, source=str(path))
 
 
+def load_run(path: str | Path | None, overrides: dict[str, Any] | None = None, arm: str | None = None,
+             option: str = "arm") -> tuple[ExperimentConfig, str | None]:
+    """The config of one run of ``path``: an experiment file's, or one arm of a comparison file (``arm``,
+    else its first) with the seed given in ``overrides``, else the comparison's first; ``overrides``
+    apply to a comparison's base, as in ``exgrpo compare``. Returns it with the line that says which arm
+    of a comparison it is (None for an experiment file), for the command or flow to show. ``option``:
+    how the caller's user names ``arm`` (``--arm`` on the command line)."""
+    overrides = dict(overrides or {})
+    if path is None or "arms" not in read_yaml(path):
+        if arm is not None:
+            raise ConfigError(f"{option} {arm}: {path or 'the default config'} is not a comparison file (it has no "
+                              f"`arms:`); drop {option}")
+        return load_experiment(path, overrides), None
+    seed = overrides.pop("seed", None)
+    cc = load_compare(path, overrides)
+    arms = list(cc.arms)
+    if arm is None:
+        arm = arms[0]
+    elif arm not in cc.arms:
+        raise ConfigError(f"{option} {arm}: {path} has no such arm; its arms are {', '.join(arms)}")
+    cfg = cc.arm_config(arm, cc.seeds[0] if seed is None else seed)
+    return cfg, (f"{path} is a comparison of {', '.join(arms)}: training its arm {arm}, seed {cfg.seed} "
+                 f"(another arm: {option} NAME; every arm and seed: exgrpo compare {path})")
+
+
 def _union_members(annotation: Any) -> list[type[BaseModel]]:
     """The config classes a field may hold: one for a section, several for a union (task, policy, algorithm)."""
     if isinstance(annotation, type):
