@@ -212,7 +212,7 @@ def test_compare_cli_shows_live_progress_from_the_ray_workers(tmp_path):
     ray_tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "RAY_TMPDIR": ray_tmp,
            "EXGRPO_PROGRESS_SECONDS": "0",
-           "PREFECT_LOGGING_LEVEL": "INFO"}  # in the flow, progress lines are INFO logs (test_flows sets WARNING)
+           "PREFECT_LOGGING_LEVEL": "INFO"}  # in the flow, progress lines are INFO logs (a shell may set WARNING)
     env.pop("PREFECT_API_URL", None)
     out = subprocess.run(
         [sys.executable, "-m", "exgrpo.cli", "compare", str(cfg), "--seeds", "1", "--workers", "2",

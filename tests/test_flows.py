@@ -17,9 +17,8 @@ _HOME = tempfile.mkdtemp(prefix="prefect-home-")
 atexit.register(shutil.rmtree, _HOME, True)
 for k, v in {
     "PREFECT_HOME": _HOME, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_CLI_PROMPT": "false",
-    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90", "PREFECT_LOGGING_LEVEL": "WARNING",
-    "PREFECT_SERVER_UI_ENABLED": "false",
-}.items():
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
+}.items():  # nothing that changes what other modules' commands show: xdist imports this module in every worker
     os.environ.setdefault(k, v)
 os.environ.pop("PREFECT_API_URL", None)
 if "RAY_TMPDIR" not in os.environ:  # short: Ray's unix socket paths are length-limited

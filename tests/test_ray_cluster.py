@@ -241,13 +241,13 @@ def verl_node(cluster):
     return cluster
 
 
-@pytest.mark.parametrize("launch", ["process", "ray_job"])
-def test_verl_run_on_the_cluster_reports_live_to_mlflow(verl_node, tracking, tmp_path, launch):
+def test_a_verl_run_submitted_as_a_ray_job_reports_live_to_mlflow(verl_node, tracking, tmp_path):
+    """A run launched as a Ray Job; a run launched as a process of its own is the comparison's, below."""
     cluster = verl_node
-    extra = ["--set", f"backend.verl.job_address={cluster.dashboard}"] if launch == "ray_job" else []
     out = _cli(["train", "experiments/verl-tiny-grpo.yaml", "--ray-address", cluster.address, "--tracking-uri",
                 tracking, "--output-dir", str(tmp_path / "runs"), "--max-steps", "2", "--no-progress",
-                "--set", f"backend.verl.launch={launch}", *extra], cluster.env, timeout=900)
+                "--set", "backend.verl.launch=ray_job", "--set", f"backend.verl.job_address={cluster.dashboard}"],
+               cluster.env, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     record, _ = json.JSONDecoder().raw_decode(out.stdout[out.stdout.rindex('{\n  "run_dir"'):])
     log = Path(record["run_dir"], "verl.log").read_text()  # the job's own output (echoed only with progress)
@@ -256,12 +256,13 @@ def test_verl_run_on_the_cluster_reports_live_to_mlflow(verl_node, tracking, tmp
     run = client.get_run(record["mlflow_run_id"])
     assert run.info.status == "FINISHED"
     assert [m.step for m in client.get_metric_history(run.info.run_id, "batch/solved")] == [1, 2]
-    assert ("ray_job_id" in run.data.tags) == (launch == "ray_job")
+    assert "ray_job_id" in run.data.tags
 
 
 def test_a_verl_comparison_starts_its_runs_as_the_cluster_hosts_them_whole(verl_node, tracking, tmp_path):
     """Started at once, two veRL runs' launchers and TaskRunners took the CPUs each run's workers and
-    reward worker needed, and neither could ever start: here they run one after the other."""
+    reward worker needed, and neither could ever start: here they run one after the other, each
+    launched as a process of its own on the cluster and reporting live to MLflow."""
     cluster = verl_node
     out = _cli(["compare", "experiments/verl-tiny.yaml", "--seeds", "1", "--ray-address", cluster.address,
                 "--tracking-uri", tracking, "--output-dir", str(tmp_path / "runs"), "--no-progress",
@@ -276,6 +277,12 @@ def test_a_verl_comparison_starts_its_runs_as_the_cluster_hosts_them_whole(verl_
     children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
     assert sorted(r.data.tags.get("arm") for r in children) == ["exgrpo", "grpo"]
     assert {r.info.status for r in children} == {"FINISHED"}
+    for run in children:
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "batch/solved")] == [1, 2]
+        assert "ray_job_id" not in run.data.tags  # the default launch: a process, not a Ray Job
+    logs = sorted((tmp_path / "runs").rglob("verl.log"))  # each job's own output
+    assert len(logs) == 2 and all(f"exgrpo: veRL job on Ray cluster at {cluster.address}: 3 nodes" in p.read_text()
+                                  for p in logs)
 
 
 # ---------------------------------------------------------------------------------------------
