@@ -30,9 +30,18 @@ def test_vllm_exgrpo_replays_and_a_killed_run_resumes_with_its_pool(tmp_path, ex
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     run_dir = tmp_path / "verl-tiny-exgrpo" / "seed0"
     tracker = run_dir / "checkpoints" / "latest_checkpointed_iteration.txt"
+    raw = run_dir / "verl_metrics" / "attempt_000.jsonl"
+
+    def recorded() -> set[int]:  # the steps whose metrics row the job has written
+        lines = raw.read_text().split("\n")[:-1] if raw.exists() else []  # whole lines: each ends in a newline
+        return {json.loads(x)["step"] for x in lines if x.strip()}
+
     try:
         deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and not tracker.exists() and proc.poll() is None:
+        # killed once the checkpointed step's row is written too: veRL logs a step's row after saving its
+        # checkpoint, and a kill between the two loses that row (a known gap: CHANGELOG)
+        while (time.monotonic() < deadline and proc.poll() is None
+               and not (tracker.exists() and int(tracker.read_text()) in recorded())):
             time.sleep(0.2)
         assert tracker.exists(), "no checkpoint before the kill"
     finally:
