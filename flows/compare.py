@@ -22,7 +22,7 @@ from prefect.artifacts import (
     create_table_artifact,
     update_progress_artifact,
 )
-from exgrpo.config import load_compare
+from exgrpo.config import load_compare, seed_list
 
 
 def _key(*parts: str) -> str:
@@ -41,7 +41,7 @@ def run_record(arm: str, seed: int, final: float | None = None, error: str | Non
 @flow(name="compare", log_prints=True)
 def compare_flow(
     config: str = "experiments/toy.yaml",
-    seeds: int | None = None,
+    seeds: int | str | list[int] | None = None,
     overrides: dict[str, Any] | None = None,
     tracking_uri: str | None = None,
     executor: str = "ray",
@@ -58,7 +58,7 @@ def compare_flow(
     log = get_run_logger()
     cc = load_compare(config, overrides or {})
     if seeds is not None:
-        cc = cc.model_copy(update={"seeds": list(range(seeds))})
+        cc = cc.model_copy(update={"seeds": seed_list(seeds)})
     log.info("comparing %s over seeds %s (%d runs, executor=%s%s)", list(cc.arms), cc.seeds,
              len(cc.arms) * len(cc.seeds), executor, ", resuming runs with checkpoints" if resume else "")
 

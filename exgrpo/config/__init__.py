@@ -32,6 +32,7 @@ from exgrpo.config.experiment import (
     load_run,
     mlflow_param_keys,
     parse_set,
+    seed_list,
     read_yaml,
     resume_safe_fields,
 )
@@ -50,6 +51,7 @@ from exgrpo.config.options import (
     SelectionMetric,
     SelectionMode,
     Shaping,
+    HeldOut,
     Tier,
 )
 from exgrpo.config.policies import LMPolicyConfig, MLPPolicyConfig, SmolLM2PolicyConfig, TinyLMConfig
@@ -65,6 +67,8 @@ from exgrpo.config.tasks import (
 )
 
 __all__ = [
+    "seed_list",
+    "HeldOut",
     "ALGORITHM_CONFIGS",
     "AlgorithmConfig",
     "ExGRPOConfig",

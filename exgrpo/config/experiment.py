@@ -249,6 +249,29 @@ class CompareConfig(_Strict):
 # --------------------------------------------------------------------------------------------
 # Loading, overrides, errors
 # --------------------------------------------------------------------------------------------
+def seed_list(spec: int | str | list[int]) -> list[int]:
+    """The seeds a command names: ``N`` (seeds 0..N-1), ``"A-B"`` (A..B inclusive), ``"a,b,c"`` or a list;
+    ConfigError naming the forms otherwise."""
+    forms = "use N (seeds 0..N-1), A-B (A..B) or a,b,c, e.g. --seeds 10 or --seeds 100-104"
+    if isinstance(spec, list):
+        seeds = [int(s) for s in spec]
+    else:
+        text = str(spec).strip()
+        try:
+            if text.isdigit():
+                seeds = list(range(int(text)))
+            elif "-" in text.lstrip("-") and "," not in text:
+                lo, hi = text.split("-", 1)
+                seeds = list(range(int(lo), int(hi) + 1))
+            else:
+                seeds = [int(s) for s in text.split(",")]
+        except ValueError:
+            raise ConfigError(f"--seeds {spec!r}: {forms}") from None
+    if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
+        raise ConfigError(f"--seeds {spec!r} names no seeds, a negative one or one twice; {forms}")
+    return seeds
+
+
 def parse_set(items: list[str] | None) -> dict[str, Any]:
     """``["a.b=1", "c=x"]`` -> ``{"a.b": 1, "c": "x"}`` (values parsed as YAML scalars)."""
     out: dict[str, Any] = {}

@@ -20,6 +20,13 @@ class ReplayKind(StrEnum):
     UNIFORM = "uniform"  # ablation: ExGRPO's pool and switch, questions drawn uniformly (no buckets)
 
 
+class HeldOut(StrEnum):
+    """Which held-out questions a run's ``val/*`` metrics read."""
+
+    TUNING = "tuning"  # choose regimes, learning rates and sweep trials on these
+    TEST = "test"  # report on these: never seen by any choice made on the tuning split
+
+
 class NotebookSampling(StrEnum):
     """How the notebook variant draws its ``per`` replayed trajectories from the buffer."""
 

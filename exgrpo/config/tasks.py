@@ -6,7 +6,7 @@ from typing import Final, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from exgrpo.config.options import MLFLOW_PARAM, DEFAULT_MAX_ANSWER_CHARS, AnswerFormat, _Strict
+from exgrpo.config.options import MLFLOW_PARAM, DEFAULT_MAX_ANSWER_CHARS, AnswerFormat, HeldOut, _Strict
 
 
 class ToyTaskConfig(_Strict):
@@ -67,6 +67,10 @@ class TextArithmeticTaskConfig(GradedTaskConfig):
     """Held-out validation questions."""
     data_seed: int = Field(1234, json_schema_extra=MLFLOW_PARAM)
     """Seed of the question set and of the train/validation split."""
+    held_out: HeldOut = Field(HeldOut.TUNING, json_schema_extra=MLFLOW_PARAM)
+    """The n_val questions that val/* reads: tuning (split off beside the training questions; choose
+    regimes, learning rates and sweep trials on it) or test (n_val more drawn after them, in no
+    training or tuning set; report on it). The training questions are the same for both."""
 
 
 

@@ -212,6 +212,9 @@ def load_sweep(path: str | Path | dict[str, Any], overrides: dict[str, Any] | No
     if sc.study.pruner == "wilcoxon" and base_config(sc).backend.name != "native":
         raise SweepError("study.pruner: wilcoxon needs per-question held-out results, which only the native backend "
                          "reports; use pruner: median (or none) for a veRL sweep")
+    if str(getattr(base_config(sc).task, "held_out", "tuning")) == "test":
+        raise SweepError("task.held_out: a sweep chooses on what it reads, so it reads the tuning split; remove "
+                         "task.held_out=test from the sweep (report the chosen trial with exgrpo compare on test)")
     return sc
 
 

@@ -14,7 +14,9 @@ strict rule of :mod:`exgrpo.rewards.extraction`) against the gold integer, exact
 Splits. Every possible question falls on one side of a fixed hash split (:func:`is_rl_question`):
 the SFT warm start only ever trains on the "sft" side, and this task's train/val questions come
 only from the "rl" side, so the warm start never saw an RL question. Within the RL side,
-``data_seed`` fixes which questions exist and which of them are held out for validation.
+``data_seed`` fixes which questions exist and which of them are held out: the tuning split
+(``n_val`` questions split off beside the training set) and, with ``held_out: test``, ``n_val``
+more drawn after both, which ``val/*`` then reads instead.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import numpy as np
 import torch
 
 from exgrpo.tasks.tokenizers import CharTokenizer
-from exgrpo.config import AnswerFormat, ArithmeticProblemsConfig, TextArithmeticTaskConfig
+from exgrpo.config import AnswerFormat, ArithmeticProblemsConfig, HeldOut, TextArithmeticTaskConfig
 from exgrpo.rewards.extraction import DEFAULT_MAX_ANSWER_CHARS, extract_answer, warn_if_lenient
 
 __all__ = [
@@ -158,12 +160,28 @@ class TextArithmetic:
         self.questions: list[str] = []
         self.solutions: list[str] = []
         self.answers: list[int] = []
+        self._draw(rng, seen, total, total + (cfg.n_val if cfg.held_out == HeldOut.TEST else 0))
+        perm = np.random.default_rng(cfg.data_seed + 1).permutation(total)
+        self.tuning_ids = sorted(int(i) for i in perm[: cfg.n_val])
+        self.train_ids = sorted(int(i) for i in perm[cfg.n_val :])
+        if cfg.held_out == HeldOut.TEST:
+            # The same stream continues past the training and tuning questions, so both stay exactly
+            # what they are without a test split, and the test questions are in neither.
+            self._draw(rng, seen, total + cfg.n_val, total + cfg.n_val)
+            self.val_ids = list(range(total, total + cfg.n_val))
+        else:
+            self.val_ids = self.tuning_ids
+        self._prompt_ids = [self.tokenizer.encode(q, add_bos=True, strict=True) for q in self.questions]
+
+    def _draw(self, rng: np.random.Generator, seen: set[str], until: int, requested: int) -> None:
+        """Append distinct RL-side questions from ``rng`` until there are ``until`` of them."""
+        cfg = self.cfg
         attempts = 0
-        while len(self.questions) < total:
+        while len(self.questions) < until:
             attempts += 1
-            if attempts > 50 * total + 10_000:
+            if attempts > 50 * until + 10_000:
                 raise ValueError(
-                    f"could only find {len(self.questions)} distinct RL questions of {total} requested; "
+                    f"could only find {len(self.questions)} distinct RL questions of {requested} requested; "
                     "lower n_train/n_val or widen task.problems (max_operand, max_operands)"
                 )
             nums, ops = sample_problem(cfg.problems, rng)
@@ -175,10 +193,6 @@ class TextArithmetic:
             self.questions.append(q)
             self.solutions.append(sol)
             self.answers.append(ans)
-        perm = np.random.default_rng(cfg.data_seed + 1).permutation(total)
-        self.val_ids = sorted(int(i) for i in perm[: cfg.n_val])
-        self.train_ids = sorted(int(i) for i in perm[cfg.n_val :])
-        self._prompt_ids = [self.tokenizer.encode(q, add_bos=True, strict=True) for q in self.questions]
 
     def __len__(self) -> int:
         return len(self.questions)
