@@ -46,16 +46,29 @@ def _save(fig, axes, out: str | Path) -> Path:
     return out
 
 
+def _along(runs: Sequence[RunOutcome], curve: str) -> np.ndarray | None:
+    """Mean over ``runs`` of their ``curve`` (``curve_tokens`` or ``curve_seconds``) at the
+    evaluation steps every run has; None if a run lacks it."""
+    if any(len(getattr(o, curve)) != len(o.curve_steps) or not o.curve_steps for o in runs):
+        return None
+    common = sorted(set.intersection(*(set(o.curve_steps) for o in runs)))
+    at = [dict(zip(o.curve_steps, getattr(o, curve), strict=True)) for o in runs]
+    return np.array([np.mean([a[t] for a in at]) for t in common])
+
+
 def comparison_figure(outcomes: Sequence[RunOutcome], arms: Sequence[str], metric: str, out: str | Path) -> Path:
-    """Write ``out`` (PNG): left, ``metric`` vs step (mean ± 95% CI over seeds) per arm; middle,
-    batch pass@1; then pool size and retired count (paper ExGRPO arms); right, the performance
-    profile of the final ``metric``: the fraction of an arm's runs scoring above each threshold."""
+    """Write ``out`` (PNG). Top: ``metric`` (mean ± 95% CI over seeds) per arm against steps, against
+    the response tokens sampled so far and against training minutes (arms that sample more per step
+    read at equal compute); bottom: batch pass@1, the pool size and retired count (paper ExGRPO arms)
+    and the performance profile of the final ``metric``: the fraction of an arm's runs scoring above
+    each threshold."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 4, figsize=(21, 4.5))
+    fig, grid = plt.subplots(2, 3, figsize=(18, 9))
+    axes = grid.ravel()
     finals = [o.final for o in outcomes]
     taus = np.linspace(min(finals, default=0.0), max(finals, default=1.0), 101)
     for i, arm in enumerate(arms):
@@ -66,26 +79,34 @@ def comparison_figure(outcomes: Sequence[RunOutcome], arms: Sequence[str], metri
         steps, mean, lo, hi = _band([(o.curve_steps, o.curve_values) for o in runs])
         axes[0].plot(steps, mean, color=color, label=f"{arm} (n={len(runs)})")
         axes[0].fill_between(steps, lo, hi, color=color, alpha=0.2)
-        axes[3].step(taus, performance_profile([o.final for o in runs], taus), where="post", color=color, label=arm)
+        for ax, curve, scale in ((axes[1], "curve_tokens", 1e6), (axes[2], "curve_seconds", 60.0)):
+            x = _along(runs, curve)
+            if x is not None:
+                ax.plot(x / scale, mean, color=color, marker=".", label=arm)
+                ax.fill_between(x / scale, lo, hi, color=color, alpha=0.2)
+        axes[5].step(taus, performance_profile([o.final for o in runs], taus), where="post", color=color, label=arm)
         rows = [_read(o.run_dir) for o in runs if o.run_dir]
         if rows:
             curves = [([r["step"] for r in rr if "batch/solved" in r], [r["batch/solved"] for r in rr if "batch/solved" in r])
                       for rr in rows]
             steps, mean, lo, hi = _band(curves)
-            axes[1].plot(steps, mean, color=color, label=arm)
-            axes[1].fill_between(steps, lo, hi, color=color, alpha=0.2)
+            axes[3].plot(steps, mean, color=color, label=arm)
+            axes[3].fill_between(steps, lo, hi, color=color, alpha=0.2)
             if any("pool/retired" in r for r in rows[0]):
                 for key, style in (("pool/questions", "-"), ("pool/retired", "--")):
                     steps, mean, _, _ = _band([([r["step"] for r in rr if key in r], [r[key] for r in rr if key in r])
                                                for rr in rows])
-                    axes[2].plot(steps, mean, style, color=color, label=f"{arm} {key.split('/')[1]}")
+                    axes[4].plot(steps, mean, style, color=color, label=f"{arm} {key.split('/')[1]}")
     axes[0].set(title=f"{metric} (mean, 95% CI band)", xlabel="step")
-    axes[1].set(title="batch pass@1 (mean, 95% CI band)", xlabel="step")
-    axes[2].set(title="experience pool: questions (—), retired (--)", xlabel="step")
-    if not axes[2].get_lines():
-        axes[2].text(0.5, 0.5, "no arm keeps the paper's\nexperience pool", ha="center", va="center",
-                     transform=axes[2].transAxes, color="0.4")
-    axes[3].set(title=f"performance profile: runs with final {metric} > τ", xlabel="τ", ylabel="fraction of runs",
+    axes[1].set(title=f"{metric} at equal generation compute", xlabel="response tokens sampled so far (M, mean over seeds)")
+    axes[2].set(title=f"{metric} at equal training time", xlabel="training minutes so far (mean over seeds)")
+    axes[3].set(title="batch pass@1 (mean, 95% CI band)", xlabel="step")
+    axes[4].set(title="experience pool: questions (—), retired (--)", xlabel="step")
+    for ax, what in ((axes[1], "sampled tokens"), (axes[2], "step times"), (axes[4], "the paper's\nexperience pool")):
+        if not ax.get_lines():
+            ax.text(0.5, 0.5, f"no arm logs {what}" if ax is not axes[4] else f"no arm keeps {what}",
+                    ha="center", va="center", transform=ax.transAxes, color="0.4")
+    axes[5].set(title=f"performance profile: runs with final {metric} > τ", xlabel="τ", ylabel="fraction of runs",
                 ylim=(-0.02, 1.02))
     return _save(fig, axes, out)
 
@@ -110,7 +131,11 @@ def _mean_curve(rows: list[list[dict[str, float]]], key: str, cumulative: bool =
 
 
 def _replayed_token_share(rows: list[list[dict[str, float]]]) -> tuple[np.ndarray, np.ndarray] | None:
-    """Mean over runs of the share of the loss's response tokens that were replayed, per step."""
+    """Mean over runs of the share of the loss's response tokens that were replayed, per step. The
+    loss's tokens are the batch's and a replay term's stored responses (``compute/replay_term_tokens``),
+    as in the comparison table's "tokens in loss"."""
+    rows = [[{**r, "compute/grad_tokens": r["compute/grad_tokens"] + r.get("compute/replay_term_tokens", 0.0)}
+             if "compute/grad_tokens" in r else r for r in rr] for rr in rows]
     sampled, in_loss = _mean_curve(rows, "compute/rollout_tokens"), _mean_curve(rows, "compute/grad_tokens")
     if sampled is None or in_loss is None:
         return None

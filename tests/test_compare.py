@@ -35,8 +35,8 @@ def test_the_table_explains_itself():
             ArmSummary("exgrpo", Estimate(0.36, 0.33, 0.39, 3), Estimate(-0.04, -0.11, 0.02, 3), None),
             ArmSummary("big", Estimate(0.50, 0.47, 0.53, 3), Estimate(0.10, 0.05, 0.15, 3), 40.0)]
     text = format_table(rows, "val/accuracy", "grpo", horizon=120)
-    assert "| grpo | 3 |" in text and "| — (baseline) |" in text  # no "never" for the baseline itself
-    assert "| not reached within 120 steps |" in text and "| 40 |" in text
+    assert "| grpo | 3 |" in text and "| grpo | 60 | — | — |" in text  # the baseline reaches its own final too
+    assert "| exgrpo | not reached within 120 steps | — | — |" in text and "| big | 40 |" in text
     assert "mean over 3 seeds ± a Student-t 95% CI" in text
     assert ("exgrpo is behind grpo by 0.0400 in final val/accuracy over 3 paired seeds; "
             "the 95% CI includes zero, so no difference can be claimed.") in text
@@ -70,6 +70,39 @@ def test_the_table_reports_each_arms_compute_and_train_accuracy():
     assert "| 0.5000 ± 0.0000 | 0.7500 |" in text and "train acc.: greedy accuracy" in text
 
 
+def test_when_an_arm_reaches_the_baseline_counts_the_seeds_that_never_do():
+    from exgrpo.compare import median_reach
+
+    # six of ten seeds reach the target, at these steps; the other four never do (beyond the horizon)
+    reach = [25, 25, 50, 75, 100, 125, None, None, None, None]
+    assert median_reach(reach) == 112.5  # the median of the six that reached alone would say 75
+    assert median_reach([25, 50, None, None]) is None  # half never reach it: the median is beyond the horizon
+    assert median_reach([25, None, 50]) == 50 and median_reach([]) is None
+
+
+def test_the_table_reads_each_arm_at_the_tokens_and_time_it_spent():
+    from exgrpo.compare import eval_compute
+
+    rows = [{"step": 0, "val/accuracy": 0.1}]
+    rows += [{"step": s, "compute/rollout_tokens": 100.0, "time/step_seconds": 6.0} for s in (1, 2)]
+    rows[-1]["val/accuracy"] = 0.5
+    assert eval_compute(rows, "val/accuracy") == {"curve_tokens": [0.0, 200.0], "curve_seconds": [0.0, 12.0]}
+    assert eval_compute([{"step": 1, "val/accuracy": 0.5}], "val/accuracy") == {}  # not logged: unknown
+
+    # grpo reaches its mean final 0.5 at step 2 after 2M tokens; "extra" samples 1.5x a step but
+    # gets there at step 1: 1.5M tokens, 90 s
+    outs = [RunOutcome("grpo", s, 0.5, [0, 1, 2], [0.1, 0.3, 0.5], curve_tokens=[0, 1e6, 2e6],
+                       curve_seconds=[0, 60, 120]) for s in range(3)]
+    outs += [RunOutcome("extra", s, 0.55, [0, 1, 2], [0.1, 0.5, 0.55], curve_tokens=[0, 1.5e6, 3e6],
+                        curve_seconds=[0, 90, 180]) for s in range(3)]
+    rows = {r.arm: r for r in summarize(outs, ["grpo", "extra"], "grpo")}
+    assert (rows["grpo"].steps_to_baseline_final, rows["grpo"].tokens_to_baseline_final) == (2, 2e6)
+    assert (rows["extra"].steps_to_baseline_final, rows["extra"].tokens_to_baseline_final,
+            rows["extra"].seconds_to_baseline_final) == (1, 1.5e6, 90)
+    text = format_table(list(rows.values()), "val/accuracy", "grpo")
+    assert "| grpo | 2 | 2.00 | 2.0 |" in text and "| extra | 1 | 1.50 | 1.5 |" in text
+
+
 def test_summarize_pairs_by_seed():
     outs = [RunOutcome("grpo", s, 0.25 * s, [1, 2], [0.0, 0.25 * s]) for s in range(3)]
     outs += [RunOutcome("ex", s, 0.25 * s + 0.125, [1, 2], [0.25 * s, 0.25 * s + 0.125]) for s in range(3)]
@@ -91,7 +124,7 @@ def _check_outputs(out, tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert "| grpo | 2 |" in out.stdout and "| exgrpo | 2 |" in out.stdout
     assert (out.stdout + out.stderr).count("| arm | seeds |") == 1  # the table is printed once
-    assert "| grpo | 2 |" in out.stdout and "— (baseline) |" in out.stdout and "over 2 paired seeds" in out.stdout
+    assert "| grpo | 2 |" in out.stdout and "| step reaching grpo's final |" in out.stdout and "over 2 paired seeds" in out.stdout
     assert (tmp_path / "runs" / "tiny" / "comparison.png").stat().st_size > 10_000
     for arm in ("grpo", "exgrpo"):
         for seed in (0, 1):

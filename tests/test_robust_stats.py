@@ -35,18 +35,21 @@ def test_performance_profile_is_the_fraction_of_runs_above_each_threshold():
     assert performance_profile([0.1, 0.2, 0.3, 0.4], [0.0, 0.15, 0.35, 0.5]).tolist() == [1.0, 0.75, 0.25, 0.0]
 
 
-def test_the_comparison_figure_has_a_performance_profile_panel(tmp_path):
+def test_the_comparison_figure_reads_the_arms_at_steps_tokens_and_minutes(tmp_path):
     from PIL import Image
 
     from exgrpo.compare import RunOutcome
-    from exgrpo.report import comparison_figure
+    from exgrpo.report import _along, comparison_figure
 
-    outcomes = [RunOutcome(arm, seed, final, [10.0, 20.0], [final / 2, final])
-                for arm, finals in (("grpo", [0.3, 0.35, 0.4]), ("exgrpo", [0.32, 0.45, 0.5]))
+    outcomes = [RunOutcome(arm, seed, final, [10.0, 20.0], [final / 2, final], curve_tokens=[1e6 * k, 2e6 * k + seed],
+                           curve_seconds=[60.0, 120.0])
+                for arm, finals, k in (("grpo", [0.3, 0.35, 0.4], 1.0), ("exgrpo", [0.32, 0.45, 0.5], 1.4))
                 for seed, final in enumerate(finals)]
+    assert _along(outcomes[3:], "curve_tokens") == pytest.approx([1.4e6, 2.8e6 + 1])  # mean over seeds, per evaluation
+    assert _along([RunOutcome("grpo", 0, 0.3, [10.0], [0.3])], "curve_tokens") is None  # not logged: no curve
     out = comparison_figure(outcomes, ["grpo", "exgrpo"], "val/accuracy", tmp_path / "cmp.png")
     width, height = Image.open(out).size
-    assert width > 3 * height  # four panels side by side
+    assert 1.5 * height < width < 2.5 * height  # two rows of three panels
 
 
 def _write_run(path, rows):
@@ -77,6 +80,8 @@ def test_the_mechanism_series_are_means_over_seeds_of_what_the_trainer_logged(tm
     assert _mean_curve(rows, "notebook/lambda") is None  # an arm without the notebook's term draws none
     rows[0][0]["actor/off_ratio_mean"] = 0.0  # nothing replayed at step 1 of seed 0: no ratio, not a ratio of 0
     assert list(_mean_curve(rows, "actor/off_ratio_mean", nonzero=True)[0]) == [2, 3]
+    notebook = [_read(_write_run(tmp_path / "nb", [{**step(1, 0, 0), "compute/replay_term_tokens": 25.0}]))]
+    assert _replayed_token_share(notebook)[1] == pytest.approx([0.2])  # its replay term's 25 of 125 loss tokens
     grpo = [RunOutcome("grpo", 0, 0.4, [], [], run_dir=_write_run(tmp_path / "grpo", [
         {"step": 1, "compute/rollout_tokens": 100.0, "compute/grad_tokens": 100.0, "compute/fresh_questions": 32.0}]))]
     out = mechanism_figure(pool + grpo, ["grpo", "exgrpo"], tmp_path / "why.png")

@@ -105,6 +105,21 @@ def test_task_splits_prompts_and_determinism():
     assert p[0] == p[1] and p[0][0] == a.tokenizer.bos_id and a.tokenizer.decode(p[2]) == a.questions[0]
 
 
+def test_the_test_split_is_new_questions_and_leaves_training_and_tuning_as_they_were():
+    tuning = TextArithmetic(SMALL_TASK)
+    test = TextArithmetic(SMALL_TASK.model_copy(update={"held_out": "test"}))
+    assert test.train_ids == tuning.train_ids and test.tuning_ids == tuning.val_ids
+    assert test.questions[: len(tuning.questions)] == tuning.questions  # the same training and tuning questions
+    held = {test.questions[i] for i in test.val_ids}
+    assert len(held) == len(test.val_ids) == SMALL_TASK.n_val
+    assert not held & {test.questions[i] for i in test.train_ids + test.tuning_ids}
+    assert TextArithmetic(SMALL_TASK.model_copy(update={"held_out": "test"})).val_ids == test.val_ids  # fixed by data_seed
+    from exgrpo.sweep.space import SweepError, load_sweep
+
+    with pytest.raises(SweepError, match="task.held_out: a sweep chooses on what it reads"):
+        load_sweep("experiments/tiny-lm-chain-sweep.yaml", {"base.task.held_out": "test"})
+
+
 def test_task_rewards_on_constructed_strings():
     task = TextArithmetic(SMALL_TASK)
     tok = task.tokenizer

@@ -165,6 +165,21 @@ def test_keep_last_keeps_the_disk_bounded(tmp_path):
     assert Trainer(cfg).fit(progress=False, resume=True).final_metrics["step"] == 11
 
 
+def test_a_run_stops_at_its_sampled_token_budget_and_resumes_to_it(tmp_path):
+    cfg = small_cfg(tmp_path, **{"train.max_steps": 11, "train.checkpoint_every": 100, "train.max_sampled_tokens": 1})
+    per_step = Trainer(cfg).train_step()["compute/rollout_tokens"]
+    budget = int(2.5 * per_step)  # reached during step 3: the run stops after it, evaluated and checkpointed
+    cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"max_sampled_tokens": budget})})
+    result = Trainer(cfg).fit(progress=False)
+    steps = [h for h in result.history if h["step"] > 0]
+    assert [h["step"] for h in steps] == [1, 2, 3] and "val/accuracy" in steps[-1]
+    assert sum(h["compute/rollout_tokens"] for h in steps) >= budget > sum(h["compute/rollout_tokens"] for h in steps[:2])
+    assert [p.name for p in ckpt.checkpoints(cfg.run_dir())] == ["step_0000003.pt"]
+    assert Trainer(cfg).fit(progress=False, resume=True).final_metrics["step"] == 3  # spent: nothing more to train
+    with pytest.raises(Exception, match="train.max_sampled_tokens has no veRL backend"):
+        load_experiment("experiments/verl-tiny-exgrpo.yaml", {"train.max_sampled_tokens": budget})
+
+
 def test_budget_steps_beyond_the_epochs_are_said_not_silently_capped(tmp_path, capsys):
     trainer = Trainer(small_cfg(tmp_path, **{"train.epochs": 2, "train.max_steps": 50}))
     assert trainer.total_steps == 10
@@ -253,3 +268,41 @@ def test_unique_rows_equals_torch_unique_on_every_batch_layout(layout):
     rows, inverse = unique_rows(x)
     assert torch.equal(rows, want_rows) and torch.equal(inverse, want_inverse)
     assert torch.equal(rows[inverse], x)
+
+
+def test_the_replayed_rows_are_the_pools_stored_trajectories_at_the_configured_share(tmp_path, monkeypatch):
+    """The plumbing bugs other replay trainers shipped: a buffer that kept one group only (TRL
+    #6804), one stored row sampled many times (torchtune #2943). Every step that replays, in a real
+    run: round(ratio * B) distinct pooled questions, each row a trajectory the pool holds for that
+    question (its tokens, and its stored behaviour log-probs as pi_old), drawn from many steps' groups."""
+    from exgrpo.backends.native import trainer as native
+
+    cfg = small_cfg(tmp_path, **{"train.max_steps": 12, "algorithm.experience_ratio": 0.25})
+    trainer = Trainer(cfg)
+    seen: list[tuple[int, int, set[int]]] = []
+    real = native.assemble_batch
+
+    def checked(replays, fresh_qids, *args):
+        batch = real(replays, fresh_qids, *args)
+        k, pool = cfg.algorithm.group_size, trainer.replay.pool
+        if len(replays):
+            # the configured share, or every pooled question while the pool holds fewer
+            share = min(round(0.25 * cfg.train.batch_size), int(pool.stats()["pool/questions"]))
+            assert len(replays) == share and len(fresh_qids) == cfg.train.batch_size - share
+            assert len(set(replays.qids)) == len(replays.qids)
+            assert batch.off_policy.nonzero().flatten().tolist() == [g * k for g in range(len(replays))]
+            for g, q in enumerate(replays.qids):
+                row, n = batch.tokens[g * k], int(batch.mask[g * k].sum())
+                stored = [pool.trajectory(r) for r in pool.rows(q)]
+                match = [t for t in stored if list(t.tokens) == row[:n].tolist()
+                         and torch.allclose(torch.tensor(t.behaviour_log_prob), batch.old_log_prob[g * k, :n])]
+                assert match, f"replayed row of question {q} is none of its {len(stored)} stored trajectories"
+            seen.append((trainer.step, len(replays), {t.step for q in replays.qids for r in pool.rows(q)
+                                                       for t in [pool.trajectory(r)]}))
+        return batch
+
+    monkeypatch.setattr(native, "assemble_batch", checked)
+    trainer.fit(progress=False)
+    assert len(seen) >= 8  # replay runs from the second step on (start threshold 0)
+    assert sum(n == round(0.25 * cfg.train.batch_size) for _, n, _ in seen) >= 6  # at the full share once the pool fills
+    assert len(set().union(*(steps for *_, steps in seen))) >= 3  # collected at many steps, not one group's

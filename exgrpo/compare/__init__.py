@@ -6,6 +6,7 @@ CLI can use local processes and the Prefect flow can use Ray tasks with MLflow c
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -39,6 +40,10 @@ class RunOutcome:
     """Questions drawn fresh from the training set over the whole run (``compute/fresh_questions`` summed)."""
     train_seconds: float | None = None
     """Wall time of the run's training steps (``time/step_seconds`` summed; evaluations excluded)."""
+    curve_tokens: list[float] = field(default_factory=list)
+    """Sampled response tokens so far (``compute/rollout_tokens`` summed) at each of ``curve_steps``."""
+    curve_seconds: list[float] = field(default_factory=list)
+    """Training wall time so far (``time/step_seconds`` summed) at each of ``curve_steps``."""
     records_pending: bool = False
     """MLflow could not take the run's record (down at its start or end): it waits in ``run_dir`` for
     ``exgrpo sync``."""
@@ -62,13 +67,49 @@ def outcome_extras(history: Iterable[dict[str, float]]) -> dict[str, float | Non
             "final_train": float(train[-1]) if train else None}
 
 
+def eval_compute(history: Iterable[dict[str, float]], metric: str) -> dict[str, list[float]]:
+    """The compute a run had spent at each evaluation of ``metric``: sampled response tokens and
+    training seconds summed over the step rows up to it (``curve_tokens``, ``curve_seconds``; empty
+    where the run does not log them)."""
+    tokens, seconds, spent, took, logged = [], [], 0.0, 0.0, False
+    for h in history:
+        logged = logged or "compute/rollout_tokens" in h
+        spent += h.get("compute/rollout_tokens", 0.0)
+        took += h.get("time/step_seconds", 0.0)
+        if metric in h:
+            tokens.append(spent)
+            seconds.append(took)
+    return {"curve_tokens": tokens, "curve_seconds": seconds} if logged else {}
+
+
+def median_reach(reach: Iterable[float | None]) -> float | None:
+    """The median over every seed of when it reached a target, a seed that never did counted as
+    beyond the horizon; None when the median itself lies beyond it (half the seeds or more never
+    reached the target). The median of the seeds that reached it alone would flatter an arm that
+    often does not."""
+    values = sorted(math.inf if r is None else float(r) for r in reach)
+    if not values:
+        return None
+    n = len(values)
+    mid = values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
+    return None if math.isinf(mid) else mid
+
+
+def _first_reach(o: RunOutcome, target: float, along: list[float]) -> float | None:
+    """``along`` (a run's step, tokens or seconds curve) at the first evaluation reaching ``target``."""
+    if len(along) != len(o.curve_values):
+        return None
+    return next((x for x, v in zip(along, o.curve_values, strict=True) if v >= target), None)
+
+
 @dataclass
 class ArmSummary:
     arm: str
     final: Estimate
     diff_vs_baseline: Estimate | None
     steps_to_baseline_final: float | None
-    """Median over seeds of the first eval step at which the arm reaches the baseline's mean final."""
+    """Median over seeds of the first eval step at which the arm reaches the baseline's mean final
+    (:func:`median_reach`: a seed that never reaches it counts as beyond the horizon)."""
     iqm: Estimate | None = None
     """Interquartile mean of the final metric over seeds, percentile-bootstrap 95% CI."""
     p_improve: Estimate | None = None
@@ -83,6 +124,11 @@ class ArmSummary:
     """Mean over seeds of the questions drawn fresh over a run."""
     train_seconds: float | None = None
     """Mean over seeds of a run's training wall time (step seconds summed)."""
+    tokens_to_baseline_final: float | None = None
+    """Median over seeds of the sampled response tokens spent when the arm first reaches the
+    baseline's mean final (:func:`median_reach`): the comparison at equal generation compute."""
+    seconds_to_baseline_final: float | None = None
+    """The same in training wall time (seconds)."""
 
 
 def continues(cfg: ExperimentConfig, resume: bool) -> bool:
@@ -100,7 +146,7 @@ def run_one(cfg: ExperimentConfig, arm: str, metric: str = "val/accuracy", resum
     return RunOutcome(
         arm, cfg.seed, float(result.final_metrics[metric]),
         [h["step"] for h in evals], [h[metric] for h in evals], run_dir=str(result.run_dir),
-        **outcome_extras(result.history),
+        **outcome_extras(result.history), **eval_compute(result.history, metric),
     )
 
 
@@ -183,9 +229,10 @@ def summarize(outcomes: Iterable[RunOutcome], arms: list[str], baseline: str) ->
         diff = None
         if arm != baseline and common:
             diff = paired_difference([runs[s].final for s in common], [base[s].final for s in common])
-        reach = [steps_to_target(o.curve_steps, o.curve_values, base_final) for o in runs.values()]
-        reached = sorted(r for r in reach if r is not None)
-        median = reached[len(reached) // 2] if len(reached) * 2 > len(reach) else None
+        median = median_reach(steps_to_target(o.curve_steps, o.curve_values, base_final) for o in runs.values())
+        with_tokens = [o for o in runs.values() if o.curve_tokens]
+        tokens = median_reach(_first_reach(o, base_final, o.curve_tokens) for o in with_tokens) if with_tokens else None
+        seconds = median_reach(_first_reach(o, base_final, o.curve_seconds) for o in with_tokens) if with_tokens else None
         finals = [o.final for o in runs.values()]
         p_improve = None
         if arm != baseline and base:
@@ -196,7 +243,7 @@ def summarize(outcomes: Iterable[RunOutcome], arms: list[str], baseline: str) ->
         rows.append(ArmSummary(arm, final, diff, median, iqm_ci(finals), p_improve, rollout, grad,
                                _mean_of([o.final_train for o in runs.values()]),
                                _mean_of([o.fresh_questions for o in runs.values()]),
-                               _mean_of([o.train_seconds for o in runs.values()])))
+                               _mean_of([o.train_seconds for o in runs.values()]), tokens, seconds))
     return rows
 
 
@@ -206,33 +253,44 @@ def _mean_of(values: Iterable[float | None]) -> float | None:
     return sum(known) / len(known) if known else None
 
 
-def format_table(rows: list[ArmSummary], metric: str, baseline: str, horizon: float | None = None) -> str:
-    """The comparison as a Markdown table, a one-line legend per column and a verdict in words.
+def _minutes(seconds: float | None) -> str:
+    return "—" if seconds is None else f"{seconds / 60:.1f}"
 
-    ``horizon`` is the last evaluated step (for "not reached within N steps")."""
+
+def format_table(rows: list[ArmSummary], metric: str, baseline: str, horizon: float | None = None) -> str:
+    """The comparison as two Markdown tables, the outcome and the compute each arm spent (read at
+    equal steps, equal sampled tokens and equal wall time), a one-line legend per column and a
+    verdict in words. ``horizon`` is the last evaluated step (for "not reached within N steps")."""
     lines = [
         f"| arm | seeds | final {metric} (mean ± 95% CI) | train acc. | IQM [95% CI] | diff vs {baseline} (paired, 95% CI) "
-        f"| P(> {baseline}) [95% CI] | step reaching {baseline}'s final | tokens sampled / in loss (M) "
-        "| fresh questions | train min |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        f"| P(> {baseline}) [95% CI] |",
+        "|---|---|---|---|---|---|---|",
     ]
-    within = f" within {int(horizon)} steps" if horizon else ""
+    within = f"not reached within {int(horizon)} steps" if horizon else "not reached"
     for r in rows:
         diff = "—" if r.diff_vs_baseline is None else (
             f"{r.diff_vs_baseline.mean:+.4f} [{r.diff_vs_baseline.low:+.4f}, {r.diff_vs_baseline.high:+.4f}]"
         )
-        if r.arm == baseline:
-            reach = "— (baseline)"
-        else:
-            reach = f"not reached{within}" if r.steps_to_baseline_final is None else f"{int(r.steps_to_baseline_final)}"
         iqm = "—" if r.iqm is None else f"{r.iqm.mean:.4f} [{r.iqm.low:.4f}, {r.iqm.high:.4f}]"
         poi = "—" if r.p_improve is None else f"{r.p_improve.mean:.2f} [{r.p_improve.low:.2f}, {r.p_improve.high:.2f}]"
-        compute = "—" if r.rollout_tokens is None else f"{r.rollout_tokens / 1e6:.2f} / {(r.grad_tokens or 0) / 1e6:.2f}"
         train = "—" if r.train_final is None else f"{r.train_final:.4f}"
+        lines.append(f"| {r.arm} | {r.final.n} | {r.final} | {train} | {iqm} | {diff} | {poi} |")
+    lines += [
+        "",
+        f"| arm | step reaching {baseline}'s final | tokens sampled (M) then | train min then "
+        "| tokens sampled / in loss (M) | fresh questions | train min |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        reach = within if r.steps_to_baseline_final is None else f"{r.steps_to_baseline_final:g}"
+        if r.steps_to_baseline_final is None:
+            tokens = then = "—"
+        else:
+            tokens = "—" if r.tokens_to_baseline_final is None else f"{r.tokens_to_baseline_final / 1e6:.2f}"
+            then = _minutes(r.seconds_to_baseline_final)
+        compute = "—" if r.rollout_tokens is None else f"{r.rollout_tokens / 1e6:.2f} / {(r.grad_tokens or 0) / 1e6:.2f}"
         fresh = "—" if r.fresh_questions is None else f"{r.fresh_questions:,.0f}"
-        minutes = "—" if r.train_seconds is None else f"{r.train_seconds / 60:.1f}"
-        lines.append(f"| {r.arm} | {r.final.n} | {r.final} | {train} | {iqm} | {diff} | {poi} | {reach} | {compute} "
-                     f"| {fresh} | {minutes} |")
+        lines.append(f"| {r.arm} | {reach} | {tokens} | {then} | {compute} | {fresh} | {_minutes(r.train_seconds)} |")
     n = max((r.final.n for r in rows), default=0)
     lines += [
         "",
@@ -244,10 +302,13 @@ def format_table(rows: list[ArmSummary], metric: str, baseline: str, horizon: fl
         f"- diff vs {baseline}: the arm minus {baseline} on the same seed, averaged; a Student-t 95% CI of the paired differences.",
         f"- P(> {baseline}): the probability that a run of the arm ends above a run of {baseline} (ties count "
         "half; the Mann-Whitney U over all run pairs), a percentile-bootstrap 95% CI; 0.5 means no difference.",
-        f"- step reaching {baseline}'s final: median over seeds of the first evaluation at which the arm reaches "
-        f"{baseline}'s mean final value.",
+        f"- step reaching {baseline}'s final: the median over all seeds of the first evaluation at which the arm "
+        f"reaches {baseline}'s mean final value ({baseline} itself included), a seed that never does counted as beyond "
+        "the horizon; tokens sampled and train min then: the same median read in the response tokens the run had "
+        "sampled and the training minutes it had spent by then (the comparison at equal compute).",
         "- tokens sampled / in loss: response tokens the rollouts generated over a run, and those the "
-        "loss saw (a replayed trajectory is in the loss but was not sampled again); mean over seeds, millions.",
+        "loss saw (a replayed trajectory and a replay term's stored responses are in the loss but were not "
+        "sampled again); mean over seeds, millions.",
         "- fresh questions: questions drawn from the training set over a run (replay takes some of a batch's "
         "places); train min: the run's training steps' wall time (evaluations excluded); means over seeds.",
         "",

@@ -23,6 +23,7 @@ from exgrpo.compare import (
     continues,
     format_table,
     jobs,
+    eval_compute,
     outcome_extras,
     prepare_warm_starts,
     run_description,
@@ -54,7 +55,8 @@ def tracked_run_one(cfg: ExperimentConfig, arm: str, metric: str = "val/accuracy
     return RunOutcome(arm, cfg.seed, float(run.result.final_metrics[metric]),
                       [h["step"] for h in evals], [h[metric] for h in evals], run_id=run.run_id or None,
                       run_dir=str(run.result.run_dir) if run.result.run_dir else None,
-                      records_pending=not run.synced, **outcome_extras(run.result.history))
+                      records_pending=not run.synced, **outcome_extras(run.result.history),
+                      **eval_compute(run.result.history, metric))
 
 
 @dataclass

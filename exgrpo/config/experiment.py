@@ -46,6 +46,10 @@ class TrainConfig(_Strict):
     """Passes over the training questions (fresh draws; steps = epochs * ceil(N_train / B))."""
     max_steps: int | None = Field(None, ge=1, json_schema_extra=MLFLOW_PARAM | RESUME_SAFE)
     """Stop after this many steps (a fixed compute budget); None: epochs decide."""
+    max_sampled_tokens: int | None = Field(None, ge=1, json_schema_extra=MLFLOW_PARAM | RESUME_SAFE)
+    """Also stop after the step at which the run's sampled response tokens (compute/rollout_tokens,
+    summed) reach this many: a budget of equal generation compute across arms that sample different
+    amounts per step (native backend); None: steps alone decide."""
     optimizer: OptimizerKind = Field(OptimizerKind.ADAM, json_schema_extra=MLFLOW_PARAM)
     """Optimiser."""
     lr: float = Field(3e-4, gt=0.0, json_schema_extra=MLFLOW_PARAM)
@@ -168,6 +172,9 @@ def _check_verl(cfg: ExperimentConfig) -> None:
     if getattr(cfg.algorithm, "replay_adds_to_batch", False):
         raise ValueError("algorithm.replay_adds_to_batch=true has no veRL backend (veRL's dataloader draws a fixed "
                          "batch); raise train.batch_size instead, or use backend.name=native")
+    if cfg.train.max_sampled_tokens is not None:
+        raise ValueError("train.max_sampled_tokens has no veRL backend (veRL's trainer counts steps); set "
+                         "train.max_steps from the tokens a step samples, or use backend.name=native")
     if v.rollout == "hf" and v.device != "cpu":
         raise ValueError("backend.verl.rollout=hf runs on device=cpu only; use rollout=vllm on GPUs")
     mini = cfg.train.batch_size // cfg.train.mini_batches

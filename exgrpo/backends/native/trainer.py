@@ -212,7 +212,8 @@ class Trainer:
         stop_after_step: int | None = None,
         force_resume: bool = False,
     ) -> TrainResult:
-        """Train to ``total_steps``. ``resume`` continues from the latest checkpoint in the run
+        """Train to ``total_steps``, or to the step whose sampled tokens reach ``train.max_sampled_tokens``.
+        ``resume`` continues from the latest checkpoint in the run
         directory; ``stop_after_step`` ends early (after checkpointing) as if the run were killed."""
         run_dir = self.cfg.run_dir()
         if not resume:
@@ -241,6 +242,8 @@ class Trainer:
                 cb.on_start(self.total_steps)
         every = self.cfg.train.checkpoint_every
         eval_every = self.cfg.train.eval_every_steps or self.cfg.train.eval_every_epochs * self.steps_per_epoch
+        budget = self.cfg.train.max_sampled_tokens or math.inf
+        sampled = sum(h.get("compute/rollout_tokens", 0.0) for h in self.history)  # resumed runs count theirs
         with StepProgress(self.total_steps, self.step, enabled=progress, title=self.cfg.name) as bar:
             if self.step == 0 and self.cfg.train.eval_before_train:
                 m0 = {"step": 0.0, **self.evaluate()}
@@ -251,11 +254,13 @@ class Trainer:
                     f.write(json.dumps(m0) + "\n")
                 for cb in callbacks:
                     cb(0, m0)
-            while self.step < self.total_steps:
+            while self.step < self.total_steps and sampled < budget:
                 m = self.train_step()
                 self.step += 1
                 m["step"] = float(self.step)
-                if self.step % eval_every == 0 or self.step == self.total_steps:
+                sampled += m.get("compute/rollout_tokens", 0.0)
+                last = self.step == self.total_steps or sampled >= budget
+                if self.step % eval_every == 0 or last:
                     m.update(self.evaluate())
                     self._evaluated(callbacks, self.step)
                     bar.epoch_summary(self.step // self.steps_per_epoch, self.step, m)
@@ -265,7 +270,7 @@ class Trainer:
                 for cb in callbacks:
                     cb(self.step, m)
                 bar.advance(m)
-                if (every and self.step % every == 0) or self.step == self.total_steps:
+                if (every and self.step % every == 0) or last:
                     last_ckpt = ckpt.save(self, run_dir)
                 if stop_after_step is not None and self.step >= stop_after_step:
                     break
