@@ -9,7 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from exgrpo.config import ConfigError, field_docs, load_compare, load_run, parse_set, resume_safe_fields, seed_list
+from exgrpo.config import ConfigError, field_docs, load_compare, load_run, parse_set, resume_safe_fields
 
 # Each command imports what it runs inside its function: `exgrpo --help`, `--version` and a bad config's
 # one-line error stay free of torch, Ray, MLflow and Prefect.
@@ -112,8 +112,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     if args.output_dir is not None:
         overrides["output_dir"] = str(Path(args.output_dir).resolve())
     cc = load_compare(args.config, overrides)  # fails here, before any work, on bad input
-    if args.seeds is not None:
-        cc = cc.model_copy(update={"seeds": seed_list(args.seeds)})
+    cc = cc.select(args.arms, args.seeds)
     from exgrpo.cluster import check_cluster, cluster_address
     from exgrpo.compare import RunOutcome, format_table, jobs, prepare_warm_starts, run_local, summarize
     from exgrpo.report import comparison_figure, mechanism_figure
@@ -139,7 +138,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     else:
         try:
             flow = _load_flow("compare", "compare_flow")
-            out = flow(config=str(args.config), seeds=args.seeds, overrides=overrides,
+            out = flow(config=str(args.config), seeds=args.seeds, arms=args.arms, overrides=overrides,
                        tracking_uri=args.tracking_uri, executor="ray", workers=args.workers, resume=args.resume,
                        ray_address=args.ray_address)
         except (TrackingError, FlowMissing) as e:
@@ -322,6 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "Runs the Prefect compare flow (MLflow parent + child runs) unless --no-prefect.")
     c.add_argument("config", help="comparison YAML with base: and arms: (e.g. experiments/toy.yaml)")
     c.add_argument("--seeds", help="use seeds 0..N-1 (N), A..B (A-B) or a,b,c (default: the file's seeds)")
+    c.add_argument("--arms", help="run only these arms, a,b,c, the baseline among them (default: every arm of the file)")
     c.add_argument("--resume", action="store_true",
                    help="runs with checkpoints continue from them, finished ones are reused: a killed comparison "
                    "goes on; more --seeds or a larger train.max_steps trains only what is new")

@@ -22,7 +22,7 @@ from prefect.artifacts import (
     create_table_artifact,
     update_progress_artifact,
 )
-from exgrpo.config import load_compare, seed_list
+from exgrpo.config import load_compare
 
 
 def _key(*parts: str) -> str:
@@ -42,6 +42,7 @@ def run_record(arm: str, seed: int, final: float | None = None, error: str | Non
 def compare_flow(
     config: str = "experiments/toy.yaml",
     seeds: int | str | list[int] | None = None,
+    arms: str | list[str] | None = None,
     overrides: dict[str, Any] | None = None,
     tracking_uri: str | None = None,
     executor: str = "ray",
@@ -50,15 +51,15 @@ def compare_flow(
     resume: bool = False,
 ) -> dict[str, Any]:
     """Train every arm of a comparison YAML over seeds (Ray tasks or a process pool), then log the
-    statistics on an MLflow parent run and publish the table as Prefect artifacts. ``resume``: runs
+    statistics on an MLflow parent run and publish the table as Prefect artifacts. ``seeds``: N (0..N-1),
+    "A-B" or "a,b,c"; ``arms``: "a,b" (the baseline among them); None: the file's. ``resume``: runs
     with checkpoints continue from them (finished ones end at once), so a killed comparison goes on
     and one with more seeds or steps trains only what is new."""
     from exgrpo.compare.tracked import run_tracked_compare  # torch: when the flow runs, not when Prefect reads it
 
     log = get_run_logger()
     cc = load_compare(config, overrides or {})
-    if seeds is not None:
-        cc = cc.model_copy(update={"seeds": seed_list(seeds)})
+    cc = cc.select(arms, seeds)
     log.info("comparing %s over seeds %s (%d runs, executor=%s%s)", list(cc.arms), cc.seeds,
              len(cc.arms) * len(cc.seeds), executor, ", resuming runs with checkpoints" if resume else "")
 

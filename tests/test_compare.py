@@ -326,3 +326,21 @@ def test_local_compare_runs_no_more_workers_than_the_cores_hold(tmp_path, capsys
     assert sorted(o.seed for o in outcomes) == [0, 1]
     said = capsys.readouterr().out
     assert f"compare: {max(1, cores // 2)} worker(s) instead of {cores}" in said
+
+
+def test_a_comparison_runs_some_of_its_arms_and_seeds_as_named():
+    from exgrpo.config import ConfigError, load_compare, seed_list
+
+    assert seed_list(3) == seed_list("3") == [0, 1, 2]
+    assert seed_list("100-102") == [100, 101, 102] and seed_list("5,7") == [5, 7] and seed_list([4]) == [4]
+    for bad in ("1-x", "3,3", "0"):
+        with pytest.raises(ConfigError, match="--seeds"):
+            seed_list(bad)
+    cc = load_compare("experiments/tiny-lm-chain.yaml")
+    some = cc.select("grpo,exgrpo", "100-101")
+    assert list(some.arms) == ["grpo", "exgrpo"] and some.seeds == [100, 101]
+    assert cc.select(None, None) == cc
+    with pytest.raises(ConfigError, match="no arm foo here; the arms are grpo, exgrpo, exgrpo-extra, notebook"):
+        cc.select("grpo,foo")
+    with pytest.raises(ConfigError, match="paired against the baseline grpo; add it to --arms"):
+        cc.select("exgrpo")

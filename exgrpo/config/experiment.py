@@ -221,6 +221,24 @@ class CompareConfig(_Strict):
                                  f"runs (arms run {'/'.join(sorted(replays))}); remove it or add such an arm")
         return self
 
+    def select(self, arms: str | list[str] | None = None, seeds: int | str | list[int] | None = None) -> CompareConfig:
+        """This comparison on some of its arms (``"a,b"`` or a list; the baseline among them) and
+        seeds (:func:`seed_list`); None keeps the file's. ConfigError naming the arm otherwise."""
+        update: dict[str, Any] = {}
+        if arms is not None:
+            names = [a.strip() for a in arms.split(",")] if isinstance(arms, str) else list(arms)
+            unknown = [a for a in names if a not in self.arms]
+            if unknown or not names:
+                raise ConfigError(f"--arms {','.join(names)}: no arm {', '.join(unknown) or '(empty)'} here; the arms "
+                                  f"are {', '.join(self.arms)}")
+            if self.baseline not in names:
+                raise ConfigError(f"--arms {','.join(names)}: the differences are paired against the baseline "
+                                  f"{self.baseline}; add it to --arms")
+            update["arms"] = {a: self.arms[a] for a in names}
+        if seeds is not None:
+            update["seeds"] = seed_list(seeds)
+        return self.model_copy(update=update)
+
     @property
     def name(self) -> str:
         """The comparison's name (the base's ``name``): its MLflow experiment and report directory."""
