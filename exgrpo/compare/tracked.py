@@ -96,6 +96,8 @@ class TrackedComparison:
                 f"diff vs {self.baseline}": None if d is None else round(d.mean, 4),
                 "diff ci95": None if d is None else f"[{d.low:+.4f}, {d.high:+.4f}]",
                 f"step reaching {self.baseline}'s final": r.steps_to_baseline_final,
+                "tokens sampled then (M)": None if r.tokens_to_baseline_final is None or r.steps_to_baseline_final is None
+                else round(r.tokens_to_baseline_final / 1e6, 3),
                 "final train accuracy": None if r.train_final is None else round(r.train_final, 4),
                 "rollout tokens (M)": None if r.rollout_tokens is None else round(r.rollout_tokens / 1e6, 3),
                 "loss tokens (M)": None if r.grad_tokens is None else round(r.grad_tokens / 1e6, 3),
@@ -252,6 +254,10 @@ def run_tracked_compare(
                 metrics[f"{r.arm}/diff_vs_{cc.baseline}_ci_high"] = r.diff_vs_baseline.high
             if r.steps_to_baseline_final is not None:
                 metrics[f"{r.arm}/steps_to_baseline_final"] = float(r.steps_to_baseline_final)
+            if r.steps_to_baseline_final is not None and r.tokens_to_baseline_final is not None:
+                metrics[f"{r.arm}/tokens_to_baseline_final"] = r.tokens_to_baseline_final
+            if r.steps_to_baseline_final is not None and r.seconds_to_baseline_final is not None:
+                metrics[f"{r.arm}/seconds_to_baseline_final"] = r.seconds_to_baseline_final
             if r.train_final is not None:
                 metrics[f"{r.arm}/train_final_mean"] = r.train_final
             if r.rollout_tokens is not None:
