@@ -44,7 +44,7 @@ MUST_BE_PARAMS = frozenset({
     "train.max_steps", "train.max_sampled_tokens", "algorithm.replay", "algorithm.group_size",
     "algorithm.experience_ratio", "algorithm.bucket_lbound", "algorithm.bucket_rbound", "algorithm.shaping",
     "algorithm.shaping_gamma", "algorithm.is_clip", "algorithm.replay_start_pass_rate",
-    "task.n_train", "task.n_val", "task.held_out", "task.problems.min_operands", "policy.decoder",
+    "task.n_train", "task.n_val", "task.held_out", "task.problems.min_operands", "policy.decoder", "train.threads",
     "backend.verl.rollout", "backend.verl.reproducible", "backend.verl.micro_batch_size_per_worker",
 })
 """Settings that decide a run's numbers (or its budget): two runs that differ in one must differ in

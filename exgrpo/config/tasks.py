@@ -6,19 +6,19 @@ from typing import Final, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from exgrpo.config.options import MLFLOW_PARAM, DEFAULT_MAX_ANSWER_CHARS, AnswerFormat, HeldOut, _Strict
+from exgrpo.config.options import DEFAULT_MAX_ANSWER_CHARS, AnswerFormat, HeldOut, _Strict
 
 
 class ToyTaskConfig(_Strict):
     """Integer addition/subtraction from feature vectors."""
 
-    kind: Literal["toy_arithmetic"] = Field("toy_arithmetic", json_schema_extra=MLFLOW_PARAM)
+    kind: Literal["toy_arithmetic"] = "toy_arithmetic"
     """Task registry key."""
-    max_operand: int = Field(30, ge=1, le=1000, json_schema_extra=MLFLOW_PARAM)
+    max_operand: int = Field(30, ge=1, le=1000)
     """Operands a, b are drawn from 0..max_operand; answers lie in [-max_operand, 2*max_operand]."""
-    val_fraction: float = Field(0.2, gt=0.0, lt=1.0, json_schema_extra=MLFLOW_PARAM)
+    val_fraction: float = Field(0.2, gt=0.0, lt=1.0)
     """Fraction of all (a, op, b) questions held out for validation."""
-    data_seed: int = Field(1234, json_schema_extra=MLFLOW_PARAM)
+    data_seed: int = 1234
     """Seed of the train/validation split (fixed across run seeds so arms see the same data)."""
 
 
@@ -48,7 +48,7 @@ class ArithmeticProblemsConfig(_Strict):
 class GradedTaskConfig(_Strict):
     """How a language task's responses are graded (shared by the LM tasks)."""
 
-    answer_format: AnswerFormat = Field(AnswerFormat.BOXED, json_schema_extra=MLFLOW_PARAM)
+    answer_format: AnswerFormat = AnswerFormat.BOXED
     """Where the final answer must be: boxed (strict) or boxed_or_last_number (gameable; warns)."""
     max_answer_chars: int = Field(DEFAULT_MAX_ANSWER_CHARS, ge=1)
     """Longest graded answer; a longer one scores 0 instead of being truncated."""
@@ -57,7 +57,7 @@ class GradedTaskConfig(_Strict):
 class TextArithmeticTaskConfig(GradedTaskConfig):
     """Text arithmetic questions with worked answers (tiny-lm tier)."""
 
-    kind: Literal["text_arithmetic"] = Field("text_arithmetic", json_schema_extra=MLFLOW_PARAM)
+    kind: Literal["text_arithmetic"] = "text_arithmetic"
     """Task registry key."""
     problems: ArithmeticProblemsConfig = ArithmeticProblemsConfig()
     """Question distribution (keep equal to the tiny LM's SFT distribution)."""
@@ -65,9 +65,9 @@ class TextArithmeticTaskConfig(GradedTaskConfig):
     """Training questions."""
     n_val: int = Field(500, ge=1)
     """Held-out validation questions."""
-    data_seed: int = Field(1234, json_schema_extra=MLFLOW_PARAM)
+    data_seed: int = 1234
     """Seed of the question set and of the train/validation split."""
-    held_out: HeldOut = Field(HeldOut.TUNING, json_schema_extra=MLFLOW_PARAM)
+    held_out: HeldOut = HeldOut.TUNING
     """The n_val questions that val/* reads: tuning (split off beside the training questions; choose
     regimes, learning rates and sweep trials on it) or test (n_val more drawn after them, in no
     training or tuning set; report on it). The training questions are the same for both."""
@@ -210,7 +210,7 @@ def check_dataset_name(name: str) -> str:
 class ReasoningGymTaskConfig(GradedTaskConfig):
     """A mixture of reasoning-gym generators with train/held-out splits by seed."""
 
-    kind: Literal["reasoning_gym"] = Field("reasoning_gym", json_schema_extra=MLFLOW_PARAM)
+    kind: Literal["reasoning_gym"] = "reasoning_gym"
     """Task registry key."""
     datasets: dict[str, float] = Field(default_factory=lambda: {n: 1.0 for n in SUPPORTED})
     """Generator name -> relative share of questions (0 drops it); names from SUPPORTED."""

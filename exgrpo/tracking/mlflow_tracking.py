@@ -150,8 +150,10 @@ def run_tags(cfg: ExperimentConfig, arm: str | None = None, study: str | None = 
 
 
 def curated_params(cfg: ExperimentConfig, extra_keys: Iterable[str] = ()) -> dict[str, str]:
-    """The config fields marked ``MLFLOW_PARAM`` (plus ``extra_keys``, e.g. a sweep's space) -> values
-    as strings truncated to MLflow's ``MAX_PARAM_VAL_LENGTH``. Keys absent from the config are skipped."""
+    """A run's MLflow params -> values as strings truncated to MLflow's ``MAX_PARAM_VAL_LENGTH``: the
+    config fields that decide its numbers (``mlflow_param_keys``: every field that is not
+    ``RESUME_SAFE``, and the ``RESUME_SAFE_PARAM`` ones) plus ``extra_keys`` (e.g. a sweep's space).
+    Keys absent from the config are skipped."""
     from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
 
     flat = flatten(cfg)
