@@ -268,7 +268,7 @@ class CompareConfig(_Strict):
             if isinstance(self.arms[arm].get("algorithm"), dict):
                 set_by_arm |= set(self.arms[arm]["algorithm"])
             data["algorithm"] = {k: v for k, v in algo.items() if k in set_by_arm or not is_foreign(k, replay)}
-        return _validate(ExperimentConfig, data, source=f"arm {arm}")
+        return validate_config(ExperimentConfig, data, source=f"arm {arm}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -352,7 +352,9 @@ def _format_validation_error(err: ValidationError, source: str, data: Any = None
     return "\n".join(lines)
 
 
-def _validate(model: type[BaseModel], data: dict[str, Any], source: str):
+def validate_config(model: type[BaseModel], data: dict[str, Any], source: str):
+    """``model`` validated from the mapping ``data``; a validation error becomes one ConfigError that
+    names ``source`` (a file, an arm, a sweep's base) and each bad field."""
     try:
         return model.model_validate(data)
     except ValidationError as err:
@@ -379,7 +381,7 @@ def load_experiment(path: str | Path | None, overrides: dict[str, Any] | None = 
     if "base" in data and "arms" in data:
         data = data["base"]
     data = apply_overrides(data, overrides or {})
-    return _validate(ExperimentConfig, data, source=str(path or "defaults"))
+    return validate_config(ExperimentConfig, data, source=str(path or "defaults"))
 
 
 def load_compare(path: str | Path, overrides: dict[str, Any] | None = None) -> CompareConfig:
@@ -389,7 +391,7 @@ def load_compare(path: str | Path, overrides: dict[str, Any] | None = None) -> C
         raise ConfigError(f"{path}: a comparison file needs `base:` and `arms:` sections")
     data = dict(data)
     data["base"] = apply_overrides(data.get("base", {}), overrides or {})
-    return _validate(CompareConfig, data, source=str(path))
+    return validate_config(CompareConfig, data, source=str(path))
 
 
 def load_run(path: str | Path | None, overrides: dict[str, Any] | None = None, arm: str | None = None,

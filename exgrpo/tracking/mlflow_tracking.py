@@ -24,6 +24,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from exgrpo.config import ExperimentConfig, flatten, mlflow_param_keys
+from exgrpo.paths import project_root  # re-exported: callers import it from here and exgrpo.tracking
 from exgrpo.sqlite_wal import ensure_wal, sqlite_file
 from exgrpo.tracking.code_version import code_version_tags
 from exgrpo.tracking.names import sanitize_metric_name
@@ -37,15 +38,6 @@ class TrackingError(RuntimeError):
 # --------------------------------------------------------------------------------------------
 # Where the store is
 # --------------------------------------------------------------------------------------------
-def project_root(start: Path | None = None) -> Path:
-    """The nearest directory at or above ``start`` (default: cwd) holding a pyproject.toml; else cwd."""
-    here = (start or Path.cwd()).resolve()
-    for d in (here, *here.parents):
-        if (d / "pyproject.toml").is_file():
-            return d
-    return here
-
-
 def default_tracking_uri(root: Path | None = None) -> str:
     """``sqlite:///<project>/mlruns/mlflow.db``."""
     return f"sqlite:///{(root or project_root()) / 'mlruns' / 'mlflow.db'}"
