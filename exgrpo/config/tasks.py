@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import math
 from typing import Final, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -45,6 +47,31 @@ class ArithmeticProblemsConfig(_Strict):
         return self
 
 
+def distinct_questions(p: ArithmeticProblemsConfig) -> int:
+    """How many distinct questions ``p`` can make: for each operator sequence of each length, the
+    product of its operands' ranges (0..max_factor beside a ``*``, else 0..max_operand). Each question
+    text is one (operands, operators): operands are written without leading zeros between the signs."""
+    total = 0
+    for n in range(p.min_operands, p.max_operands + 1):
+        for seq in itertools.product(sorted(set(p.ops)), repeat=n - 1):
+            count = 1
+            for i in range(n):
+                by_mul = (i > 0 and seq[i - 1] == "*") or (i < n - 1 and seq[i] == "*")
+                count *= (p.max_factor if by_mul else p.max_operand) + 1
+            total += count
+    return total
+
+
+def rl_questions_bound(p: ArithmeticProblemsConfig) -> int:
+    """At least as many as the distinct questions ``p`` makes on the RL side of the task's SFT/RL hash
+    split (``exgrpo.tasks.text_arithmetic.is_rl_question``, a fair coin per question): half of all of
+    them plus 3 * sqrt(all), six standard deviations of such a split, and never more than all of them.
+    A bound, not the count: counting the RL side means hashing every question (1.7 million of the
+    chain regime's), too slow to check a config with."""
+    total = distinct_questions(p)
+    return min(total, math.floor(total / 2 + 3 * math.sqrt(total)))
+
+
 class GradedTaskConfig(_Strict):
     """How a language task's responses are graded (shared by the LM tasks)."""
 
@@ -71,6 +98,18 @@ class TextArithmeticTaskConfig(GradedTaskConfig):
     """The n_val questions that val/* reads: tuning (split off beside the training questions; choose
     regimes, learning rates and sweep trials on it) or test (n_val more drawn after them, in no
     training or tuning set; report on it). The training questions are the same for both."""
+
+    @model_validator(mode="after")
+    def _enough_questions(self) -> TextArithmeticTaskConfig:
+        # the task draws its questions only when it is built, after the warm start: refuse here instead
+        test = self.held_out == HeldOut.TEST
+        wanted = self.n_train + self.n_val * (2 if test else 1)
+        most = rl_questions_bound(self.problems)
+        if wanted > most:
+            asked = f"task.n_train={self.n_train} + task.n_val={self.n_val}" + (" twice (held_out: test)" if test else "")
+            raise ValueError(f"{asked} asks for {wanted} distinct RL questions, but task.problems makes at most {most}; "
+                             "lower task.n_train (or task.n_val), or widen task.problems (max_operand, max_operands, ops)")
+        return self
 
 
 
