@@ -243,8 +243,8 @@ def launch_slots(cfg: Any, address: str | None, runs: int) -> list[dict[str, Any
     """Ray ``.options`` of each of a comparison's or sweep's runs of ``cfg`` that may run at once on the
     cluster at ``address``, each pinned to the node its plan chose; None: no limit (native runs are one
     task each, and a veRL job on its own private Ray holds nothing here). veRL runs start only as the
-    cluster can host them whole (:func:`exgrpo.backends.verl.resources.plan_slots`): started at once,
-    they took each other's CPUs and none could start. Says once when ``runs`` must wait."""
+    cluster can host them whole (:func:`exgrpo.backends.verl.resources.plan_slots`), since runs started
+    at once take each other's CPUs and none can start. Says once when ``runs`` must wait."""
     if address is None or cfg.backend.name != "verl" or cfg.backend.verl.ray_address != address:
         return None
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy

@@ -23,6 +23,8 @@ import os
 from collections.abc import MutableMapping
 from pathlib import Path
 
+from exgrpo.paths import project_root
+
 UI_SERVER_FILE = "exgrpo-ui.json"
 """In the home while ``exgrpo ui`` runs: its Prefect API URL and process id."""
 
@@ -32,8 +34,6 @@ RUNTIME_SETTINGS = {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_SERVER
 
 def prefect_home(env: MutableMapping[str, str] | None = None) -> Path:
     """``PREFECT_HOME`` if set, else ``<project>/.prefect``."""
-    from exgrpo.tracking.mlflow_tracking import project_root
-
     env = os.environ if env is None else env
     return Path(env["PREFECT_HOME"]).expanduser() if env.get("PREFECT_HOME") else project_root() / ".prefect"
 

@@ -109,8 +109,9 @@ def start(svcs: list[Service], log_dir: Path, timeout: float = 120.0) -> None:
             env["PREFECT_UI_API_URL"] = f"{s.url}/api"
     for s in svcs:
         s.log = log_dir / f"{s.name}.log"
-        s.proc = subprocess.Popen(s.cmd, stdout=s.log.open("w"), stderr=subprocess.STDOUT, env=env,
-                                  start_new_session=True)
+        # the service writes its log through its own copy of the descriptor: this process keeps none open
+        with s.log.open("w") as log:
+            s.proc = subprocess.Popen(s.cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     deadline = time.monotonic() + timeout
     pending = list(svcs)
     while pending:

@@ -60,16 +60,17 @@ def pytest_configure(config):
 def pytest_sessionfinish(session, exitstatus):
     """A worker's last work is done here, before it reports its session finished (pytest-xdist sends
     that after every ``pytest_sessionfinish``), not at unconfigure: once the controller has the report it
-    ends the worker's gateway, and execnet sends a worker still busy 5 s later a SIGINT. A green run then
-    ended with a ``KeyboardInterrupt`` raised wherever the worker was, e.g. in hypothesis's gc callback
-    during pytest's own garbage collections at unconfigure. So: the directories this process made are
-    removed now (after the session's fixtures, trylast), what the heap holds is collected once and
-    frozen, so that pytest's five collections at unconfigure have almost nothing left to walk, and a
-    worker ignores that SIGINT (its tests are over; execnet ends it 10 s later if it is still busy).
+    ends the worker's gateway, and execnet sends a SIGINT to a worker still busy 5 s later, which raises
+    a ``KeyboardInterrupt`` wherever the worker is (e.g. in hypothesis's gc callback during pytest's own
+    garbage collections at unconfigure) and ends a run whose tests all passed with an error. So the
+    directories this process made are removed now (after the session's fixtures, trylast), what the heap
+    holds is collected once and frozen, so that pytest's five collections at unconfigure have almost
+    nothing left to walk, and a worker ignores that SIGINT (its tests are over; execnet ends it 10 s
+    later if it is still busy).
 
     First the in-process Ray client that compare/sweep tests start is shut down, while the interpreter
-    is whole: left to Ray's own atexit hook it runs during interpreter finalization, where one CI run's
-    pytest process died with ``std::bad_alloc`` from Ray's C++ logger after every test had passed."""
+    is whole: Ray's own atexit hook runs it during interpreter finalization, where Ray's C++ logger can
+    abort the pytest process (``std::bad_alloc``) after every test has passed."""
     import gc
     import shutil
     import sys

@@ -95,10 +95,11 @@ def test_field_docs_and_search_space_fields_cover_every_algorithm():
     assert {"algorithm.notebook.per", "algorithm.bucket_sigma", "task.n_train"} <= set(config_fields())
 
 
-def test_mlflow_params_are_the_marked_fields_of_the_runs_own_algorithm():
+def test_mlflow_params_hold_the_fields_of_the_runs_own_algorithm():
     grpo = curated_params(load_experiment("experiments/toy-grpo.yaml"))
     exgrpo = curated_params(load_experiment("experiments/toy-exgrpo.yaml"))
     assert grpo["algorithm.replay"] == "none" and "algorithm.experience_ratio" not in grpo
     assert exgrpo["algorithm.experience_ratio"] == "0.5" and exgrpo["algorithm.bucket_sigma"] == "1.0"
     keys = mlflow_param_keys(load_experiment("experiments/tiny-lm.yaml"))
-    assert "task.answer_format" in keys and "backend.name" in keys and "train.threads" not in keys
+    assert "task.answer_format" in keys and "backend.name" in keys and "train.threads" in keys
+    assert "train.checkpoint_every" not in keys

@@ -65,6 +65,33 @@ def test_evaluating_a_checkpoint_scores_as_the_trainer_evaluates(other_checkpoin
     assert evaluate_as_in_training(path) == Trainer(cfg, task, policy).evaluate()
 
 
+def test_evaluating_a_checkpoint_runs_on_its_thread_count_and_gives_the_callers_back(monkeypatch):
+    from exgrpo.evaluation import runner
+
+    cfg = load_experiment("experiments/toy.yaml", {"train.threads": 2})
+    loaded = runner.CheckpointPolicy(cfg, task=None, policy=None, step=0)
+    seen = []
+
+    def greedy_accuracy(task, policy, generator, probe):
+        seen.append(torch.get_num_threads())
+        if len(seen) == 2:
+            raise RuntimeError("evaluation failed")
+        return {"val/accuracy": 0.5}, []
+
+    monkeypatch.setattr(runner, "greedy_accuracy", greedy_accuracy)
+    monkeypatch.setattr(runner, "train_probe", lambda task: [])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert evaluate_as_in_training(loaded) == {"val/accuracy": 0.5}
+        assert torch.get_num_threads() == 1
+        with pytest.raises(RuntimeError, match="evaluation failed"):
+            evaluate_as_in_training(loaded)
+        assert torch.get_num_threads() == 1 and seen == [2, 2]
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_a_path_no_backend_reads_is_a_one_line_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="no such file"):
         read_checkpoint(tmp_path / "missing.pt")

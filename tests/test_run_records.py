@@ -39,17 +39,53 @@ def test_a_verl_run_has_every_verl_setting_that_decides_its_numbers_as_a_param()
     assert native["backend.name"] == "native" and not [k for k in native if k.startswith("backend.verl.")]
 
 
-@pytest.mark.parametrize("path", ["experiments/tiny-lm-chain.yaml", "experiments/verl-tiny-chain.yaml",
-                                  "experiments/toy-exgrpo.yaml", "experiments/smollm2-arith.yaml"])
-def test_every_setting_that_decides_a_runs_numbers_is_a_param(path):
-    from exgrpo.config import flatten, resume_safe_fields
+MUST_BE_PARAMS = frozenset({
+    "seed", "backend.name", "train.lr", "train.batch_size", "train.mini_batches", "train.skip_grad_above",
+    "train.max_steps", "train.max_sampled_tokens", "algorithm.replay", "algorithm.group_size",
+    "algorithm.experience_ratio", "algorithm.bucket_lbound", "algorithm.bucket_rbound", "algorithm.shaping",
+    "algorithm.shaping_gamma", "algorithm.is_clip", "algorithm.replay_start_pass_rate",
+    "task.n_train", "task.n_val", "task.held_out", "task.problems.min_operands", "policy.decoder", "train.threads",
+    "backend.verl.rollout", "backend.verl.reproducible", "backend.verl.micro_batch_size_per_worker",
+})
+"""Settings that decide a run's numbers (or its budget): two runs that differ in one must differ in
+their MLflow params. Named one by one, not derived from the config's markers, so a wrong rule in
+``mlflow_param_keys`` shows here."""
 
-    text = open(path).read()
-    cfg = load_compare(path).arm_config("exgrpo", 0) if "\narms:" in text else load_experiment(path)
-    params = curated_params(cfg)
-    running = {k for k in flatten(cfg) if not k.startswith("backend.") or k.startswith(f"backend.{cfg.backend.name}")}
-    assert running - resume_safe_fields() <= set(params), sorted(running - resume_safe_fields() - set(params))
-    if "chain" in path:  # what makes the regime: its questions and its warm start
+MUST_NOT_BE_PARAMS = frozenset({
+    "output_dir", "train.checkpoint_every", "train.keep_last", "train.keep_freed_memory", "train.log_every_steps",
+    "backend.verl.ray_address", "backend.verl.python", "backend.verl.num_cpus", "backend.verl.launch",
+    "backend.verl.job_address", "backend.verl.stall_timeout_s",
+})
+"""Where and how a run is kept and launched: they change no number, so they are not params."""
+
+PARAM_FILES = {
+    "experiments/tiny-lm.yaml": "exgrpo", "experiments/tiny-lm-chain.yaml": "exgrpo",
+    "experiments/tiny-lm-budget.yaml": "exgrpo", "experiments/toy-exgrpo.yaml": None,
+    "experiments/smollm2-arith.yaml": None, "experiments/verl-tiny-chain.yaml": "exgrpo",
+    "experiments/verl-tiny-vllm.yaml": "exgrpo",
+}
+"""Experiment files (and the arm read of a comparison file) the param lists are checked on."""
+
+
+def test_the_settings_that_decide_a_runs_numbers_are_its_params_and_no_others():
+    from exgrpo.config import flatten
+
+    checked: set[str] = set()
+    for path, arm in PARAM_FILES.items():
+        cfg = load_compare(path).arm_config(arm, 0) if arm else load_experiment(path)
+        params = curated_params(cfg)
+        # a field applies if this config has it: its task, policy and algorithm, and its own backend's settings
+        applies = {k for k in flatten(cfg) if not k.startswith("backend.verl.") or cfg.backend.name == "verl"}
+        missing = sorted((MUST_BE_PARAMS & applies) - set(params))
+        extra = sorted((MUST_NOT_BE_PARAMS & applies) & set(params))
+        assert not missing and not extra, f"{path}: not params {missing}; params that must not be {extra}"
+        checked |= applies
+    assert MUST_BE_PARAMS | MUST_NOT_BE_PARAMS <= checked, sorted((MUST_BE_PARAMS | MUST_NOT_BE_PARAMS) - checked)
+
+
+def test_a_chain_regimes_questions_and_warm_start_are_params():
+    for path in ("experiments/tiny-lm-chain.yaml", "experiments/verl-tiny-chain.yaml"):
+        params = curated_params(load_compare(path).arm_config("exgrpo", 0))
         assert params["task.problems.min_operands"] == "3" and params["task.n_train"] == "20000"
         assert params["policy.model.sft_direct_fraction"] == "0.6" and params["policy.model.sft_steps"] == "600"
 

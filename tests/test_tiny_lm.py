@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
 
+from exgrpo.config import ConfigError, load_experiment
+from exgrpo.config.tasks import distinct_questions, rl_questions_bound
 from exgrpo.tasks.tokenizers import DEFAULT_CHARS, CharTokenizer
 from exgrpo.core.selection import pad_right
 from exgrpo.tasks.text_arithmetic import (
@@ -118,6 +122,41 @@ def test_the_test_split_is_new_questions_and_leaves_training_and_tuning_as_they_
 
     with pytest.raises(SweepError, match="task.held_out: a sweep chooses on what it reads"):
         load_sweep("experiments/tiny-lm-chain-sweep.yaml", {"base.task.held_out": "test"})
+
+
+def all_questions(p: ArithmeticProblemsConfig) -> set[str]:
+    """Every question ``p`` can make, written out (small distributions only)."""
+    out = set()
+    for n in range(p.min_operands, p.max_operands + 1):
+        for ops in itertools.product(sorted(set(p.ops)), repeat=n - 1):
+            by_mul = [(i > 0 and ops[i - 1] == "*") or (i < n - 1 and ops[i] == "*") for i in range(n)]
+            ranges = [range((p.max_factor if m else p.max_operand) + 1) for m in by_mul]
+            out |= {question_text(nums, ops) for nums in itertools.product(*ranges)}
+    return out
+
+
+@pytest.mark.parametrize("problems", [
+    {}, {"max_operand": 3, "max_factor": 2}, {"max_operand": 5, "max_factor": 3, "max_operands": 4},
+    {"min_operands": 3, "max_operands": 3, "max_operand": 9, "ops": "+-"}, {"max_operand": 1, "ops": "+", "max_operands": 2},
+])
+def test_the_questions_a_distribution_makes_are_counted_and_the_rl_side_bounded(problems):
+    p = ArithmeticProblemsConfig(**problems)
+    every = all_questions(p)
+    rng = np.random.default_rng(0)
+    assert all(question_text(*sample_problem(p, rng)) in every for _ in range(500))
+    assert distinct_questions(p) == len(every)
+    assert sum(map(is_rl_question, every)) <= rl_questions_bound(p) <= len(every)
+
+
+def test_a_task_asking_for_more_questions_than_its_distribution_makes_is_refused_before_any_work():
+    with pytest.raises(ConfigError, match=r"task\.n_train=50000 .*lower task\.n_train") as e:
+        load_experiment("experiments/tiny-lm.yaml", {"task.n_train": 50000})
+    assert len(str(e.value).splitlines()) == 2  # the source, then one line on the field and the fix
+    # the default distribution makes 47426 questions, 23806 of them on the RL side
+    fits = {"task.n_train": 20000, "task.n_val": 3000}
+    assert load_experiment("experiments/tiny-lm.yaml", fits).task.n_train == 20000
+    with pytest.raises(ConfigError, match=r"task\.n_val=3000 twice \(held_out: test\) asks for 26000"):
+        load_experiment("experiments/tiny-lm.yaml", {**fits, "task.held_out": "test"})
 
 
 def test_task_rewards_on_constructed_strings():

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 mlflow = pytest.importorskip("mlflow")
 
 import exgrpo  # noqa: E402
-from exgrpo.config import load_experiment  # noqa: E402
+from exgrpo.config import load_experiment, mlflow_param_keys  # noqa: E402
 from exgrpo.tracking import (  # noqa: E402
     Tracker,
     TrackingError,
@@ -75,13 +75,14 @@ def test_unreachable_server_fails_fast_before_training(tmp_path):
 
 def test_curated_params_truncated_and_complete(tmp_path):
     cfg = tiny_cfg(tmp_path, name="x" * 7000, **{"algorithm.replay": "buckets"})
-    params = curated_params(cfg, extra_keys=["train.threads", "algorithm.notebook.kl_beta", "no.such.key"])
+    params = curated_params(cfg, extra_keys=["train.log_every_steps", "algorithm.notebook.kl_beta", "no.such.key"])
     from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
 
-    assert 35 <= len(params) <= 55
+    # every param key and the extra one present in the config, each once
+    assert sorted(params) == sorted({*mlflow_param_keys(cfg), "train.log_every_steps"})
     assert len(params["name"]) == MAX_PARAM_VAL_LENGTH
     assert params["algorithm.experience_ratio"] == "0.5"
-    assert "train.threads" in params  # an extra key (a sweep's space) is logged even when unmarked
+    assert "train.log_every_steps" in params  # an extra key (a sweep's space) is logged even when not a param
     assert "algorithm.notebook.kl_beta" not in params and "no.such.key" not in params  # not in this config
 
 

@@ -37,6 +37,15 @@ def test_every_algorithm_trains_end_to_end(tmp_path, replay):
     nb = {"algorithm.notebook.warm": 1, "algorithm.notebook.peak": 2} if replay == "notebook" else {}
     cfg = small_cfg(tmp_path, **{"algorithm.replay": replay, **nb})
     trainer = Trainer(cfg)
+    stored: list[float] = []  # per step: tokens of the replay term's stored responses (0 without one)
+    auxiliary = trainer.replay.auxiliary
+
+    def recording_auxiliary(epoch, step):
+        aux = auxiliary(epoch, step)
+        stored.append(0.0 if aux is None else float(aux.mask.sum()))
+        return aux
+
+    trainer.replay.auxiliary = recording_auxiliary
     assert trainer.steps_per_epoch == 5  # 78 train questions / 16 per step
     result = trainer.fit(progress=False)
     hist = result.history
@@ -49,8 +58,10 @@ def test_every_algorithm_trains_end_to_end(tmp_path, replay):
         assert max(h["pool/questions"] for h in hist) > 0
     if replay == "notebook":
         assert any(h["notebook/lambda"] > 0 and h.get("notebook/off_w_mean", 0) > 0 for h in hist)
-        # the replay term's stored responses count as tokens in the loss (once per mini-batch)
-        assert any(h.get("compute/replay_term_tokens", 0) > 0 for h in hist if h.get("notebook/lambda", 0) > 0)
+        # the replay term's stored responses count as tokens in the loss once per mini-batch
+        assert len(stored) == len(hist) and any(stored)
+        counted = [h.get("compute/replay_term_tokens", 0.0) for h in hist]
+        assert counted == [s * cfg.train.mini_batches for s in stored]
     if replay == "none":
         assert all(h["replay/questions"] == 0 for h in hist)
     if replay not in ("buckets", "uniform"):  # only pool replay has a mixed phase (and drops clipping in it)

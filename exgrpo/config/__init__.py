@@ -22,7 +22,6 @@ from exgrpo.config.experiment import (
     PolicyConfig,
     TaskConfig,
     TrainConfig,
-    _validate,  # noqa: F401  (used by exgrpo.sweep)
     apply_overrides,
     config_fields,
     field_docs,
@@ -35,6 +34,7 @@ from exgrpo.config.experiment import (
     seed_list,
     read_yaml,
     resume_safe_fields,
+    validate_config,
 )
 from exgrpo.config.options import (
     AnswerFormat,
@@ -42,7 +42,7 @@ from exgrpo.config.options import (
     ConfigError,
     Decoder,
     LossAggregation,
-    MLFLOW_PARAM,
+    RESUME_SAFE_PARAM,
     RESUME_SAFE,
     NotebookSampling,
     OptimizerKind,
@@ -89,7 +89,7 @@ __all__ = [
     "ExperimentConfig",
     "LMPolicyConfig",
     "LossAggregation",
-    "MLFLOW_PARAM",
+    "RESUME_SAFE_PARAM",
     "NotebookSampling",
     "RESUME_SAFE",
     "MLPPolicyConfig",
@@ -123,4 +123,5 @@ __all__ = [
     "parse_set",
     "read_yaml",
     "resume_safe_fields",
+    "validate_config",
 ]

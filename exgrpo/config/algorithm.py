@@ -14,7 +14,6 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BeforeValidator, Discriminator, Field, Tag, TypeAdapter, ValidationError, model_validator
 
 from exgrpo.config.options import (
-    MLFLOW_PARAM,
     BucketWeighting,
     NotebookSampling,
     LossAggregation,
@@ -30,12 +29,12 @@ from exgrpo.config.options import (
 class NotebookReplayConfig(_Strict):
     """The notebook variant's buffer and lambda schedule."""
 
-    per: int = Field(256, ge=1, json_schema_extra=MLFLOW_PARAM)
+    per: int = Field(256, ge=1)
     """Replayed trajectories per step (distinct question ids)."""
-    sampling: NotebookSampling = Field(NotebookSampling.PROPORTIONAL, json_schema_extra=MLFLOW_PARAM)
+    sampling: NotebookSampling = NotebookSampling.PROPORTIONAL
     """proportional: draw in proportion to priority without replacement (the notebook); top: the
     highest priorities (labelled notebook-top)."""
-    tau: float = Field(300.0, gt=0.0, json_schema_extra=MLFLOW_PARAM)
+    tau: float = Field(300.0, gt=0.0)
     """Recency temperature of the priority exp(-age/tau) * reward / (1 + entropy), age in steps."""
     max_len: int = Field(3000, ge=1)
     """Buffer capacity; the oldest entries are evicted first."""
@@ -49,7 +48,7 @@ class NotebookReplayConfig(_Strict):
     """Epochs with lambda = 0."""
     peak: int = Field(25, ge=0)
     """Epoch where lambda stops rising and starts to decay."""
-    lambda_max: float = Field(0.5, ge=0.0, le=1.0, json_schema_extra=MLFLOW_PARAM)
+    lambda_max: float = Field(0.5, ge=0.0, le=1.0)
     """Upper bound of lambda."""
     lambda_min: float = Field(0.2, ge=0.0, le=1.0)
     """Lower bound of lambda after the peak."""
@@ -70,64 +69,64 @@ class NotebookReplayConfig(_Strict):
 class OnPolicyConfig(_Strict):
     """What every algorithm has: GRPO's group, advantages and on-policy loss."""
 
-    replay: ReplayKind = Field(ReplayKind.BUCKETS, json_schema_extra=MLFLOW_PARAM)
+    replay: ReplayKind = ReplayKind.BUCKETS
     """Experience replay: none (GRPO), buckets (paper ExGRPO), uniform (pool sampled uniformly) or notebook."""
-    group_size: int = Field(8, ge=2, json_schema_extra=MLFLOW_PARAM)
+    group_size: int = Field(8, ge=2)
     """K: rollouts per question (a replayed question gets K-1 fresh ones plus the replayed one, which
     counts toward its k, as in the reference: spec §11.7)."""
-    advantage_std_norm: bool = Field(False, json_schema_extra=MLFLOW_PARAM)
+    advantage_std_norm: bool = False
     """Divide group-centred rewards by the group std (reference: off, Dr.GRPO style)."""
-    clip_eps: float = Field(0.2, gt=0.0, lt=1.0, json_schema_extra=MLFLOW_PARAM)
+    clip_eps: float = Field(0.2, gt=0.0, lt=1.0)
     """PPO clip range epsilon of the on-policy surrogate."""
-    entropy_coeff: float = Field(0.001, ge=0.0, json_schema_extra=MLFLOW_PARAM)
+    entropy_coeff: float = Field(0.001, ge=0.0)
     """Weight of the entropy bonus (token mean over all response tokens)."""
-    kl_coeff: float = Field(0.0, ge=0.0, json_schema_extra=MLFLOW_PARAM)
+    kl_coeff: float = Field(0.0, ge=0.0)
     """Weight of a low-variance (k3) KL penalty toward the behaviour policy, both backends (reference: 0)."""
-    loss_agg: LossAggregation = Field(LossAggregation.TOKEN_SUM_NORM, json_schema_extra=MLFLOW_PARAM)
+    loss_agg: LossAggregation = LossAggregation.TOKEN_SUM_NORM
     """Aggregation of per-token losses."""
 
 
 class GRPOConfig(OnPolicyConfig):
     """On-policy GRPO: no experience, no replay."""
 
-    replay: Literal[ReplayKind.NONE] = Field(ReplayKind.NONE, json_schema_extra=MLFLOW_PARAM)
+    replay: Literal[ReplayKind.NONE] = ReplayKind.NONE
     """none: on-policy GRPO."""
 
 
 class PoolReplayConfig(OnPolicyConfig):
     """The algorithms that keep ExGRPO's experience pool (buckets, uniform): the pool, replay start switch, trajectory selection and off-policy correction."""
 
-    drop_clip_after_replay_start: bool = Field(True, json_schema_extra=MLFLOW_PARAM)
+    drop_clip_after_replay_start: bool = True
     """Drop on-policy clipping once replay has started (reference: loss_remove_clip=True)."""
-    experience_ratio: float = Field(0.5, ge=0.0, le=1.0, json_schema_extra=MLFLOW_PARAM)
+    experience_ratio: float = Field(0.5, ge=0.0, le=1.0)
     """Fraction of the batch's questions drawn from the experience pool once replay has started."""
-    replay_adds_to_batch: bool = Field(False, json_schema_extra=MLFLOW_PARAM)
+    replay_adds_to_batch: bool = False
     """Replayed questions come on top of batch_size fresh ones (GRPO's fresh budget) instead of taking fresh slots (the paper)."""
-    replay_start_pass_rate: float = Field(0.35, ge=0.0, le=1.0, json_schema_extra=MLFLOW_PARAM)
+    replay_start_pass_rate: float = Field(0.35, ge=0.0, le=1.0)
     """Replay switches on (one way) once a batch's pass@1 exceeds this."""
-    bucket_lbound: int = Field(0, ge=0, json_schema_extra=MLFLOW_PARAM)
+    bucket_lbound: int = Field(0, ge=0)
     """Collect/bucket a question iff lbound < k <= rbound (k = correct rollouts of K)."""
-    bucket_rbound: int | None = Field(None, json_schema_extra=MLFLOW_PARAM)
+    bucket_rbound: int | None = None
     """Upper collection bound on k; None means K-1 (the reference's 7 for K=8)."""
-    selection_metric: SelectionMetric = Field(SelectionMetric.ENTROPY, json_schema_extra=MLFLOW_PARAM)
+    selection_metric: SelectionMetric = SelectionMetric.ENTROPY
     """Metric that chooses which stored trajectory of a question is replayed."""
-    selection_mode: SelectionMode = Field(SelectionMode.ARGMIN, json_schema_extra=MLFLOW_PARAM)
+    selection_mode: SelectionMode = SelectionMode.ARGMIN
     """Replay the trajectory with the lowest or highest metric."""
-    shaping: Shaping = Field(Shaping.POLICY_SHAPING, json_schema_extra=MLFLOW_PARAM)
+    shaping: Shaping = Shaping.POLICY_SHAPING
     """f(w) on replayed tokens."""
-    shaping_gamma: float = Field(0.1, gt=0.0, json_schema_extra=MLFLOW_PARAM)
+    shaping_gamma: float = Field(0.1, gt=0.0)
     """gamma of policy shaping f(w) = w / (w + gamma)."""
-    is_clip: float = Field(2.0, gt=0.0, json_schema_extra=MLFLOW_PARAM)
+    is_clip: float = Field(2.0, gt=0.0)
     """c of truncation f(w) = min(w, c)."""
-    is_correction: bool = Field(True, json_schema_extra=MLFLOW_PARAM)
+    is_correction: bool = True
     """Use the stored behaviour log-probs for replayed tokens (else w = 1 at the current policy)."""
-    pool_max_per_question: int | None = Field(None, ge=1, json_schema_extra=MLFLOW_PARAM)
+    pool_max_per_question: int | None = Field(None, ge=1)
     """Keep at most this many trajectories per question (which ones: pool_retention); None: all (the paper)."""
-    pool_retention: PoolRetention = Field(PoolRetention.NEWEST, json_schema_extra=MLFLOW_PARAM)
+    pool_retention: PoolRetention = PoolRetention.NEWEST
     """Under pool_max_per_question: keep the newest trajectories, or the lowest-entropy ones."""
     pool_spill_dir: str | None = None
     """Keep the pool's token arrays as memory-mapped files under this directory (pools bigger than RAM); None: in RAM."""
-    pool_max_questions: int | None = Field(None, ge=1, json_schema_extra=MLFLOW_PARAM)
+    pool_max_questions: int | None = Field(None, ge=1)
     """Keep at most this many questions in the pool (least recently updated evicted); None: unbounded."""
 
     @property
@@ -154,13 +153,13 @@ class PoolReplayConfig(OnPolicyConfig):
 class ExGRPOConfig(PoolReplayConfig):
     """The paper's ExGRPO: questions replayed by correctness bucket, with Gaussian bucket weights."""
 
-    replay: Literal[ReplayKind.BUCKETS] = Field(ReplayKind.BUCKETS, json_schema_extra=MLFLOW_PARAM)
+    replay: Literal[ReplayKind.BUCKETS] = ReplayKind.BUCKETS
     """buckets: the paper's ExGRPO."""
-    bucket_weighting: BucketWeighting = Field(BucketWeighting.NORMAL, json_schema_extra=MLFLOW_PARAM)
+    bucket_weighting: BucketWeighting = BucketWeighting.NORMAL
     """Bucket weighting over the latest success count k."""
-    bucket_sigma: float = Field(1.0, gt=0.0, json_schema_extra=MLFLOW_PARAM)
+    bucket_sigma: float = Field(1.0, gt=0.0)
     """Std (in count units) of the normal weighting."""
-    bucket_center: float | None = Field(None, ge=0.0, json_schema_extra=MLFLOW_PARAM)
+    bucket_center: float | None = Field(None, ge=0.0)
     """Centre (in count units, 0..K) of the normal weighting; None means K/2 (the reference)."""
 
     @model_validator(mode="after")
@@ -174,14 +173,14 @@ class ExGRPOConfig(PoolReplayConfig):
 class UniformReplayConfig(PoolReplayConfig):
     """An ablation of ExGRPO: the same pool and switch, replayed questions drawn uniformly."""
 
-    replay: Literal[ReplayKind.UNIFORM] = Field(ReplayKind.UNIFORM, json_schema_extra=MLFLOW_PARAM)
+    replay: Literal[ReplayKind.UNIFORM] = ReplayKind.UNIFORM
     """uniform: ExGRPO's pool, questions drawn uniformly (no buckets)."""
 
 
 class NotebookConfig(OnPolicyConfig):
     """The notebook variant: a recency/entropy priority buffer and a lambda-weighted replay term."""
 
-    replay: Literal[ReplayKind.NOTEBOOK] = Field(ReplayKind.NOTEBOOK, json_schema_extra=MLFLOW_PARAM)
+    replay: Literal[ReplayKind.NOTEBOOK] = ReplayKind.NOTEBOOK
     """notebook: the notebook variant."""
     notebook: NotebookReplayConfig = NotebookReplayConfig()
     """Its buffer and lambda schedule."""

@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 
 from exgrpo.config.algorithm import DEFAULT_REPLAY, AlgorithmConfig, ExGRPOConfig, is_foreign, replay_homes
 from exgrpo.config.backend import BackendConfig
-from exgrpo.config.options import MLFLOW_PARAM, RESUME_SAFE, ConfigError, OptimizerKind, Tier, _Strict
+from exgrpo.config.options import RESUME_SAFE, RESUME_SAFE_PARAM, ConfigError, OptimizerKind, Tier, _Strict
 from exgrpo.config.policies import LMPolicyConfig, MLPPolicyConfig, SmolLM2PolicyConfig
 from exgrpo.config.tasks import ReasoningGymTaskConfig, TextArithmeticTaskConfig, ToyTaskConfig
 
@@ -40,43 +40,43 @@ _TIER_KINDS = {
 class TrainConfig(_Strict):
     """Optimisation, schedule and checkpointing of the native trainer."""
 
-    batch_size: int = Field(128, ge=1, json_schema_extra=MLFLOW_PARAM)
+    batch_size: int = Field(128, ge=1)
     """Questions per training step (B)."""
-    epochs: int = Field(50, ge=1, json_schema_extra=MLFLOW_PARAM | RESUME_SAFE)
+    epochs: int = Field(50, ge=1, json_schema_extra=RESUME_SAFE_PARAM)
     """Passes over the training questions (fresh draws; steps = epochs * ceil(N_train / B))."""
-    max_steps: int | None = Field(None, ge=1, json_schema_extra=MLFLOW_PARAM | RESUME_SAFE)
+    max_steps: int | None = Field(None, ge=1, json_schema_extra=RESUME_SAFE_PARAM)
     """Stop after this many steps (a fixed compute budget); None: epochs decide."""
-    max_sampled_tokens: int | None = Field(None, ge=1, json_schema_extra=MLFLOW_PARAM | RESUME_SAFE)
+    max_sampled_tokens: int | None = Field(None, ge=1, json_schema_extra=RESUME_SAFE_PARAM)
     """Also stop after the step at which the run's sampled response tokens (compute/rollout_tokens,
     summed) reach this many: a budget of equal generation compute across arms that sample different
     amounts per step (native backend); None: steps alone decide."""
-    optimizer: OptimizerKind = Field(OptimizerKind.ADAM, json_schema_extra=MLFLOW_PARAM)
+    optimizer: OptimizerKind = OptimizerKind.ADAM
     """Optimiser."""
-    lr: float = Field(3e-4, gt=0.0, json_schema_extra=MLFLOW_PARAM)
+    lr: float = Field(3e-4, gt=0.0)
     """Learning rate (constant)."""
-    weight_decay: float = Field(0.0, ge=0.0, json_schema_extra=MLFLOW_PARAM)
+    weight_decay: float = Field(0.0, ge=0.0)
     """Weight decay (AdamW only)."""
-    fused_optimizer: bool = Field(True, json_schema_extra=MLFLOW_PARAM | RESUME_SAFE)
+    fused_optimizer: bool = Field(True, json_schema_extra=RESUME_SAFE_PARAM)
     """One fused kernel per optimiser step (torch's fused Adam/AdamW; same update up to float rounding)."""
-    mini_batches: int = Field(1, ge=1, json_schema_extra=MLFLOW_PARAM)
+    mini_batches: int = Field(1, ge=1)
     """Optimiser steps per training step (the batch is split into this many mini-batches)."""
-    grad_clip: float | None = Field(1.0, json_schema_extra=MLFLOW_PARAM)
+    grad_clip: float | None = 1.0
     """Max global grad norm; None: no clipping (the norm is still logged)."""
     skip_grad_above: float | None = Field(500.0, gt=0.0)
     """Skip the optimiser step if the grad norm is non-finite or above this (reference: 500)."""
-    eval_every_epochs: int = Field(1, ge=1, json_schema_extra=MLFLOW_PARAM | RESUME_SAFE)
+    eval_every_epochs: int = Field(1, ge=1, json_schema_extra=RESUME_SAFE_PARAM)
     """Validate every this many epochs (and at the end)."""
     eval_before_train: bool = Field(False, json_schema_extra=RESUME_SAFE)
     """Also validate the initial (warm-start) policy, logged at step 0."""
-    eval_every_steps: int | None = Field(None, ge=1, json_schema_extra=MLFLOW_PARAM | RESUME_SAFE)
+    eval_every_steps: int | None = Field(None, ge=1, json_schema_extra=RESUME_SAFE_PARAM)
     """Validate every this many steps instead (overrides eval_every_epochs); None: use epochs."""
     checkpoint_every: int = Field(0, ge=0, json_schema_extra=RESUME_SAFE)
     """Write a checkpoint every this many steps (0: only at the end)."""
     keep_last: int | None = Field(None, ge=1, json_schema_extra=RESUME_SAFE)
     """Keep only the newest this many checkpoints (disk stays bounded); None keeps all. Use >= 2 so
     a torn newest one leaves one to resume from."""
-    threads: int = Field(1, ge=1, json_schema_extra=RESUME_SAFE)
-    """torch intra-op threads of one training process."""
+    threads: int = Field(1, ge=1, json_schema_extra=RESUME_SAFE_PARAM)
+    """torch intra-op threads of one training process (float sums round differently with the count)."""
     keep_freed_memory: bool = Field(True, json_schema_extra=RESUME_SAFE)
     """Native trainer: malloc keeps freed memory (no per-step page faults on large tensors; RSS stays at its peak)."""
     log_every_steps: int = Field(1, ge=1, json_schema_extra=RESUME_SAFE)
@@ -93,11 +93,11 @@ class TrainConfig(_Strict):
 class ExperimentConfig(_Strict):
     """A run: tier, task, policy, algorithm and training settings."""
 
-    name: str = Field("toy-exgrpo", json_schema_extra=MLFLOW_PARAM)
+    name: str = "toy-exgrpo"
     """Experiment name (the MLflow experiment and the run directory)."""
-    tier: Tier = Field(Tier.TOY, json_schema_extra=MLFLOW_PARAM)
+    tier: Tier = Tier.TOY
     """Model/task tier."""
-    seed: int = Field(0, json_schema_extra=MLFLOW_PARAM)
+    seed: int = 0
     """Seed of model init, sampling and replay."""
     output_dir: Path = Field(Path("runs"), json_schema_extra=RESUME_SAFE)
     """Where run directories (checkpoints, metrics) are written."""
@@ -268,7 +268,7 @@ class CompareConfig(_Strict):
             if isinstance(self.arms[arm].get("algorithm"), dict):
                 set_by_arm |= set(self.arms[arm]["algorithm"])
             data["algorithm"] = {k: v for k, v in algo.items() if k in set_by_arm or not is_foreign(k, replay)}
-        return _validate(ExperimentConfig, data, source=f"arm {arm}")
+        return validate_config(ExperimentConfig, data, source=f"arm {arm}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -352,7 +352,9 @@ def _format_validation_error(err: ValidationError, source: str, data: Any = None
     return "\n".join(lines)
 
 
-def _validate(model: type[BaseModel], data: dict[str, Any], source: str):
+def validate_config(model: type[BaseModel], data: dict[str, Any], source: str):
+    """``model`` validated from the mapping ``data``; a validation error becomes one ConfigError that
+    names ``source`` (a file, an arm, a sweep's base) and each bad field."""
     try:
         return model.model_validate(data)
     except ValidationError as err:
@@ -379,7 +381,7 @@ def load_experiment(path: str | Path | None, overrides: dict[str, Any] | None = 
     if "base" in data and "arms" in data:
         data = data["base"]
     data = apply_overrides(data, overrides or {})
-    return _validate(ExperimentConfig, data, source=str(path or "defaults"))
+    return validate_config(ExperimentConfig, data, source=str(path or "defaults"))
 
 
 def load_compare(path: str | Path, overrides: dict[str, Any] | None = None) -> CompareConfig:
@@ -389,7 +391,7 @@ def load_compare(path: str | Path, overrides: dict[str, Any] | None = None) -> C
         raise ConfigError(f"{path}: a comparison file needs `base:` and `arms:` sections")
     data = dict(data)
     data["base"] = apply_overrides(data.get("base", {}), overrides or {})
-    return _validate(CompareConfig, data, source=str(path))
+    return validate_config(CompareConfig, data, source=str(path))
 
 
 def load_run(path: str | Path | None, overrides: dict[str, Any] | None = None, arm: str | None = None,
@@ -484,9 +486,9 @@ def resume_safe_fields(model: type[BaseModel] = ExperimentConfig, prefix: str = 
 
 def mlflow_param_keys(cfg: BaseModel, prefix: str = "") -> list[str]:
     """Dotted names of the fields of ``cfg`` (this instance's union members) that are a run's MLflow
-    params: every field that decides its numbers (all but the ``RESUME_SAFE`` ones, which a resumed run
-    may change), and the ``RESUME_SAFE`` ones marked ``MLFLOW_PARAM`` too (the budget, the decoder);
-    without the settings of a backend that does not run it. A mapping's entries are params each."""
+    params: every field that is not ``RESUME_SAFE`` (those decide none of its numbers) and every
+    ``RESUME_SAFE_PARAM`` one (a resumed run may change it, yet it decides numbers: the budget, the
+    decoder, the thread count); without the settings of a backend that does not run it. A mapping's entries are params each."""
     keys: list[str] = []
     idle = cfg.idle_sections() if hasattr(cfg, "idle_sections") else set()
     for name, field in type(cfg).model_fields.items():

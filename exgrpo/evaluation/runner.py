@@ -104,11 +104,16 @@ def greedy_accuracy(task: Any, policy: Any, generator: torch.Generator, probe: l
 def evaluate_as_in_training(checkpoint: str | Path | CheckpointPolicy) -> dict[str, float]:
     """The checkpoint's policy (a native step_*.pt, a veRL global_step_N/, or one already loaded)
     evaluated as the run evaluates (:func:`greedy_accuracy`, on the run's thread count and seed;
-    ``exgrpo eval`` scores benchmarks with sampling settings)."""
+    ``exgrpo eval`` scores benchmarks with sampling settings). The process's torch thread count is
+    the caller's again afterwards."""
     loaded = checkpoint if isinstance(checkpoint, CheckpointPolicy) else load_checkpoint_policy(checkpoint)
+    threads = torch.get_num_threads()
     torch.set_num_threads(loaded.config.train.threads)  # as the run's trainer: float sums follow the thread count
-    generator = torch.Generator().manual_seed(loaded.config.seed)
-    return greedy_accuracy(loaded.task, loaded.policy, generator, train_probe(loaded.task))[0]
+    try:
+        generator = torch.Generator().manual_seed(loaded.config.seed)
+        return greedy_accuracy(loaded.task, loaded.policy, generator, train_probe(loaded.task))[0]
+    finally:
+        torch.set_num_threads(threads)
 
 
 def eval_names(metrics: dict[str, float]) -> dict[str, float]:

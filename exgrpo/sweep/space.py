@@ -14,11 +14,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from exgrpo.config import (
     ConfigError,
     ExperimentConfig,
-    _validate,
     apply_overrides,
     config_fields,
     load_experiment,
     read_yaml,
+    validate_config,
 )
 from exgrpo.sqlite_wal import sqlite_file, with_sqlite_file
 from exgrpo.tracking import project_root
@@ -260,7 +260,7 @@ def base_config(sc: SweepConfig) -> ExperimentConfig:
 
 
 def _from_mapping(data: dict[str, Any], overrides: dict[str, Any], source: str = "sweep base") -> ExperimentConfig:
-    return _validate(ExperimentConfig, apply_overrides(data, overrides), source=source)
+    return validate_config(ExperimentConfig, apply_overrides(data, overrides), source=source)
 
 
 def trial_config(sc: SweepConfig, params: dict[str, Any], number: int) -> ExperimentConfig:

@@ -24,6 +24,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from exgrpo.config import ExperimentConfig, flatten, mlflow_param_keys
+from exgrpo.paths import project_root  # re-exported: callers import it from here and exgrpo.tracking
 from exgrpo.sqlite_wal import ensure_wal, sqlite_file
 from exgrpo.tracking.code_version import code_version_tags
 from exgrpo.tracking.names import sanitize_metric_name
@@ -37,15 +38,6 @@ class TrackingError(RuntimeError):
 # --------------------------------------------------------------------------------------------
 # Where the store is
 # --------------------------------------------------------------------------------------------
-def project_root(start: Path | None = None) -> Path:
-    """The nearest directory at or above ``start`` (default: cwd) holding a pyproject.toml; else cwd."""
-    here = (start or Path.cwd()).resolve()
-    for d in (here, *here.parents):
-        if (d / "pyproject.toml").is_file():
-            return d
-    return here
-
-
 def default_tracking_uri(root: Path | None = None) -> str:
     """``sqlite:///<project>/mlruns/mlflow.db``."""
     return f"sqlite:///{(root or project_root()) / 'mlruns' / 'mlflow.db'}"
@@ -150,8 +142,10 @@ def run_tags(cfg: ExperimentConfig, arm: str | None = None, study: str | None = 
 
 
 def curated_params(cfg: ExperimentConfig, extra_keys: Iterable[str] = ()) -> dict[str, str]:
-    """The config fields marked ``MLFLOW_PARAM`` (plus ``extra_keys``, e.g. a sweep's space) -> values
-    as strings truncated to MLflow's ``MAX_PARAM_VAL_LENGTH``. Keys absent from the config are skipped."""
+    """A run's MLflow params -> values as strings truncated to MLflow's ``MAX_PARAM_VAL_LENGTH``: the
+    config fields that decide its numbers (``mlflow_param_keys``: every field that is not
+    ``RESUME_SAFE``, and the ``RESUME_SAFE_PARAM`` ones) plus ``extra_keys`` (e.g. a sweep's space).
+    Keys absent from the config are skipped."""
     from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
 
     flat = flatten(cfg)

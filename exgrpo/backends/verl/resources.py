@@ -11,8 +11,9 @@ missing and the ``ray start`` flags that provide it.
 
 Several jobs on one cluster (a comparison's runs, a sweep's trials) start only as it can host them
 whole (:func:`plan_slots`): each run's launcher task and veRL's TaskRunner are placed on a node the
-plan chose for them, beside or away from the workers' bundles. Started all at once, two runs' launchers
-and TaskRunners took the CPUs each run's bundle needed on the only GPU node, and neither could start.
+plan chose for them, beside or away from the workers' bundles. Jobs started all at once would let the
+runs' launchers and TaskRunners take the CPUs that the runs' bundles need on a GPU node, and then no
+run could start.
 """
 
 from __future__ import annotations
