@@ -239,7 +239,8 @@ SMALL_LM = {"policy.model.hidden_size": 32, "policy.model.num_layers": 1, "polic
 
 def test_a_command_says_whether_the_warm_start_was_cached_or_trained_now(tmp_path, monkeypatch):
     """`make demo` (a comparison) and `exgrpo train` say in one line whether the SFT warm start was in the
-    cache (a cached one turns a 6-minute demo into a 4-minute one), with its path."""
+    cache (a cached one turns a 6-minute demo into a 4-minute one), with its path; one to be trained is
+    announced before its training, with roughly how long it takes."""
     pytest.importorskip("transformers")
     from exgrpo.policies.lm.tiny_lm import cache_root, config_hash
     from exgrpo.compare import jobs, prepare_warm_starts
@@ -250,8 +251,17 @@ def test_a_command_says_whether_the_warm_start_was_cached_or_trained_now(tmp_pat
     configs = [cfg for cfg, _ in jobs(cc)]  # every arm and seed: one model, one line
     path = cache_root() / "tiny-lm" / config_hash(configs[0].policy.model)
     said: list[str] = []
-    prepare_warm_starts(configs, say=said.append, progress=False)
-    (trained,) = said
+    cached_when_said: list[bool] = []
+
+    def say(line: str) -> None:
+        said.append(line)
+        cached_when_said.append((path / "tiny_lm.json").is_file())
+
+    prepare_warm_starts(configs, say=say, progress=False)
+    announced, trained = said  # the first before training (silent without a progress bar), how long roughly
+    assert cached_when_said == [False, True]
+    assert announced == ("tiny LM warm start: not in the cache, training it now: 4 SFT steps, under a minute "
+                         "(approximate: about 0.1-0.3 s a step on a 2-core CPU)")
     assert trained.startswith("tiny LM warm start: trained now in ") and trained.endswith(
         f" s (not in the cache); cached at {path} for the next runs")
     assert (path / "tiny_lm.json").is_file()
@@ -261,3 +271,11 @@ def test_a_command_says_whether_the_warm_start_was_cached_or_trained_now(tmp_pat
     said.clear()
     prepare_warm_starts([load_experiment("experiments/toy-grpo.yaml")], say=said.append)  # no LM: nothing to say
     assert said == []
+
+
+def test_the_warm_start_estimate_grows_with_its_sft_steps():
+    from exgrpo.policies.lm.tiny_lm import TinyLMConfig, sft_estimate
+
+    assert sft_estimate(TinyLMConfig(sft_steps=4)) == "under a minute"
+    assert sft_estimate(TinyLMConfig()) == "roughly 1-2 min"  # the default 400 steps
+    assert sft_estimate(TinyLMConfig(sft_steps=2000)) == "roughly 3-10 min"

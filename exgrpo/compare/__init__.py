@@ -166,11 +166,16 @@ def jobs(cc: CompareConfig) -> list[tuple[ExperimentConfig, str]]:
     return [(cc.arm_config(arm, seed), arm) for seed in cc.seeds for arm in cc.arms]
 
 
-def prepare_warm_starts(configs: Iterable[ExperimentConfig], say: Callable[[str], None] = print,
+def _print_now(line: str) -> None:
+    print(line, flush=True)
+
+
+def prepare_warm_starts(configs: Iterable[ExperimentConfig], say: Callable[[str], None] = _print_now,
                         progress: bool = True) -> None:
     """Before a command's runs start on this machine: the tiny LM warm start each distinct model of
     ``configs`` needs, from the cache or trained now (once, not by every run at the same time), and
-    one line per model saying which (:func:`exgrpo.policies.lm.tiny_lm.warm_start`)."""
+    one line per model saying which (:func:`exgrpo.policies.lm.tiny_lm.warm_start`); one that must be
+    trained is announced before its training starts, with roughly how long it takes."""
     from exgrpo.config import LMPolicyConfig
 
     models = {cfg.policy.model.model_dump_json(): cfg.policy.model for cfg in configs
@@ -180,7 +185,7 @@ def prepare_warm_starts(configs: Iterable[ExperimentConfig], say: Callable[[str]
     from exgrpo.policies.lm.tiny_lm import warm_start
 
     for model in models.values():
-        say(warm_start(model, progress=progress))
+        say(warm_start(model, progress=progress, say=say))
 
 
 def run_local(cc: CompareConfig, workers: int = 2, on_done: Callable[[RunOutcome], None] | None = None,

@@ -44,8 +44,8 @@ from exgrpo.tasks.text_arithmetic import (
 from exgrpo.core.selection import pad_right
 
 __all__ = [
-    "TinyLM", "TinyLMConfig", "build_model", "cache_root", "config_hash", "greedy_accuracy", "load_tiny_lm", "sft",
-    "train_tiny_lm", "warm_start",
+    "SFT_SECONDS_PER_STEP", "TinyLM", "TinyLMConfig", "build_model", "cache_root", "config_hash", "greedy_accuracy",
+    "load_tiny_lm", "sft", "sft_estimate", "train_tiny_lm", "warm_start",
 ]
 
 CACHE_FORMAT = 1
@@ -260,12 +260,34 @@ def load_tiny_lm(
     return tiny
 
 
-def warm_start(cfg: TinyLMConfig, progress: bool = True) -> str:
+SFT_SECONDS_PER_STEP = (0.1, 0.3)
+"""Approximate seconds one SFT step of the default model takes on a 2-core CPU (one-step questions at
+the low end, chains at the high end; a busy machine is slower): the range a warm start about to be
+trained is announced with."""
+
+
+def sft_estimate(cfg: TinyLMConfig) -> str:
+    """How long training the warm start of ``cfg`` takes, roughly: "under a minute", "roughly 1-2 min"."""
+    low, high = (cfg.sft_steps * s for s in SFT_SECONDS_PER_STEP)
+    if high < 60:
+        return "under a minute"
+    lo_min = max(1, round(low / 60))
+    hi_min = max(lo_min, math.ceil(high / 60))
+    return f"roughly {lo_min} min" if hi_min == lo_min else f"roughly {lo_min}-{hi_min} min"
+
+
+def warm_start(cfg: TinyLMConfig, progress: bool = True, say: Callable[[str], None] | None = None) -> str:
     """Have the SFT warm start of ``cfg`` in the cache before a command's runs load it, training it now
-    if it is not there; one line saying which, with its path (a cached warm start saves minutes)."""
+    if it is not there; one line saying which, with its path (a cached warm start saves minutes).
+    A warm start about to be trained is first announced through ``say`` in one line, with its number
+    of SFT steps and roughly how long they take, since training it is silent without a progress bar."""
     path = cache_root() / "tiny-lm" / config_hash(cfg)
     if (path / RECORD_FILE).is_file():
         return f"tiny LM warm start: loaded from the cache, {path}"
+    if say is not None:
+        per_step = "-".join(f"{s:g}" for s in SFT_SECONDS_PER_STEP)
+        say(f"tiny LM warm start: not in the cache, training it now: {cfg.sft_steps} SFT steps, "
+            f"{sft_estimate(cfg)} (approximate: about {per_step} s a step on a 2-core CPU)")
     t0 = time.perf_counter()
     tiny = load_tiny_lm(cfg, progress=progress)
     if tiny.cache_hit:  # another process trained it while this one waited for the lock
