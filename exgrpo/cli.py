@@ -9,13 +9,14 @@ import sys
 import textwrap
 from pathlib import Path
 
-from exgrpo.config import ConfigError, field_docs, load_compare, load_run, parse_set, resume_safe_fields
-
 # Each command imports what it runs inside its function: `exgrpo --help`, `--version` and a bad config's
-# one-line error stay free of torch, Ray, MLflow and Prefect.
+# one-line error stay free of torch, Ray, MLflow and Prefect. This module itself imports only the standard
+# library, so a Ctrl-C in a command's first second lands in `main`, which ends it with one line.
 
 
 def _fields_epilog() -> str:
+    from exgrpo.config import field_docs, resume_safe_fields
+
     lines = ["config fields (override any with --set FIELD=VALUE; [resume-safe]: may differ on --resume):"]
     safe = resume_safe_fields()
     for name, default, doc in field_docs():
@@ -54,6 +55,8 @@ class FlowMissing(RuntimeError):
 def _run_config(path: str | None, overrides: dict, arm: str | None):
     """The config ``exgrpo train`` (or ``config``, ``doctor``) runs: an experiment file's, or one arm of a
     comparison file, whose arm is said in one line on stderr (:func:`exgrpo.config.load_run`)."""
+    from exgrpo.config import load_run
+
     cfg, note = load_run(path, overrides, arm, option="--arm")
     if note is not None:
         print(note, file=sys.stderr, flush=True)
@@ -61,6 +64,8 @@ def _run_config(path: str | None, overrides: dict, arm: str | None):
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    from exgrpo.config import ConfigError, parse_set
+
     overrides = parse_set(args.set)
     if args.seed is not None:
         overrides["seed"] = args.seed
@@ -108,6 +113,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
+    from exgrpo.config import ConfigError, load_compare, parse_set
+
     overrides = parse_set(args.set)
     if args.output_dir is not None:
         overrides["output_dir"] = str(Path(args.output_dir).resolve())
@@ -180,6 +187,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_config(args: argparse.Namespace) -> int:
+    from exgrpo.config import parse_set
+
     if args.config:
         print(_run_config(args.config, parse_set(args.set), args.arm).model_dump_json(indent=2))
     else:
@@ -188,13 +197,14 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
+    from exgrpo.config import parse_set
     from exgrpo.doctor import run
 
     return run(_run_config(args.config, parse_set(args.set), args.arm), args.tracking_uri)
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
-
+    from exgrpo.config import parse_set
     from exgrpo.sweep import load_sweep
     from exgrpo.tracking import TrackingError
 
@@ -449,7 +459,18 @@ _WRITE_ERRORS = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command of ``argv``; its exit status. Ctrl-C (or a KeyboardInterrupt) at any point ends it
+    with status 130 and one line, "interrupted", on stderr."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr, flush=True)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
+    from exgrpo.config import ConfigError
     from exgrpo.cluster import ClusterError
     from exgrpo.runs import ResumeMismatch
 

@@ -209,11 +209,24 @@ def run_local(cc: CompareConfig, workers: int = 2, on_done: Callable[[RunOutcome
         return out
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as ex:
-        futures = [ex.submit(_run_one_job, job) for job in todo]
-        for f in as_completed(futures):
-            out.append(f.result())
-            on_done and on_done(out[-1])
+        try:
+            futures = [ex.submit(_run_one_job, job) for job in todo]
+            for f in as_completed(futures):
+                out.append(f.result())
+                on_done and on_done(out[-1])
+        except KeyboardInterrupt:  # Ctrl-C: the runs not started never start, the running ones end now
+            _stop_pool(ex)
+            raise
     return out
+
+
+def _stop_pool(ex: ProcessPoolExecutor) -> None:
+    """Cancel what ``ex`` has not started and end its worker processes (a worker that caught a Ctrl-C in
+    one run would otherwise go on to the next)."""
+    ex.shutdown(wait=False, cancel_futures=True)
+    for proc in list((getattr(ex, "_processes", None) or {}).values()):
+        proc.terminate()
+    ex.shutdown(wait=True)
 
 
 def summarize(outcomes: Iterable[RunOutcome], arms: list[str], baseline: str) -> list[ArmSummary]:

@@ -21,7 +21,8 @@ Design (ask-and-tell):
   (or direction/metric) is an error, not a silent mix.
 """
 
-from exgrpo.sweep.runner import SweepResult, run_sweep, run_trial, safe_tell
+from typing import TYPE_CHECKING
+
 from exgrpo.sweep.space import (
     ParamSpec,
     StudySpec,
@@ -37,6 +38,22 @@ from exgrpo.sweep.space import (
     validate_space,
 )
 from exgrpo.sweep.study import make_pruner, make_sampler, open_study, paper_defaults
+
+if TYPE_CHECKING:
+    from exgrpo.sweep.runner import SweepResult, run_sweep, run_trial, safe_tell
+
+_RUNNER = ("SweepResult", "run_sweep", "run_trial", "safe_tell")
+"""Loaded on first use: the runner imports training (torch), which reading a sweep file, resolving its
+storage or building the ``exgrpo`` parser does not need."""
+
+
+def __getattr__(name: str):
+    if name in _RUNNER:
+        from exgrpo.sweep import runner
+
+        return getattr(runner, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "ParamSpec", "StudySpec", "SweepConfig", "SweepError", "SweepResult", "base_config", "config_fields",
