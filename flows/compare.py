@@ -58,8 +58,10 @@ def compare_flow(
     from exgrpo.compare.tracked import run_tracked_compare  # torch: when the flow runs, not when Prefect reads it
 
     log = get_run_logger()
-    cc = load_compare(config, overrides or {})
-    cc = cc.select(arms, seeds)
+    try:
+        cc = load_compare(config, overrides or {}).select(arms, seeds)
+    except user_errors() as e:  # one line in the flow run's state and log, no traceback
+        return failed_run(e)
     log.info("comparing %s over seeds %s (%d runs, executor=%s%s)", list(cc.arms), cc.seeds,
              len(cc.arms) * len(cc.seeds), executor, ", resuming runs with checkpoints" if resume else "")
 

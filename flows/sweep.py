@@ -34,7 +34,10 @@ def sweep_flow(
     ``overrides``: dotted keys into the sweep file (``study.name``, ``budget_steps``,
     ``base.<config field>``, ``space.<field>.<attr>``)."""
     log = get_run_logger()
-    sc = load_sweep(config, overrides or {})  # space errors surface here, before any trial
+    try:
+        sc = load_sweep(config, overrides or {})  # space errors surface here, before any trial
+    except user_errors() as e:  # one line in the flow run's state and log, no traceback
+        return failed(e)
     log.info("study %s: %s sampler, %s pruner, budget %d steps, space %s", sc.study.name, sc.study.sampler,
              sc.study.pruner, sc.budget_steps, list(sc.space))
 

@@ -74,6 +74,18 @@ def test_bad_arm_override_fails_at_load(tmp_path):
         load_compare(p)
 
 
+def test_a_flow_runs_config_error_is_one_line_naming_the_field():
+    """A deployment's flow run ends Failed with its error on one line (its state's message): the field
+    is on the error's second line, the source on its first."""
+    from flows import one_line
+
+    with pytest.raises(ConfigError) as bad:
+        load_experiment("experiments/toy-exgrpo.yaml", {"train.lr": "fast"})
+    assert one_line(bad.value) == ("invalid config (experiments/toy-exgrpo.yaml): train.lr: Input should be a valid "
+                                   "number, unable to parse string as a number (got 'fast')")
+    assert one_line(ConfigError("a\n  b\nc")) == "a; b; c" and one_line(ConfigError("")) == "ConfigError"
+
+
 def test_cli_rejects_bad_config_before_any_work(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "exgrpo.cli", "train", "experiments/toy-exgrpo.yaml", "--output-dir", str(tmp_path),

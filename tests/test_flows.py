@@ -132,6 +132,10 @@ def test_the_train_flow_runs_the_named_arm_of_a_comparison_file(tmp_path):
     assert run.data.params["seed"] == "1" and run.data.params["train.max_steps"] == "2"
     state = asyncio.run(train_flow(config="experiments/toy.yaml", arm="ppo", overrides=small, return_state=True))
     assert state.is_failed() and state.message.startswith("arm ppo: experiments/toy.yaml has no such arm; its arms are")
+    # a bad field: the flow run's one line names it (the error's second line)
+    state = asyncio.run(train_flow(overrides={"train.lr": "fast"}, return_state=True))
+    assert state.is_failed() and state.message.startswith(
+        "invalid config (experiments/toy-exgrpo.yaml): train.lr: Input should be a valid number"), state.message
 
 
 def test_sweep_flow_runs_a_small_study(tmp_path):
@@ -183,6 +187,13 @@ def test_unreachable_tracking_server_fails_the_flow_before_training(tmp_path):
     with pytest.raises(Exception, match="not reachable"):
         state.result()
     assert not (tmp_path / "runs").exists()
+    # so does a bad config field, in one line naming it (the flow returns that Failed state: no traceback)
+    state = compare_flow(config="experiments/toy.yaml", overrides={"train.lr": "fast"}, return_state=True)
+    assert state.is_failed() and state.message.startswith("invalid config (experiments/toy.yaml): arm 'grpo': "
+                                                          "train.lr: Input should be a valid number"), state.message
+    state = sweep_flow(overrides={"base.train.lr": "fast"}, return_state=True)
+    assert state.is_failed() and " train.lr: Input should be a valid number" in state.message, state.message
+    assert "\n" not in state.message and "Traceback" not in state.message
 
 
 
