@@ -48,6 +48,9 @@ def test_prefect_yaml_declares_the_deployments():
     scheds = deps["sweep"]["schedules"]
     assert len(scheds) == 2 and scheds[0]["parameters"] != scheds[1]["parameters"]
     assert {s["slug"] for s in scheds} == {"nightly-small", "weekly-full"}
+    # every schedule ships paused: `prefect deploy --all` and a running worker start no study by themselves
+    every = [(dep["name"], s) for dep in deps.values() for s in dep.get("schedules") or []]
+    assert every and all(s["active"] is False for _, s in every), every
 
 
 def test_compare_flow_parent_and_children_in_mlflow(tmp_path):

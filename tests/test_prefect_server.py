@@ -90,13 +90,16 @@ class Server:
             time.sleep(min(0.5 * 2 ** attempt, 4.0))
         assert r.status_code < 300, (f"{method} {path}: HTTP {r.status_code} {r.text[:2000]}\nserver log:\n"
                                      f"{(self.tmp / 'server.log').read_text()[-4000:]}")
-        return r.json()
+        return r.json() if r.content else None
 
     def get(self, path: str):
         return self._call("GET", path)
 
     def post(self, path: str, body: dict):
         return self._call("POST", path, body)
+
+    def patch(self, path: str, body: dict) -> None:
+        self._call("PATCH", path, body)
 
 
 @pytest.fixture(scope="module")
@@ -215,7 +218,7 @@ def test_train_deployment_runs_on_a_worker_into_mlflow(deployed, tmp_path):
     assert "eval/accuracy" in client.get_run(mrun.info.run_id).data.metrics
 
 
-def test_sweep_deployment_has_two_schedules_with_their_own_parameters(deployed):
+def test_sweep_deployment_has_two_paused_schedules_with_their_own_parameters(deployed):
     srv = deployed
     spec = {d["name"]: d for d in yaml.safe_load((REPO / "prefect.yaml").read_text())["deployments"]}["sweep"]
     dep = srv.get("/deployments/name/sweep/sweep")
@@ -225,21 +228,28 @@ def test_sweep_deployment_has_two_schedules_with_their_own_parameters(deployed):
     assert set(scheds) == {"nightly-small", "weekly-full"}
     for want in spec["schedules"]:
         got = scheds[want["slug"]]
-        assert got["active"] is True
+        assert got["active"] is False  # deployed paused: no study starts by itself
         assert got["schedule"]["cron"] == want["cron"] and got["schedule"]["timezone"] == "UTC"
         assert got["parameters"] == want["parameters"]
     assert scheds["nightly-small"]["parameters"] == {
         "n_trials": 8, "overrides": {"study.name": "toy-sweep-nightly", "budget_steps": 60}}
     assert scheds["weekly-full"]["parameters"] == {"n_trials": 48, "overrides": {"study.name": "toy-sweep-weekly"}}
+    scheduled = {"flow_runs": {"deployment_id": {"any_": [dep["id"]]}, "state": {"type": {"any_": ["SCHEDULED"]}}},
+                 "limit": 50}
+    srv.post(f"/deployments/{dep['id']}/schedule", {})  # what the scheduler does: paused schedules make no runs
+    assert srv.post("/flow_runs/filter", scheduled) == []
 
-    # the scheduler turns each schedule into runs carrying that schedule's parameters
+    # turned on as the UI's toggle does (it sends the schedule's parameters back), each schedule makes
+    # runs carrying its own parameters
+    for got in scheds.values():
+        srv.patch(f"/deployments/{dep['id']}/schedules/{got['id']}",
+                  {"active": True, "slug": got["slug"], "parameters": got["parameters"]})
+    srv.post(f"/deployments/{dep['id']}/schedule", {})
     want = {8: "toy-sweep-nightly", 48: "toy-sweep-weekly"}
     seen: dict[int, str] = {}
     deadline = time.monotonic() + 45
     while time.monotonic() < deadline and set(seen) != set(want):
-        runs = srv.post("/flow_runs/filter", {"flow_runs": {"deployment_id": {"any_": [dep["id"]]},
-                                                            "state": {"type": {"any_": ["SCHEDULED"]}}},
-                                              "limit": 50})
+        runs = srv.post("/flow_runs/filter", scheduled)
         for r in runs:
             p = r["parameters"]
             assert p["config"] == "experiments/toy-sweep.yaml", p
