@@ -173,10 +173,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     settings = EvalSettings(n=args.n, temperature=args.temperature, top_p=args.top_p,
                             max_tokens=args.max_tokens, seed=args.seed)
     try:
-        from exgrpo.tracking.registry import resolve_checkpoint
+        from exgrpo.tracking.registry import checkpoint_at
 
-        checkpoint = resolve_checkpoint(args.checkpoint, args.tracking_uri)
-        scores = evaluate_checkpoint(checkpoint, args.benchmarks, settings, workers=args.workers)
+        with checkpoint_at(args.checkpoint, args.tracking_uri) as checkpoint:  # a models:/ download: removed after
+            scores = evaluate_checkpoint(checkpoint, args.benchmarks, settings, workers=args.workers)
     except (FileNotFoundError, ValueError, KeyError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

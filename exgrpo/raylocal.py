@@ -15,9 +15,11 @@ private Ray when there is none: :func:`exgrpo.cluster.ensure_ray`): its operator
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import secrets
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -59,6 +61,26 @@ def local_temp_dir() -> str:
     return tempfile.mkdtemp(prefix="exgrpo-ray-", dir=str(Path(tmp).resolve()) if tmp else None)
 
 
+_STARTED: list[str] = []
+"""The temp dirs of the private Rays this process started (its session logs and sockets)."""
+
+
+def remove_after_shutdown(dirs: list[str] | None = None, pid: int | None = None) -> None:
+    """At the exit of the process that started them: shut down its Ray if it is still up, then remove
+    the temp dirs of the private Rays it started (``dirs``, default all of them), and no other: each
+    flow run, comparison or sweep would otherwise leave an ``exgrpo-ray-*`` directory behind. A process
+    that inherited the list (a fork) leaves them to their owner (``pid``, the one that started them)."""
+    if pid is not None and pid != os.getpid():
+        return
+    if "ray" in sys.modules:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+    for d in _STARTED if dirs is None else dirs:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def agent_port_any() -> None:
     """Give a local Ray's dashboard agent any free port (idempotent). ``ray.init`` always asks for
     port 52365, so a second private Ray on the host (a Prefect worker's job server beside a sweep's
@@ -90,5 +112,9 @@ def init_local_ray(num_cpus: int, **kwargs: Any):
     agent_port_any()
     runtime_env = dict(kwargs.pop("runtime_env", None) or {})
     runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **env}
-    return ray.init(address="local", num_cpus=num_cpus, _temp_dir=local_temp_dir(), runtime_env=runtime_env,
+    temp_dir = local_temp_dir()
+    if not _STARTED:  # registered after `import ray`, so it runs before Ray's own exit handler
+        atexit.register(remove_after_shutdown, pid=os.getpid())
+    _STARTED.append(temp_dir)
+    return ray.init(address="local", num_cpus=num_cpus, _temp_dir=temp_dir, runtime_env=runtime_env,
                     _system_config=LOCAL_SYSTEM_CONFIG, **kwargs)

@@ -20,7 +20,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from exgrpo.tracking import Tracker, run_tags
-from exgrpo.tracking.registry import resolve_checkpoint
+from exgrpo.tracking.registry import checkpoint_at
 
 
 def find_train_run(train_flow_run: str, tracking_uri: str | None) -> tuple[str, str, str | None]:
@@ -57,15 +57,14 @@ async def evaluate_flow(checkpoint: str | None = None, run_id: str | None = None
     if checkpoint is None:
         raise ValueError("evaluate: give checkpoint=<path to step_N.pt or a veRL global_step_N/> (or "
                          "train_flow_run=<flow run id>)")
-    if checkpoint.startswith("models:/"):  # a registered checkpoint, e.g. a sweep's models:/exgrpo-<study>@champion
-
-        checkpoint = str(resolve_checkpoint(checkpoint, tracking_uri))
     # torch: when the flow runs, not when Prefect reads it
     from exgrpo.evaluation.runner import eval_names, evaluate_as_in_training, load_checkpoint_policy
 
     tracker = Tracker(tracking_uri)
-    loaded = load_checkpoint_policy(checkpoint)
-    cfg, step, metrics = loaded.config, loaded.step, evaluate_as_in_training(loaded)
+    # a registered checkpoint (e.g. a sweep's models:/exgrpo-<study>@champion) is downloaded for the evaluation only
+    with checkpoint_at(checkpoint, tracking_uri) as path:
+        loaded = load_checkpoint_policy(str(path))
+        cfg, step, metrics = loaded.config, loaded.step, evaluate_as_in_training(loaded)
     if run_id is None:
         run_id = tracker.start_run(cfg.name, f"eval-seed{cfg.seed}-step{step}",
                                    run_tags(cfg, extra={"kind": "evaluate", "checkpoint": checkpoint}))

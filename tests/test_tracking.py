@@ -258,6 +258,33 @@ def test_a_champion_checkpoint_that_is_missing_or_a_foreign_directory_is_refused
     assert not client.list_artifacts(run_id)
 
 
+def test_a_registered_checkpoint_is_downloaded_for_its_evaluation_only(tmp_path, monkeypatch):
+    """`exgrpo eval --checkpoint models:/...@champion` (and the evaluate flow) leave no `exgrpo-model-*`
+    download in the temp dir, even when the evaluation fails; a path is used where it is."""
+    import tempfile
+
+    from exgrpo.tracking.registry import checkpoint_at, register_champion
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = mlflow.MlflowClient(uri)
+    run_id = client.create_run(client.create_experiment("reg")).info.run_id
+    (tmp_path / "step_9.pt").write_bytes(b"weights")
+    register_champion(client, "study", run_id, tmp_path / "step_9.pt")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    with checkpoint_at("models:/exgrpo-study@champion", uri) as path:
+        assert path.name == "step_9.pt" and path.read_bytes() == b"weights"
+        assert [d.name[:13] for d in tmp.iterdir()] == ["exgrpo-model-"]
+    assert not list(tmp.iterdir())
+    with pytest.raises(RuntimeError, match="evaluation failed"), checkpoint_at("models:/exgrpo-study/1", uri):
+        raise RuntimeError("evaluation failed")
+    assert not list(tmp.iterdir())
+    with checkpoint_at(str(tmp_path / "step_9.pt"), uri) as path:
+        assert path == tmp_path / "step_9.pt"
+    assert path.is_file()
+
+
 def test_importing_exgrpo_turns_mlflow_telemetry_off():
     """Out of CI (no CI variables), MLflow's telemetry client would start and later unset an env var
     from a thread, racing the run's own HTTP logging. Importing exgrpo first turns it off; a user's

@@ -9,8 +9,11 @@ best is unchanged). ``exgrpo eval --checkpoint models:/exgrpo-<study>@champion``
 
 from __future__ import annotations
 
+import contextlib
 import re
+import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,9 +58,10 @@ def register_champion(client: Any, study_name: str, run_id: str, checkpoint: str
     return name, str(version.version)
 
 
-def resolve_checkpoint(spec: str, tracking_uri: str | None = None) -> Path:
+def resolve_checkpoint(spec: str, tracking_uri: str | None = None, dst_dir: str | Path | None = None) -> Path:
     """A checkpoint path, or a registered one (``models:/<name>@<alias>`` or ``models:/<name>/<version>``)
-    downloaded from MLflow into a temporary directory."""
+    downloaded from MLflow into ``dst_dir`` (default: a new temporary directory, the caller's to
+    remove; :func:`checkpoint_at` removes it)."""
     if not spec.startswith(MODELS_PREFIX):
         return Path(spec)
     import mlflow
@@ -72,8 +76,23 @@ def resolve_checkpoint(spec: str, tracking_uri: str | None = None) -> Path:
         name, _, number = ref.partition("/")
         version = client.get_model_version(name, number)
     where = mlflow.artifacts.download_artifacts(artifact_uri=version.source, tracking_uri=uri,
-                                                dst_path=tempfile.mkdtemp(prefix="exgrpo-model-"))
+                                                dst_path=str(dst_dir or tempfile.mkdtemp(prefix="exgrpo-model-")))
     return Path(where) / version.tags.get("file", "")
 
 
-__all__ = ["CHAMPION", "model_name", "register_champion", "resolve_checkpoint"]
+@contextlib.contextmanager
+def checkpoint_at(spec: str, tracking_uri: str | None = None) -> Iterator[Path]:
+    """:func:`resolve_checkpoint` for the length of a ``with`` block: a registered checkpoint is
+    downloaded into a temporary ``exgrpo-model-*`` directory that is removed when the block ends (a
+    path is used where it is)."""
+    if not spec.startswith(MODELS_PREFIX):
+        yield Path(spec)
+        return
+    download = tempfile.mkdtemp(prefix="exgrpo-model-")
+    try:
+        yield resolve_checkpoint(spec, tracking_uri, dst_dir=download)
+    finally:
+        shutil.rmtree(download, ignore_errors=True)
+
+
+__all__ = ["CHAMPION", "checkpoint_at", "model_name", "register_champion", "resolve_checkpoint"]
