@@ -86,10 +86,12 @@ def site(tmp_path_factory) -> Path:
 MEASURE = """
 function midWordBreaks(doc, page, width) {
   // every inline code element of the page's content that the layout wraps onto a second line
-  // between two word characters: a name broken mid-word
+  // between two word characters: a name broken mid-word; and a default of the configuration
+  // reference broken at a hyphen ("toy-" / "exgrpo")
   const found = [];
   for (const el of doc.querySelectorAll('.md-content code')) {
     if (el.closest('pre') || el.getClientRects().length < 2) continue;
+    const whole = el.classList.contains('default');  // a config default: not even at a hyphen
     const walker = doc.createTreeWalker(el, NodeFilter.SHOW_TEXT);
     let top = null, prev = '', node;
     while ((node = walker.nextNode())) {
@@ -97,9 +99,10 @@ function midWordBreaks(doc, page, width) {
         const range = doc.createRange();
         range.setStart(node, i); range.setEnd(node, i + 1);
         const rects = range.getClientRects();
-        if (!rects.length) continue;
+        if (!rects.length) { prev = node.data[i]; continue; }  // e.g. a space collapsed at the end of a line
         const ch = node.data[i];
-        if (top !== null && rects[0].top > top + 2 && /\\w/.test(prev) && /\\w/.test(ch))
+        const joined = /\\w/.test(prev) || (whole && prev === '-');
+        if (top !== null && rects[0].top > top + 2 && joined && /\\w/.test(ch))
           found.push(page + ' @' + width + 'px: ' + JSON.stringify(el.textContent) + ' breaks between '
                      + JSON.stringify(prev) + ' and ' + JSON.stringify(ch));
         top = rects[0].top; prev = ch;

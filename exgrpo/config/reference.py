@@ -186,7 +186,21 @@ def _table(rows: list[Row], run_config: bool = True) -> list[str]:
 
 
 def _default(value: str) -> str:
-    return value if value == "required" else f"`{_cell(value)}`"
+    """A default as table code that wraps only at its spaces: each space-free run is kept whole, so a
+    narrow column never breaks ``"toy-exgrpo"`` at its hyphen (docs/stylesheets/extra.css)."""
+    if value == "required":
+        return value
+    runs = " ".join(f"<span>{_literal(run)}</span>" for run in value.split())
+    return f'<code class="default">{runs}</code>'
+
+
+_MARKDOWN = {c: f"&#{ord(c)};" for c in "\\`*[]|"}
+"""Characters Markdown would read inside inline HTML (escapes, code, emphasis, links, a table's cell
+separator), written as entities so the code shows exactly the default's JSON."""
+
+
+def _literal(text: str) -> str:
+    return "".join(_MARKDOWN.get(c, c) for c in html.escape(text, quote=False))
 
 
 def _variants(section: str) -> list[str]:
