@@ -94,20 +94,22 @@ def test_building_the_parser_imports_no_torch():
 
 
 def test_ctrl_c_in_a_commands_first_second_ends_it_with_one_line():
-    """SIGINT while `exgrpo doctor` is still starting (building its parser, loading the config and its
-    checks): exit 130 and "interrupted", no traceback. Its MLflow check waits on a silent port, so the
-    command is still running whenever the signal lands."""
+    """SIGINT in `exgrpo doctor`'s first second, once it has printed its first check: exit 130 and
+    "interrupted", no traceback. Its MLflow check waits on a silent port, so the command is still
+    running when the signal lands (sent earlier, it could land before main, where no command runs)."""
     code = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); import exgrpo.cli; "
             "print('started', flush=True); sys.exit(exgrpo.cli.main(sys.argv[1:]))")
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)
         uri = f"http://127.0.0.1:{silent.getsockname()[1]}"
-        proc = subprocess.Popen([sys.executable, "-c", code, "doctor", "--tracking-uri", uri], cwd=ROOT,
+        proc = subprocess.Popen([sys.executable, "-u", "-c", code, "doctor", "--tracking-uri", uri], cwd=ROOT,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             assert proc.stdout.readline() == "started\n"
-            proc.send_signal(signal.SIGINT)  # in main, before the doctor's first check
+            # the doctor's first line: main is running, and its next check waits on the silent port
+            assert proc.stdout.readline().startswith("ok ")
+            proc.send_signal(signal.SIGINT)
             out, err = proc.communicate(timeout=30)  # a hang guard
         finally:
             proc.kill()
