@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from exgrpo.compare import RunOutcome
+from exgrpo.compare import RunOutcome, mean_along
 from exgrpo.stats import mean_ci, performance_profile
 
 
@@ -46,16 +46,6 @@ def _save(fig, axes, out: str | Path) -> Path:
     return out
 
 
-def _along(runs: Sequence[RunOutcome], curve: str) -> np.ndarray | None:
-    """Mean over ``runs`` of their ``curve`` (``curve_tokens`` or ``curve_seconds``) at the
-    evaluation steps every run has; None if a run lacks it."""
-    if any(len(getattr(o, curve)) != len(o.curve_steps) or not o.curve_steps for o in runs):
-        return None
-    common = sorted(set.intersection(*(set(o.curve_steps) for o in runs)))
-    at = [dict(zip(o.curve_steps, getattr(o, curve), strict=True)) for o in runs]
-    return np.array([np.mean([a[t] for a in at]) for t in common])
-
-
 def comparison_figure(outcomes: Sequence[RunOutcome], arms: Sequence[str], metric: str, out: str | Path) -> Path:
     """Write ``out`` (PNG). Top: ``metric`` (mean ± 95% CI over seeds) per arm against steps, against
     the response tokens sampled so far and against training minutes (arms that sample more per step
@@ -80,8 +70,9 @@ def comparison_figure(outcomes: Sequence[RunOutcome], arms: Sequence[str], metri
         axes[0].plot(steps, mean, color=color, label=f"{arm} (n={len(runs)})")
         axes[0].fill_between(steps, lo, hi, color=color, alpha=0.2)
         for ax, curve, scale in ((axes[1], "curve_tokens", 1e6), (axes[2], "curve_seconds", 60.0)):
-            x = _along(runs, curve)
+            x = mean_along(runs, curve)
             if x is not None:
+                x = np.asarray(x)
                 ax.plot(x / scale, mean, color=color, marker=".", label=arm)
                 ax.fill_between(x / scale, lo, hi, color=color, alpha=0.2)
         axes[5].step(taus, performance_profile([o.final for o in runs], taus), where="post", color=color, label=arm)

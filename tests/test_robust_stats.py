@@ -39,14 +39,15 @@ def test_the_comparison_figure_reads_the_arms_at_steps_tokens_and_minutes(tmp_pa
     from PIL import Image
 
     from exgrpo.compare import RunOutcome
-    from exgrpo.report import _along, comparison_figure
+    from exgrpo.compare import mean_along
+    from exgrpo.report import comparison_figure
 
     outcomes = [RunOutcome(arm, seed, final, [10.0, 20.0], [final / 2, final], curve_tokens=[1e6 * k, 2e6 * k + seed],
                            curve_seconds=[60.0, 120.0])
                 for arm, finals, k in (("grpo", [0.3, 0.35, 0.4], 1.0), ("exgrpo", [0.32, 0.45, 0.5], 1.4))
                 for seed, final in enumerate(finals)]
-    assert _along(outcomes[3:], "curve_tokens") == pytest.approx([1.4e6, 2.8e6 + 1])  # mean over seeds, per evaluation
-    assert _along([RunOutcome("grpo", 0, 0.3, [10.0], [0.3])], "curve_tokens") is None  # not logged: no curve
+    assert mean_along(outcomes[3:], "curve_tokens") == pytest.approx([1.4e6, 2.8e6 + 1])  # mean over seeds, per evaluation
+    assert mean_along([RunOutcome("grpo", 0, 0.3, [10.0], [0.3])], "curve_tokens") is None  # not logged: no curve
     out = comparison_figure(outcomes, ["grpo", "exgrpo"], "val/accuracy", tmp_path / "cmp.png")
     width, height = Image.open(out).size
     assert 1.5 * height < width < 2.5 * height  # two rows of three panels
@@ -87,3 +88,37 @@ def test_the_mechanism_series_are_means_over_seeds_of_what_the_trainer_logged(tm
     out = mechanism_figure(pool + grpo, ["grpo", "exgrpo"], tmp_path / "why.png")
     width, height = Image.open(out).size
     assert width > 3 * height
+
+
+def test_the_dashboard_reads_each_arm_at_the_tokens_it_sampled(tmp_path):
+    """A comparison's dashboard, from the MLflow records alone: each child's sampled tokens summed up
+    to its evaluations, the arms' token reading in the summary, and the learning curves drawn
+    against tokens too."""
+    import mlflow
+
+    from exgrpo.dashboard.comparison import curves_figure, load_comparison, summary_table
+    from exgrpo.tracking import Tracker
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    tracker = Tracker(uri)
+    parent = tracker.start_run("cmp", "parent", {"kind": "compare", "metric": "val/accuracy", "baseline": "grpo",
+                                                 "arms": "grpo,extra"})
+    client = mlflow.MlflowClient(uri)
+    for arm, per_step, acc in (("grpo", 100.0, [0.1, 0.3, 0.5]), ("extra", 150.0, [0.1, 0.5, 0.55])):
+        for seed in (0, 1):
+            run = tracker.start_run("cmp", f"{arm}-{seed}", {"arm": arm, "seed": str(seed)}, parent)
+            for step, value in enumerate(acc):
+                client.log_metric(run, "val/accuracy", value, step=step)
+                if step:
+                    client.log_metric(run, "compute/rollout_tokens", per_step * 1e4, step=step)
+                    client.log_metric(run, "time/step_seconds", 1.0, step=step)
+            client.log_metric(run, "final/val/accuracy", acc[-1], step=2)
+            tracker.end_run(run, "FINISHED")
+    tracker.end_run(parent, "FINISHED")
+    data = load_comparison(client, uri, client.get_run(parent))
+    assert {o.arm: o.curve_tokens for o in data.outcomes} == {"grpo": [0, 1e6, 2e6], "extra": [0, 1.5e6, 3e6]}
+    rows = {r.arm: r for r in data.rows}
+    assert (rows["grpo"].tokens_to_baseline_final, rows["extra"].tokens_to_baseline_final) == (2e6, 1.5e6)
+    table = summary_table(data)
+    assert 'data-col="tokens_to_target"' in table and ">1.50<" in table and ">2.00<" in table
+    assert "against the response tokens each arm had sampled" in curves_figure(data)

@@ -82,6 +82,17 @@ def eval_compute(history: Iterable[dict[str, float]], metric: str) -> dict[str, 
     return {"curve_tokens": tokens, "curve_seconds": seconds} if logged else {}
 
 
+def mean_along(runs: Iterable[RunOutcome], curve: str) -> list[float] | None:
+    """Mean over ``runs`` of their ``curve`` (``curve_tokens`` or ``curve_seconds``) at the
+    evaluation steps every run has (the x of a metric drawn against compute); None if a run lacks it."""
+    runs = list(runs)
+    if not runs or any(len(getattr(o, curve)) != len(o.curve_steps) or not o.curve_steps for o in runs):
+        return None
+    common = sorted(set.intersection(*(set(o.curve_steps) for o in runs)))
+    at = [dict(zip(o.curve_steps, getattr(o, curve), strict=True)) for o in runs]
+    return [sum(a[t] for a in at) / len(at) for t in common]
+
+
 def median_reach(reach: Iterable[float | None]) -> float | None:
     """The median over every seed of when it reached a target, a seed that never did counted as
     beyond the horizon; None when the median itself lies beyond it (half the seeds or more never

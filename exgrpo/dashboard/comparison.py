@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from exgrpo.compare import ArmSummary, RunOutcome, summarize
+from exgrpo.compare import ArmSummary, RunOutcome, eval_compute, mean_along, summarize
 from exgrpo.dashboard import _html as H
 from exgrpo.dashboard._store import DashboardError, children, history, run_link
 from exgrpo.stats import mean_ci, steps_to_target
@@ -61,6 +61,16 @@ def _int(x: Any, default: int = -1) -> int:
         return default
 
 
+COMPUTE_KEYS = ("compute/rollout_tokens", "time/step_seconds")
+"""The step metrics a child run's compute is summed from (equal-compute readings)."""
+
+
+def _step_rows(curves: dict[str, dict[int, float]]) -> list[dict[str, float]]:
+    """A run's metric histories as step rows in step order (what :func:`eval_compute` reads)."""
+    steps = sorted({s for curve in curves.values() for s in curve})
+    return [{"step": float(s), **{k: curve[s] for k, curve in curves.items() if s in curve}} for s in steps]
+
+
 def load_comparison(client: Any, tracking_uri: str, parent: Any) -> ComparisonData:
     tags, params = parent.data.tags, parent.data.params
     if tags.get("kind") != "compare":
@@ -79,7 +89,7 @@ def load_comparison(client: Any, tracking_uri: str, parent: Any) -> ComparisonDa
             continue
         if arm not in arms:
             arms.append(arm)
-        keys = [mkey, "batch/solved", "replay/started"]
+        keys = [mkey, "batch/solved", "replay/started", *COMPUTE_KEYS]
         keys += sorted(k for k in run.data.metrics if k.startswith("pool/"))
         curves = {k: history(client, run.info.run_id, k) for k in keys if k in run.data.metrics}
         final = run.data.metrics.get(f"final/{mkey}")
@@ -102,7 +112,7 @@ def load_comparison(client: Any, tracking_uri: str, parent: Any) -> ComparisonDa
         curve = c.curves.get(mkey, {})
         steps = sorted(curve)
         outcomes.append(RunOutcome(c.arm, c.seed, c.final, [float(s) for s in steps], [curve[s] for s in steps],
-                                   run_id=c.run_id))
+                                   run_id=c.run_id, **eval_compute(_step_rows(c.curves), mkey)))
     rows = summarize(outcomes, arms, baseline or arms[0]) if outcomes else []
     return ComparisonData(parent, tracking_uri, exp.name if exp else "", metric, baseline or arms[0], arms, kids,
                           outcomes, rows, notes)
@@ -157,9 +167,11 @@ def curves_figure(data: ComparisonData) -> str:
     panels = [(mkey, f"{data.metric} (mean, 95% CI band over seeds)")]
     if any("batch/solved" in c.curves for c in data.children):
         panels.append(("batch/solved", "batch pass@1 (mean, 95% CI band over seeds)"))
-    fig = H.new_figure(7.2 * len(panels), 4.4)
-    axes = fig.subplots(1, len(panels), squeeze=False)[0]
-    for ax, (key, title) in zip(axes, panels, strict=True):
+    by_tokens = {arm: mean_along([o for o in data.outcomes if o.arm == arm], "curve_tokens") for arm in data.arms}
+    with_tokens = any(x is not None for x in by_tokens.values())
+    fig = H.new_figure(7.2 * (len(panels) + with_tokens), 4.4)
+    axes = fig.subplots(1, len(panels) + with_tokens, squeeze=False)[0]
+    for ax, (key, title) in zip(axes, panels, strict=False):
         for arm in data.arms:
             runs = [c for c in data.runs_of(arm) if key in c.curves]
             if not runs:
@@ -169,13 +181,23 @@ def curves_figure(data: ComparisonData) -> str:
             ax.plot(steps, mean, color=color, label=f"{arm} (n={len(runs)})", marker="o" if len(steps) < 30 else None,
                     markersize=3)
             ax.fill_between(steps, lo, hi, color=color, alpha=0.2, linewidth=0)
+            if key == mkey and by_tokens.get(arm) is not None and len(by_tokens[arm]) == len(mean):
+                x = [t / 1e6 for t in by_tokens[arm]]  # the arm's eval steps that every seed has, as band's
+                axes[-1].plot(x, mean, color=color, label=arm, marker="o", markersize=3)
+                axes[-1].fill_between(x, lo, hi, color=color, alpha=0.2, linewidth=0)
         ax.set(title=title, xlabel="training step")
+    if with_tokens:
+        axes[-1].set(title=f"{data.metric} at equal generation compute",
+                     xlabel="response tokens sampled so far (M, mean over seeds)")
+    for ax in axes:
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
     return H.figure_html(fig, "fig-curves", f"Learning curves: {data.metric} per arm, mean over seeds with a 95% "
                          "Student-t band clipped to the metric's possible range (accuracies and pass rates to [0, 1]), "
-                         "aligned on the training step.", alt=f"learning curves of {data.metric}")
+                         "aligned on the training step" + (", and the same against the response tokens each arm had "
+                         "sampled (arms that sample more per step read at equal compute)" if with_tokens else "") + ".",
+                         alt=f"learning curves of {data.metric}")
 
 
 def pool_figure(data: ComparisonData) -> tuple[str, list[str]]:
@@ -271,11 +293,14 @@ def summary_table(data: ComparisonData) -> str:
             H.td("— (baseline)" if r.arm == base else "never" if reach is None else str(int(reach)),
                  arm=r.arm, col="steps_to_target",
                  value="baseline" if r.arm == base else "never" if reach is None else int(reach)),
+            H.td("—" if r.tokens_to_baseline_final is None or r.steps_to_baseline_final is None
+                 else f"{r.tokens_to_baseline_final / 1e6:.2f}", arm=r.arm, col="tokens_to_target",
+                 value=None if r.tokens_to_baseline_final is None else repr(r.tokens_to_baseline_final)),
             check,
         ])
     headers = ["arm", "algo", "seeds", f"final {data.metric} (mean ± 95% CI)", "95% CI", "IQM [95% bootstrap CI]",
                f"diff vs {base} (paired, 95% CI)", f"P(> {base}) [95% CI]", f"step reaching {base}'s final (median)",
-               "parent run's logged value"]
+               "tokens sampled then (M)", "parent run's logged value"]
     return H.table(headers, rows, tid="summary-table", left=2)
 
 
