@@ -29,10 +29,11 @@ from exgrpo.tracking.mlflow_tracking import (
     backfill_steps,
     check_reachable,
     curated_params,
+    param_values,
     run_tags,
 )
 from exgrpo.runs import move_aside, resumable
-from exgrpo.tracking.run_record import continuable, end_if_orphaned, write_record
+from exgrpo.tracking.run_record import continuable, end_if_orphaned, finished_before, write_record
 from exgrpo.tracking.step_logger import MLflowStepLogger
 from exgrpo.tracking.sync import sync_run, write_pending
 
@@ -137,13 +138,14 @@ def tracked_train(
     tags = run_tags(cfg, arm, study, tags)
     run_dir = cfg.run_dir()
     resume_asked, resume = resume, resume and resumable(cfg)
-    continued = None
+    continued, reopened = None, False
     try:
         exp_id = tracker.experiment_id(exp_name)
         if (killed := end_if_orphaned(run_dir, tracker.client)) is not None:
             print(f"note: {killed}", flush=True)
         if resume:
-            continued = continuable(run_dir, tracker.client, tracker.uri)
+            continued = continuable(run_dir, tracker.client, tracker.uri, param_values(curated_params(cfg, extra_params)))
+            reopened = continued is not None and finished_before(tracker.client, continued)
         else:
             move_aside(run_dir, resume_asked)  # before this run's record goes in (the backend would too)
         if continued is not None:
@@ -190,6 +192,11 @@ def tracked_train(
                 _log_steps_before_resume(logger, result.history, seen, arrived)
         finally:
             delivered = logger.flush(force=True)
+        if reopened and not seen:  # a finished run reused as it is: its record is whole already
+            if monitor is not None:
+                monitor.finish()
+            tracker.end_run(run_id, "FINISHED")
+            return TrackedRun(result, run_id, exp_id, tracker.uri)
         final = _final_metrics(result)
         if not delivered and result.run_dir:  # the server is down at the end: leave it to `exgrpo sync`
             marker = write_pending(result.run_dir, tracker.uri, run_id, "FINISHED", final)

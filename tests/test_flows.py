@@ -117,8 +117,13 @@ def test_compare_flow_parent_and_children_in_mlflow(tmp_path):
     assert {k: v for k, v in finals.items() if k[1] < 2} == {(o["arm"], o["seed"]): o["final"] for o in out["outcomes"]}
     resumed = client.get_run(again["parent_run_id"])
     assert resumed.data.tags["resumed"] == "true" and resumed.info.status == "FINISHED"
-    reused = client.get_run(again["runs"]["grpo/seed0"])  # a new child run holding the whole reused run
+    # one (config, seed) is one MLflow run: a reused run is the same run, now a child of the new parent
+    assert again["runs"]["grpo/seed0"] == out["runs"]["grpo/seed0"]
+    reused = client.get_run(again["runs"]["grpo/seed0"])
+    assert reused.data.tags["mlflow.parentRunId"] == again["parent_run_id"] and reused.info.status == "FINISHED"
     assert sorted(m.step for m in client.get_metric_history(reused.info.run_id, "batch/solved")) == list(range(1, 9))
+    trained = [r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("arm")]
+    assert len(trained) == 6  # the four first runs and the two of seed 2, none copied
 
 
 def test_the_train_flow_runs_the_named_arm_of_a_comparison_file(tmp_path):

@@ -266,10 +266,8 @@ class Tracker:
         """What a training run is: its curated params and its resolved config (``config/resolved_config.json``).
         A continued run keeps the params it has (MLflow never changes one); a resume-safe field the
         resume changed is named in the tag ``resumed_with``."""
-        from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
-
         have = self.client.get_run(run_id).data.params
-        values = {sanitize_metric_name(k): str(v)[:MAX_PARAM_VAL_LENGTH] for k, v in params.items()}
+        values = param_values(params)
         changed = {k: v for k, v in values.items() if k in have and have[k] != v}
         self.log_params(run_id, {k: v for k, v in values.items() if k not in have})
         if changed:
@@ -278,6 +276,13 @@ class Tracker:
 
     def end_run(self, run_id: str, status: str = "FINISHED") -> None:
         self.client.set_terminated(run_id, status)
+
+
+def param_values(params: Mapping[str, Any]) -> dict[str, str]:
+    """Params as MLflow stores them: sanitized keys, values as text cut to MLflow's limit."""
+    from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
+
+    return {sanitize_metric_name(k): str(v)[:MAX_PARAM_VAL_LENGTH] for k, v in params.items()}
 
 
 @dataclass

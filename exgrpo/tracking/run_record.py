@@ -100,17 +100,28 @@ def end_if_orphaned(where: str | Path, client: Any = None) -> str | None:
     return f"MLflow run {record.run_id} ({run.info.run_name}) was left RUNNING: {why}; marked KILLED"
 
 
-def continuable(where: str | Path, client: Any, tracking_uri: str) -> str | None:
+def continuable(where: str | Path, client: Any, tracking_uri: str, params: dict[str, str] | None = None) -> str | None:
     """The MLflow run a resume of ``where`` continues: its recorded run, if it is in this store and
-    did not finish (a finished run that trains on, e.g. with a larger budget, gets a new run that
-    holds its whole history); else None."""
+    either did not finish, or finished with exactly these ``params`` (a finished run that a resumed
+    comparison reuses, or trains on at the same settings, stays one run). A finished run whose
+    params differ (e.g. a larger budget) gets a new run that holds its whole history (MLflow keeps a
+    param's first value); None then, and when there is no such run."""
     record = read_record(where)
     if record is None or record.tracking_uri != tracking_uri:
         return None
     run = _run(client, record.run_id)
-    if run is None or run.info.status == "FINISHED" or run.info.lifecycle_stage == "deleted":
+    if run is None or run.info.lifecycle_stage == "deleted":
+        return None
+    if run.info.status == "FINISHED" and (params is None or any(
+            run.data.params.get(k) != str(v) for k, v in params.items())):
         return None
     return record.run_id
+
+
+def finished_before(client: Any, run_id: str) -> bool:
+    """Whether MLflow run ``run_id`` had ended FINISHED (a reused run: nothing of its record to redo)."""
+    run = _run(client, run_id)
+    return run is not None and run.info.status == "FINISHED"
 
 
 def _run(client: Any, run_id: str) -> Any:
