@@ -116,3 +116,23 @@ def test_ctrl_c_in_a_commands_first_second_ends_it_with_one_line():
             proc.wait()
     assert proc.returncode == 130, err[-2000:]
     assert "Traceback" not in err and err.strip().splitlines()[-1] == "interrupted", err[-2000:]
+
+
+def test_train_with_overrides_never_moves_a_comparisons_run_of_another_config_aside(tmp_path):
+    """`exgrpo train <comparison> --set train.lr=...` resolves to the comparison's own (arm, seed)
+    directory: where the comparison's run is there, made with another config, it is refused before
+    any work (training would move that run aside, and `compare --resume` would no longer find it)."""
+    from exgrpo.config import load_run
+
+    where = {"output_dir": str(tmp_path)}
+    cfg, _ = load_run("experiments/tiny-lm-chain.yaml", dict(where))
+    cfg.run_dir().mkdir(parents=True)
+    (cfg.run_dir() / "config.json").write_text(cfg.model_dump_json())  # the comparison's finished run
+    with pytest.raises(ConfigError, match=r"holds the comparison's run of arm grpo, seed 0, made with another config "
+                                          r"\(train.lr\); .*its own name \(--set name=NAME\)"):
+        load_run("experiments/tiny-lm-chain.yaml", {**where, "train.lr": 1e-4})
+    assert load_run("experiments/tiny-lm-chain.yaml", {**where, "train.max_steps": 300})[0].run_dir() == cfg.run_dir()
+    other, _ = load_run("experiments/tiny-lm-chain.yaml", {**where, "train.lr": 1e-4, "name": "chain-lr"})
+    assert other.run_dir() != cfg.run_dir()  # a name of its own: allowed
+    assert main(["train", "experiments/tiny-lm-chain.yaml", "--set", "train.lr=1e-4", "--output-dir", str(tmp_path),
+                 "--no-tracking"]) == 2

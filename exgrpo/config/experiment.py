@@ -415,8 +415,28 @@ def load_run(path: str | Path | None, overrides: dict[str, Any] | None = None, a
     elif arm not in cc.arms:
         raise ConfigError(f"{option} {arm}: {path} has no such arm; its arms are {', '.join(arms)}")
     cfg = cc.arm_config(arm, cc.seeds[0] if seed is None else seed)
-    return cfg, (f"{path} is a comparison of {', '.join(arms)}: training its arm {arm}, seed {cfg.seed} "
-                 f"(another arm: {option} NAME; every arm and seed: exgrpo compare {path})")
+    note = (f"{path} is a comparison of {', '.join(arms)}: training its arm {arm}, seed {cfg.seed} "
+            f"(another arm: {option} NAME; every arm and seed: exgrpo compare {path})")
+    if {k for k in overrides if k != "output_dir"} and (differ := _differs_from_run_there(cfg)):
+        raise ConfigError(
+            f"{cfg.run_dir()} holds the comparison's run of arm {arm}, seed {cfg.seed}, made with another config "
+            f"({', '.join(differ[:3])}{', ...' if len(differ) > 3 else ''}); training these overrides there would move "
+            f"it aside: give this run its own name (--set name=NAME) or --output-dir")
+    return cfg, note
+
+
+def _differs_from_run_there(cfg: ExperimentConfig) -> list[str]:
+    """The fields (not resume-safe) in which ``cfg`` differs from the run its directory already holds
+    (``config.json``); empty when there is none, or it is this config's run."""
+    try:
+        saved = json.loads((cfg.run_dir() / "config.json").read_text())
+    except (OSError, ValueError):
+        return []
+    before: dict[str, Any] = {}
+    _flatten_into(before, "", saved)
+    before = {k.lstrip("."): v for k, v in before.items()}
+    now, safe = flatten(cfg), resume_safe_fields()
+    return sorted(k for k in set(before) | set(now) if k not in safe and before.get(k) != now.get(k))
 
 
 def _union_members(annotation: Any) -> list[type[BaseModel]]:
