@@ -344,3 +344,12 @@ def test_a_comparison_runs_some_of_its_arms_and_seeds_as_named():
         cc.select("grpo,foo")
     with pytest.raises(ConfigError, match="paired against the baseline grpo; add it to --arms"):
         cc.select("exgrpo")
+
+
+def test_a_comparisons_parent_keeps_what_the_arms_share():
+    from exgrpo.compare import split_params
+
+    common, differ = split_params({"grpo": {"lr": "1", "replay": "none"},
+                                   "exgrpo": {"lr": "1", "replay": "buckets", "ratio": "0.5"}})
+    assert common == {"lr": "1"} and differ == ["ratio", "replay"]  # a field one arm lacks differs too
+    assert split_params({}) == ({}, [])

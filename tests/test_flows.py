@@ -76,6 +76,11 @@ def test_compare_flow_parent_and_children_in_mlflow(tmp_path):
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     assert parent.info.run_id == out["parent_run_id"] and parent.info.status == "FINISHED"
     assert len(runs) == 5 and len(children) == 4
+    # the parent records what the arms share, and which fields each arm sets its own way
+    assert "seed" not in parent.data.params and "algorithm.replay" not in parent.data.params
+    assert parent.data.params["train.max_steps"] == "8" and parent.data.params["compare.seeds"] == "0,1"
+    assert "algorithm.replay" in parent.data.params["compare.differs_by_arm"].split(", ")
+    assert "algorithm.replay=none" in parent.data.tags["arm.grpo"] and "algorithm.replay=buckets" in parent.data.tags["arm.exgrpo"]
     assert sorted((r.data.tags["algo"], r.data.tags["seed"]) for r in children) == [
         ("exgrpo", "0"), ("exgrpo", "1"), ("grpo", "0"), ("grpo", "1")]
     assert all(r.info.status == "FINISHED" for r in children)

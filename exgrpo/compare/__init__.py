@@ -181,6 +181,15 @@ def _print_now(line: str) -> None:
     print(line, flush=True)
 
 
+def split_params(by_arm: dict[str, dict[str, str]]) -> tuple[dict[str, str], list[str]]:
+    """The params every arm shares (a comparison's parent run records these) and the names of those
+    that differ between arms (or that some arm lacks), sorted."""
+    names = set().union(*by_arm.values()) if by_arm else set()
+    differ = sorted(n for n in names if len({arm.get(n) for arm in by_arm.values()}) > 1)
+    first = next(iter(by_arm.values()), {})
+    return {n: v for n, v in first.items() if n not in differ}, differ
+
+
 def prepare_warm_starts(configs: Iterable[ExperimentConfig], say: Callable[[str], None] = _print_now,
                         progress: bool = True) -> None:
     """Before a command's runs start on this machine: the tiny LM warm start each distinct model of

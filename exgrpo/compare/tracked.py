@@ -28,6 +28,7 @@ from exgrpo.compare import (
     prepare_warm_starts,
     run_description,
     run_local,
+    split_params,
     summarize,
 )
 from exgrpo.config import CompareConfig, ExperimentConfig
@@ -173,8 +174,14 @@ def run_tracked_compare(
         on_parent(parent, run_url(exp_id, parent, tracker.uri))
     status = "FAILED"
     try:
-        tracker.log_params(parent, {**curated_params(base), "compare.seeds": ",".join(map(str, cc.seeds)),
-                                    "compare.metric": cc.metric, "compare.baseline": cc.baseline})
+        by_arm = {arm: {k: str(v) for k, v in curated_params(cc.arm_config(arm, cc.seeds[0])).items() if k != "seed"}
+                  for arm in cc.arms}
+        common, differ = split_params(by_arm)  # the parent holds what every arm shares, not one arm's settings
+        tracker.log_params(parent, {**common, "compare.seeds": ",".join(map(str, cc.seeds)),
+                                    "compare.metric": cc.metric, "compare.baseline": cc.baseline,
+                                    "compare.differs_by_arm": ", ".join(differ) or "nothing"})
+        for arm, params in by_arm.items():  # each arm's own values of those fields, one tag per arm
+            tracker.client.set_tag(parent, f"arm.{arm}", "; ".join(f"{k}={params.get(k, '—')}" for k in differ)[:5000])
         tracker.client.log_dict(parent, cc.model_dump(mode="json"), "config/compare.json")
         todo = []
         for cfg, arm in jobs(cc):  # absolute run dirs: workers may not share the driver's cwd
