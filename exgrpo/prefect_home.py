@@ -23,42 +23,20 @@ import os
 from collections.abc import MutableMapping
 from pathlib import Path
 
-from exgrpo.paths import project_root
-
-UI_SERVER_FILE = "exgrpo-ui.json"
-"""In the home while ``exgrpo ui`` runs: its Prefect API URL and process id."""
+from exgrpo.paths import UI_SERVER_FILE, prefect_home, process_started, running_ui
 
 RUNTIME_SETTINGS = {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90"}
 """What Prefect needs on these machines (stack-notes.md §10), unless the environment sets it."""
 
 
-def prefect_home(env: MutableMapping[str, str] | None = None) -> Path:
-    """``PREFECT_HOME`` if set, else ``<project>/.prefect``."""
-    env = os.environ if env is None else env
-    return Path(env["PREFECT_HOME"]).expanduser() if env.get("PREFECT_HOME") else project_root() / ".prefect"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: it exists
-        return True
-    return True
-
-
 def running_ui_api(home: Path) -> str | None:
     """The API URL of the ``exgrpo ui`` serving ``home``, if one runs and answers; else None."""
-    try:
-        record = json.loads((home / UI_SERVER_FILE).read_text())
-        url, pid = str(record["api_url"]), int(record["pid"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if not _alive(pid):
+    record = running_ui(home)
+    if record is None or "api_url" not in record:
         return None
     import requests
 
+    url = str(record["api_url"])
     try:
         return url if requests.get(url.rstrip("/") + "/health", timeout=2).status_code == 200 else None
     except requests.RequestException:
@@ -83,12 +61,16 @@ def use_prefect_home(env: MutableMapping[str, str] | None = None, find_server: b
     return home
 
 
-def announce_server(home: Path, api_url: str) -> Path:
-    """Record that this process serves ``home``'s Prefect API at ``api_url`` (``exgrpo ui``)."""
+def announce_server(home: Path, api_url: str, mlflow_url: str | None = None, mlflow_store: str | None = None) -> Path:
+    """Record that this process serves ``home``'s Prefect API at ``api_url`` (``exgrpo ui``), and the
+    MLflow UI at ``mlflow_url`` for the store ``mlflow_store``: the links the project prints for that
+    store then point there."""
     from exgrpo.atomic import write_text_atomic
 
     home.mkdir(parents=True, exist_ok=True)
-    return write_text_atomic(home / UI_SERVER_FILE, json.dumps({"api_url": api_url, "pid": os.getpid()}))
+    record = {"api_url": api_url, "pid": os.getpid(), "started": process_started(os.getpid()),
+              "mlflow_url": mlflow_url, "mlflow_store": mlflow_store}
+    return write_text_atomic(home / UI_SERVER_FILE, json.dumps(record))
 
 
 def withdraw_server(home: Path) -> None:

@@ -170,7 +170,10 @@ def main(host: str = "127.0.0.1", prefect_port: int = 4200, mlflow_port: int = 5
         return 130
     try:
         api = f"http://{host}:{prefect_port}/api"
-        announce_server(home, api)  # `exgrpo compare` and `sweep` now run their flows on this server
+        mlflow = next((s.url for s in svcs if s.name == "mlflow"), None)
+        # `exgrpo compare` and `sweep` now run their flows on this server, and the MLflow links the
+        # project prints for this store point at this UI
+        announce_server(home, api, mlflow, resolve_tracking_uri(tracking_uri) if mlflow else None)
         print(f"ready in {time.monotonic() - t0:.1f} s:")
         for s in svcs:
             print(f"  {s.name:17s} {experiment_url(None, s.url) if s.name == 'mlflow' else s.url}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import time
@@ -302,3 +303,30 @@ def test_importing_exgrpo_turns_mlflow_telemetry_off():
     out = subprocess.run([sys.executable, "-c", probe], env={**env, "MLFLOW_DISABLE_TELEMETRY": "false"},
                          capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_mlflow_links_point_at_the_ui_that_serves_the_store(tmp_path, monkeypatch):
+    """`exgrpo ui --mlflow-port 30009` (or on another store): the links printed for that store (a
+    comparison's parent, the Prefect link artifact, train's mlflow_url: all run_url) point at its UI;
+    where nothing serves the store, the line names the command that would."""
+    from exgrpo.paths import UI_SERVER_FILE
+    from exgrpo.prefect_home import announce_server, withdraw_server
+    from exgrpo.tracking.mlflow_tracking import resolve_tracking_uri, run_url, ui_note
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("PREFECT_HOME", str(home))
+    monkeypatch.delenv("EXGRPO_MLFLOW_UI", raising=False)
+    store = resolve_tracking_uri(f"sqlite:///{tmp_path}/elsewhere.db")
+    assert run_url("1", "r", store).startswith("http://127.0.0.1:5000/#/experiments/1/runs/r")
+    assert ui_note(store) == f" (nothing serves this store now: `exgrpo ui --tracking-uri {store}` does)"
+    announce_server(home, "http://127.0.0.1:4200/api", "http://127.0.0.1:30009", store)
+    assert run_url("1", "r", store).startswith("http://127.0.0.1:30009/#/experiments/1/runs/r")
+    assert ui_note(store) == " (served by the running `exgrpo ui`)"
+    other = resolve_tracking_uri(f"sqlite:///{tmp_path}/other.db")
+    assert run_url("1", "r", other).startswith("http://127.0.0.1:5000/")  # not the store that UI serves
+    withdraw_server(home)
+    assert run_url("1", "r", store).startswith("http://127.0.0.1:5000/")
+    # a record whose process is gone, its pid now another process's (it started later), points nowhere
+    (home / UI_SERVER_FILE).write_text(json.dumps({"api_url": "x", "pid": os.getpid(), "started": 1.0,
+                                                   "mlflow_url": "http://127.0.0.1:30009", "mlflow_store": store}))
+    assert run_url("1", "r", store).startswith("http://127.0.0.1:5000/")

@@ -24,7 +24,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from exgrpo.config import ExperimentConfig, flatten, mlflow_param_keys
-from exgrpo.paths import project_root  # re-exported: callers import it from here and exgrpo.tracking
+from exgrpo.paths import project_root, running_ui  # project_root re-exported: callers import it from here and exgrpo.tracking
 from exgrpo.sqlite_wal import ensure_wal, sqlite_file
 from exgrpo.tracking.code_version import code_version_tags
 from exgrpo.tracking.names import sanitize_metric_name
@@ -161,12 +161,36 @@ experiment's ``mlflow.experimentKind`` tag and the server's settings do not ente
 link the project prints carries this query."""
 
 
+DEFAULT_UI = "http://127.0.0.1:5000"
+"""Where ``exgrpo ui`` serves MLflow unless told otherwise."""
+
+
+def _serving_ui(uri: str) -> str | None:
+    """The MLflow UI that a running ``exgrpo ui`` serves for store ``uri``, if one does."""
+    record = running_ui()
+    return str(record["mlflow_url"]) if record and record.get("mlflow_url") and record.get("mlflow_store") == uri else None
+
+
 def ui_base(tracking_uri: str | None = None) -> str:
-    """The MLflow UI of the store: the tracking server itself, else the UI that ``exgrpo ui`` serves
-    for the local store (``EXGRPO_MLFLOW_UI``, default http://127.0.0.1:5000)."""
+    """The MLflow UI of the store: the tracking server itself; else ``EXGRPO_MLFLOW_UI``; else the UI
+    a running ``exgrpo ui`` serves for this store; else where ``exgrpo ui`` would serve it
+    (http://127.0.0.1:5000)."""
     uri = resolve_tracking_uri(tracking_uri)
-    base = uri if uri.startswith(("http://", "https://")) else os.environ.get("EXGRPO_MLFLOW_UI", "http://127.0.0.1:5000")
-    return base.rstrip("/")
+    if uri.startswith(("http://", "https://")):
+        return uri.rstrip("/")
+    return (os.environ.get("EXGRPO_MLFLOW_UI") or _serving_ui(uri) or DEFAULT_UI).rstrip("/")
+
+
+def ui_note(tracking_uri: str | None = None) -> str:
+    """What serves the store's links, for the line that prints one: the server itself or a running
+    ``exgrpo ui``, else the command that would serve it."""
+    uri = resolve_tracking_uri(tracking_uri)
+    if uri.startswith(("http://", "https://")) or os.environ.get("EXGRPO_MLFLOW_UI"):
+        return ""
+    if _serving_ui(uri):
+        return " (served by the running `exgrpo ui`)"
+    store = "" if uri == default_tracking_uri() else f" --tracking-uri {uri}"
+    return f" (nothing serves this store now: `exgrpo ui{store}` does)"
 
 
 def run_url(experiment_id: str, run_id: str, tracking_uri: str | None = None) -> str:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from exgrpo.atomic import write_text_atomic
+from exgrpo.paths import process_alive, process_started
 from exgrpo.runs import RECORD_FILE
 
 
@@ -37,18 +38,9 @@ class RunRecord:
     """The recording process's start time (seconds since the epoch)."""
 
 
-def _started(pid: int) -> float | None:
-    import psutil
-
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.Error:
-        return None
-
-
 def write_record(where: str | Path, tracking_uri: str, run_id: str) -> RunRecord:
     """Record that this process records ``where``'s run as MLflow run ``run_id`` of ``tracking_uri``."""
-    record = RunRecord(tracking_uri, run_id, socket.gethostname(), os.getpid(), _started(os.getpid()) or 0.0)
+    record = RunRecord(tracking_uri, run_id, socket.gethostname(), os.getpid(), process_started(os.getpid()) or 0.0)
     Path(where).mkdir(parents=True, exist_ok=True)
     write_text_atomic(Path(where) / RECORD_FILE, json.dumps(asdict(record)))
     return record
@@ -66,8 +58,7 @@ def process_gone(record: RunRecord) -> bool | None:
     """Whether the process that recorded ``record`` has ended; None when it ran on another host."""
     if record.host != socket.gethostname():
         return None
-    started = _started(record.pid)
-    return started is None or abs(started - record.started) > 1.0
+    return not process_alive(record.pid, record.started)
 
 
 def _last_activity_ms(where: Path) -> int | None:
