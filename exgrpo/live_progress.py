@@ -44,8 +44,10 @@ class ProgressReporter:
         self._val: float | None = None
 
     def on_start(self, total_steps: int) -> None:
-        """The trainer's planned step count (the ETA's denominator when the config sets no max_steps)."""
+        """The trainer's planned step count (the ETA's denominator when the config sets no max_steps);
+        the board hears of the run at once, so its start is known before its first step."""
         self.total = total_steps
+        self.board.report.remote(self.key, {"step": 0, "total": total_steps, "elapsed": 0.0, "pass": None, "val": None})
 
     def __call__(self, step: int, metrics: dict[str, float]) -> None:
         if "val/accuracy" in metrics:

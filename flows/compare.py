@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from prefect import flow, get_run_logger, task
+from prefect.states import Completed, Failed, Running
 
 from flows import failed as failed_run
 from flows import user_errors
@@ -23,6 +24,35 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 from exgrpo.config import load_compare
+
+
+def start_span(arm: str, seed: int) -> Any:
+    """A task run of ``run_record`` for one (arm, seed), Running from now (the run has just started):
+    its start, end and duration in Prefect's UI are the training run's own. None where the flow's
+    server cannot take it (the run is then recorded as it ends, by calling the task)."""
+    from prefect.client.orchestration import get_client
+    from prefect.context import get_run_context
+
+    try:
+        with get_client(sync_client=True) as client:
+            return client.create_task_run(task=run_record, flow_run_id=get_run_context().flow_run.id,
+                                          dynamic_key=f"{arm}-seed{seed}", name=f"{arm} seed {seed}", state=Running()).id
+    except Exception:  # noqa: BLE001 - a record of its duration is not worth failing the comparison for
+        return None
+
+
+def end_span(task_run_id: Any, state: Any) -> bool:
+    """End ``start_span``'s task run in ``state`` (Completed or Failed); False when there is none."""
+    if task_run_id is None:
+        return False
+    from prefect.client.orchestration import get_client
+
+    try:
+        with get_client(sync_client=True) as client:
+            client.set_task_run_state(task_run_id, state, force=True)
+        return True
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def _key(*parts: str) -> str:
@@ -76,16 +106,23 @@ def compare_flow(
 
     shown = {"percent": 0.0, "when": 0.0}
 
+    spans: dict[tuple[str, int], Any] = {}  # (arm, seed) -> its task run, Running since the run started
+
+    def run_started(arm: str, seed: int) -> None:
+        spans[(arm, seed)] = start_span(arm, seed)
+
     def done(o):
         finished.append(o)
         shown["percent"] = max(shown["percent"], 100.0 * len(finished) / total)
         update_progress_artifact(progress, shown["percent"],
                                  description=f"{len(finished)} of {total} runs finished; last: {o.arm} seed {o.seed}")
         log.info("%s seed %d: final %s = %.4f (mlflow run %s)", o.arm, o.seed, cc.metric, o.final, o.run_id)
-        run_record(o.arm, o.seed, final=o.final)
+        if not end_span(spans.pop((o.arm, o.seed), None), Completed(message=f"final {cc.metric} = {o.final:.4f}")):
+            run_record(o.arm, o.seed, final=o.final)
 
     def failed(arm: str, seed: int, error: str) -> None:  # a failed task run in the UI, the flow goes on
-        run_record(arm, seed, error=error, return_state=True)
+        if not end_span(spans.pop((arm, seed), None), Failed(message=error)):
+            run_record(arm, seed, error=error, return_state=True)
 
     def stepped(fraction: float) -> None:  # the artifact advances with the runs' steps (at most every 5 s)
         now = time.monotonic()
@@ -97,7 +134,7 @@ def compare_flow(
     try:
         res = run_tracked_compare(cc, tracking_uri=tracking_uri, executor=executor, workers=workers,
                                   ray_address=ray_address, on_done=done, on_parent=started, on_progress=stepped,
-                                  on_failed=failed, resume=resume)
+                                  on_failed=failed, on_started=run_started, resume=resume)
     except user_errors() as e:
         return failed_run(e)
     links = "\n".join(f"- [{o.arm} seed {o.seed}]({res.child_url(o)}): {o.final:.4f}"

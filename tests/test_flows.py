@@ -7,6 +7,7 @@ import atexit
 import os
 import shutil
 import tempfile
+import time
 
 import pytest
 
@@ -76,6 +77,29 @@ def test_compare_flow_parent_and_children_in_mlflow(tmp_path):
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     assert parent.info.run_id == out["parent_run_id"] and parent.info.status == "FINISHED"
     assert len(runs) == 5 and len(children) == 4
+    # each (arm, seed) is a task run spanning its own training, not a dot at its end
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as prefect_client:
+        spans = prefect_client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id])))
+    assert sorted(t.name for t in spans) == ["exgrpo seed 0", "exgrpo seed 1", "grpo seed 0", "grpo seed 1"]
+    for t in spans:  # each opened as its run started and closed as it ended (these runs take a second)
+        assert t.state_type.value == "COMPLETED" and t.state.message.startswith("final val/accuracy = "), t
+    from prefect.states import Completed
+
+    from flows.compare import end_span, start_span
+
+    @prefect.flow
+    def a_run_of_a_while() -> str:
+        span = start_span("arm", 0)
+        time.sleep(1.5)
+        assert end_span(span, Completed(message="done"))
+        return span
+
+    with get_client(sync_client=True) as prefect_client:
+        timed = prefect_client.read_task_run(a_run_of_a_while())
+    assert timed.name == "arm seed 0" and timed.total_run_time.total_seconds() >= 1.4  # not a dot at its end
     # the parent records what the arms share, and which fields each arm sets its own way
     assert "seed" not in parent.data.params and "algorithm.replay" not in parent.data.params
     assert parent.data.params["train.max_steps"] == "8" and parent.data.params["compare.seeds"] == "0,1"

@@ -142,6 +142,7 @@ def run_tracked_compare(
     on_parent: Callable[[str, str], None] | None = None,
     on_progress: Callable[[float], None] | None = None,
     on_failed: Callable[[str, int, str], None] | None = None,
+    on_started: Callable[[str, int], None] | None = None,
     resume: bool = False,
 ) -> TrackedComparison:
     """Train every (arm, seed) as an MLflow child run, then log the statistics on the parent.
@@ -152,7 +153,9 @@ def run_tracked_compare(
     call then raises listing the failures (the parent run ends FAILED). ``on_parent(run_id, url)`` runs
     as soon as the parent run exists; ``on_done(outcome)`` as each child finishes; with Ray,
     ``on_progress(fraction)`` as steps advance (finished runs 1, running ones step/total);
-    ``on_failed(arm, seed, error)`` as a run fails."""
+    ``on_failed(arm, seed, error)`` as a run fails; with Ray, ``on_started(arm, seed)`` once a run
+    reports its first step (so a record of it can span its own training), at the latest just before
+    its ``on_done`` or ``on_failed``."""
     ray_address = cluster_address(ray_address) if executor == "ray" else None
     require_shared_stores(ray_address, tracking_uri)  # before any work
     tracker = Tracker(tracking_uri)  # unreachable store: an error here, before any training
@@ -221,14 +224,25 @@ def run_tracked_compare(
                         progress_board=board, resume=resume)] = (arm, cfg.seed, slot)
 
             start_what_fits()
+            seen: set[tuple[str, int]] = set()
+
+            def starts(arm: str, seed: int) -> None:  # once per run
+                if on_started is not None and (arm, seed) not in seen:
+                    seen.add((arm, seed))
+                    on_started(arm, seed)
+
             with progress_display(board, len(todo)) as printer:
                 while refs:
                     ready, _ = ray.wait(list(refs), num_returns=1, timeout=1.0)
                     printer.poll()
+                    for arm, seed, _slot in list(refs.values()):
+                        if f"{arm} seed {seed}" in printer.states:
+                            starts(arm, seed)
                     if on_progress is not None:
                         on_progress(printer.fraction())
                     for ref in ready:
                         arm, seed, slot = refs.pop(ref)
+                        starts(arm, seed)
                         if free is not None and slot is not None:
                             free.append(slot)
                         try:
