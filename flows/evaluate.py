@@ -46,6 +46,20 @@ def find_train_run(train_flow_run: str, tracking_uri: str | None) -> tuple[str, 
     return checkpoint, run.info.run_id, uri
 
 
+def one_series_per_meaning(client: Any, run_id: str, named: dict[str, float], step: int) -> dict[str, float]:
+    """What of an evaluation to log into a run that may hold the training's own evaluation at the same
+    step: a value it has already is not logged twice; one that differs (other settings, another
+    machine) goes under ``evaluate/`` beside it, so each series keeps one meaning."""
+    out = {}
+    for key, value in named.items():
+        there = {m.step: m.value for m in client.get_metric_history(run_id, key)}
+        if step not in there:
+            out[key] = value
+        elif abs(there[step] - value) > 1e-9:
+            out["evaluate/" + key.split("/", 1)[1]] = value
+    return out
+
+
 @flow(name="evaluate", log_prints=True)
 async def evaluate_flow(checkpoint: str | None = None, run_id: str | None = None, tracking_uri: str | None = None,
                         train_flow_run: str | None = None) -> dict[str, Any]:
@@ -71,6 +85,6 @@ async def evaluate_flow(checkpoint: str | None = None, run_id: str | None = None
         tracker.log_metrics(run_id, eval_names(metrics), step=step)
         tracker.end_run(run_id)
     else:
-        tracker.log_metrics(run_id, eval_names(metrics), step=step)
+        tracker.log_metrics(run_id, one_series_per_meaning(tracker.client, run_id, eval_names(metrics), step), step=step)
     get_run_logger().info("%s step %d: %s", checkpoint, step, metrics)
     return {"run_id": run_id, "step": step, **metrics}
