@@ -141,7 +141,9 @@ def _cmd_compare(args: argparse.Namespace) -> int:
                 bar.advance(task)
 
             prepare_warm_starts((cfg for cfg, _ in jobs(cc)), say=bar.console.print, progress=not args.no_progress)
-            outcomes = run_local(cc, workers=args.workers, on_done=done, resume=args.resume)
+            failed = []
+            outcomes = run_local(cc, workers=args.workers, on_done=done, resume=args.resume,
+                                 on_failed=lambda arm, seed, error: failed.append(f"{arm} seed {seed}: {error}"))
     else:
         try:
             flow = _load_flow("compare", "compare_flow")
@@ -164,6 +166,9 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     print(f"why: {mechanism_figure(outcomes, list(cc.arms), report.with_name(report.stem + '-mechanism.png'))}")
     if args.json:
         Path(args.json).write_text(json.dumps([o.__dict__ for o in outcomes], indent=2))
+    if args.no_prefect and failed:
+        print(f"error: {len(failed)} run(s) failed, the statistics cover the others: {'; '.join(failed)}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -335,7 +340,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--resume", action="store_true",
                    help="runs with checkpoints continue from them, finished ones are reused: a killed comparison "
                    "goes on; more --seeds or a larger train.max_steps trains only what is new")
-    c.add_argument("--workers", type=int, default=2, help="parallel training processes (default 2)")
+    c.add_argument("--workers", type=int, help="runs trained at once (default: as many as the cores, or the Ray "
+                   "cluster, hold at train.threads each)")
     c.add_argument("--set", action="append", metavar="FIELD=VALUE",
                    help="override a base config field (repeatable; default: none, the file's values)")
     c.add_argument("--output-dir", help="root of run directories (default: runs/)")

@@ -76,7 +76,7 @@ def compare_flow(
     overrides: dict[str, Any] | None = None,
     tracking_uri: str | None = None,
     executor: str = "ray",
-    workers: int = 2,
+    workers: int | None = None,
     ray_address: str | None = None,
     resume: bool = False,
 ) -> dict[str, Any]:

@@ -353,3 +353,27 @@ def test_a_comparisons_parent_keeps_what_the_arms_share():
                                    "exgrpo": {"lr": "1", "replay": "buckets", "ratio": "0.5"}})
     assert common == {"lr": "1"} and differ == ["ratio", "replay"]  # a field one arm lacks differs too
     assert split_params({}) == ({}, [])
+
+
+def test_a_failed_run_does_not_sink_the_others(tmp_path):
+    """One run fails: the others still train and reach the statistics; the failure is reported as it
+    happens (on_failed), or, without a listener, raised once every run has ended."""
+    from exgrpo.compare import CompareConfig, RunsFailed, run_local, run_one
+
+    cc = CompareConfig.model_validate({
+        "base": {"name": "sink", "output_dir": str(tmp_path / "runs"), "task": {"max_operand": 5},
+                 "policy": {"hidden": 16, "layers": 1}, "train": {"max_steps": 2, "batch_size": 8}},
+        "arms": {"grpo": {"algorithm.replay": "none"}, "exgrpo": {"algorithm.replay": "buckets"}}, "seeds": [0, 1]})
+
+    def runner(cfg, arm, metric, resume=False):
+        if (arm, cfg.seed) == ("grpo", 0):
+            raise RuntimeError("out of memory\nin step 2")
+        return run_one(cfg, arm, metric, resume=resume)
+
+    heard = []
+    outcomes = run_local(cc, workers=1, runner=runner, on_failed=lambda *a: heard.append(a))
+    assert sorted((o.arm, o.seed) for o in outcomes) == [("exgrpo", 0), ("exgrpo", 1), ("grpo", 1)]
+    assert heard == [("grpo", 0, "RuntimeError: in step 2")]
+    with pytest.raises(RunsFailed, match=r"1 run\(s\) failed: grpo seed 0: RuntimeError: in step 2") as e:
+        run_local(cc, workers=1, runner=runner)
+    assert len(e.value.outcomes) == 3

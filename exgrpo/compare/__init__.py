@@ -208,35 +208,62 @@ def prepare_warm_starts(configs: Iterable[ExperimentConfig], say: Callable[[str]
         say(warm_start(model, progress=progress, say=say))
 
 
-def run_local(cc: CompareConfig, workers: int = 2, on_done: Callable[[RunOutcome], None] | None = None,
-              runner: Runner | None = None, resume: bool = False) -> list[RunOutcome]:
-    """Run every (arm, seed) in ``workers`` spawned processes (1: in this process), each through
-    ``runner`` (default :func:`run_one`; ``resume``: see :func:`continues`). Workers x
-    ``train.threads`` never exceeds this process's cores: fewer workers run, and a line says so."""
+class RunsFailed(RuntimeError):
+    """Some runs of a comparison failed; the others finished (``outcomes``)."""
+
+    def __init__(self, failures: list[str], outcomes: list[RunOutcome]) -> None:
+        super().__init__(f"{len(failures)} run(s) failed: " + "; ".join(failures))
+        self.failures, self.outcomes = failures, outcomes
+
+
+def run_local(cc: CompareConfig, workers: int | None = None, on_done: Callable[[RunOutcome], None] | None = None,
+              runner: Runner | None = None, resume: bool = False,
+              on_failed: Callable[[str, int, str], None] | None = None) -> list[RunOutcome]:
+    """Run every (arm, seed) in ``workers`` spawned processes (1: in this process; None: as many as the
+    cores hold), each through ``runner`` (default :func:`run_one`; ``resume``: see :func:`continues`).
+    Workers x ``train.threads`` never exceeds this process's cores: fewer workers run, and a line says so.
+
+    A run that fails does not stop the others: ``on_failed(arm, seed, error)`` hears of it as it
+    fails, and once every run has ended, without ``on_failed`` :class:`RunsFailed` lists them."""
     todo = [(cfg, arm, cc.metric, runner, resume) for cfg, arm in jobs(cc)]
     threads = max((cfg.train.threads for cfg, *_ in todo), default=1)
     cores = len(os.sched_getaffinity(0))
     fit = max(1, cores // threads)
-    if workers > fit:
+    if workers is None:
+        workers = fit
+    elif workers > fit:
         print(f"compare: {fit} worker(s) instead of {workers}: each run uses train.threads={threads} "
               f"of {cores} cores", flush=True)
         workers = fit
     out: list[RunOutcome] = []
+    failures: list[str] = []
+
+    def ended(job: tuple, run: Callable[[], RunOutcome]) -> None:
+        cfg, arm = job[0], job[1]
+        try:
+            out.append(run())
+        except Exception as e:  # noqa: BLE001 - one failed run is reported; the others go on
+            error = f"{type(e).__name__}: {str(e).splitlines()[-1] if str(e) else ''}"
+            failures.append(f"{arm} seed {cfg.seed}: {error}")
+            on_failed and on_failed(arm, cfg.seed, error)
+            return
+        on_done and on_done(out[-1])
+
     if workers <= 1:
         for job in todo:
-            out.append(_run_one_job(job))
-            on_done and on_done(out[-1])
-        return out
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as ex:
-        try:
-            futures = [ex.submit(_run_one_job, job) for job in todo]
-            for f in as_completed(futures):
-                out.append(f.result())
-                on_done and on_done(out[-1])
-        except KeyboardInterrupt:  # Ctrl-C: the runs not started never start, the running ones end now
-            _stop_pool(ex)
-            raise
+            ended(job, lambda job=job: _run_one_job(job))
+    else:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as ex:
+            try:
+                futures = {ex.submit(_run_one_job, job): job for job in todo}
+                for f in as_completed(futures):
+                    ended(futures[f], f.result)
+            except KeyboardInterrupt:  # Ctrl-C: the runs not started never start, the running ones end now
+                _stop_pool(ex)
+                raise
+    if failures and on_failed is None:
+        raise RunsFailed(failures, out)
     return out
 
 

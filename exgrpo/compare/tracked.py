@@ -135,7 +135,7 @@ def run_tracked_compare(
     *,
     tracking_uri: str | None = None,
     executor: Literal["ray", "process"] = "ray",
-    workers: int = 2,
+    workers: int | None = None,
     ray_address: str | None = None,
     run_name: str | None = None,
     on_done: Callable[[RunOutcome], None] | None = None,
@@ -210,6 +210,8 @@ def run_tracked_compare(
             board = ray.remote(num_cpus=0)(ProgressBoard).remote()
             remote = ray.remote(max_retries=0)(tracked_run_one)
             slots = launch_slots(todo[0][0], ray_address, len(todo)) if todo else None
+            if slots is None and workers is not None:  # at most that many runs at once (Ray may hold fewer)
+                slots = [{} for _ in range(max(1, workers))]
             free = list(range(len(slots))) if slots is not None else None
             waiting = list(todo)
             refs: dict[Any, tuple[str, int, int | None]] = {}
@@ -257,7 +259,11 @@ def run_tracked_compare(
                     start_what_fits()
         elif executor == "process":
             sub = cc.model_copy(update={"base": {**cc.base, "output_dir": str(Path(base.output_dir).resolve())}})
-            run_local(sub, workers=workers, runner=runner, resume=resume, on_done=done)  # as each run ends
+            def failed_run(arm: str, seed: int, error: str) -> None:
+                failures.append(f"{arm} seed {seed}: {error}")
+                on_failed and on_failed(arm, seed, error)
+
+            run_local(sub, workers=workers, runner=runner, resume=resume, on_done=done, on_failed=failed_run)
         else:
             raise ValueError(f"executor={executor!r}: use 'ray' or 'process'")
 
