@@ -64,7 +64,7 @@ def _run_config(path: str | None, overrides: dict, arm: str | None):
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from exgrpo.config import ConfigError, parse_set
+    from exgrpo.config import parse_set
 
     overrides = parse_set(args.set)
     if args.seed is not None:
@@ -74,38 +74,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.output_dir is not None:
         overrides["output_dir"] = args.output_dir
     cfg = _run_config(args.config, overrides, args.arm)  # fails here, before any work, on bad input
-    from exgrpo.cluster import check_cluster, cluster_address, on_cluster, probe
+    from exgrpo.launch import launch_run
 
-    address = cluster_address(args.ray_address)
-    if address is not None and args.no_tracking:
-        raise ConfigError("--no-tracking with --ray-address: a run on a cluster is recorded in MLflow; "
-                          "drop --no-tracking and pass --tracking-uri of a server every node reaches")
-    cfg = on_cluster(cfg, address)
-    check_cluster(address, args.tracking_uri)
-    if cfg.backend.name == "verl":  # the job's interpreter, before the run's record or assets exist
-        from exgrpo.backends.verl.runner import job_python
-
-        job_python(cfg.backend.verl)
-    if address is None and cfg.backend.name == "verl" and cfg.backend.verl.ray_address is not None:
-        probe(cfg.backend.verl.ray_address)  # the config's own cluster: before the run's assets are built
-    if address is None:  # on a cluster, the node that runs it loads or trains its own
-        from exgrpo.compare import prepare_warm_starts
-
-        prepare_warm_starts([cfg], progress=not args.no_progress)
-    resume = args.resume or args.force_resume
+    run = launch_run(cfg, tracking_uri=args.tracking_uri, ray_address=args.ray_address, resume=args.resume,
+                     force_resume=args.force_resume, tracked=not args.no_tracking, progress=not args.no_progress)
     if args.no_tracking:
-        from exgrpo.backends.base import train
-
-        result = train(cfg, resume=resume, progress=not args.no_progress, force_resume=args.force_resume)
-        record = {}
+        result, record = run, {}
     else:
-        from exgrpo.launch import tracked_train, train_on_cluster
-
-        kwargs = {"tracking_uri": args.tracking_uri, "resume": resume, "force_resume": args.force_resume}
-        if address is not None and cfg.backend.name == "native":  # the run itself goes to the cluster
-            run = train_on_cluster(cfg, address, **kwargs)
-        else:
-            run = tracked_train(cfg, progress=not args.no_progress, **kwargs)
         result, record = run.result, {"mlflow_run_id": run.run_id, "mlflow_url": run.url}
     final = {k: v for k, v in result.final_metrics.items() if k.startswith(("val/", "train/accuracy", "pool/", "batch/solved"))}
     print(json.dumps({"run_dir": str(result.run_dir), "checkpoint": str(result.checkpoint), **record, **final}, indent=2))

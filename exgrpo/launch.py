@@ -14,10 +14,21 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from exgrpo.backends.base import MLflowRun, get_backend, train
+from exgrpo.backends.base import MLflowRun, TrainResult, get_backend, train
 from exgrpo.backends.verl.resources import DRIVER_CPUS, check, needs, plan_slots, waiting_note
-from exgrpo.cluster import ClusterError, alive_nodes, describe, ensure_ray, task_cpus
-from exgrpo.config import ExperimentConfig
+from exgrpo.cluster import (
+    ClusterError,
+    alive_nodes,
+    check_cluster,
+    cluster_address,
+    describe,
+    ensure_ray,
+    on_cluster,
+    probe,
+    task_cpus,
+)
+from exgrpo.config import ConfigError, ExperimentConfig
+from exgrpo.policies.build import prepare_warm_starts
 from exgrpo.evaluation.runner import CheckpointPolicy, eval_names, evaluate_as_in_training, load_checkpoint_policy
 from exgrpo.tracking.code_version import code_version_tags
 from exgrpo.tracking.finished_run import log_finished_run
@@ -229,6 +240,39 @@ def tracked_train(
         monitor.finish()
     tracker.end_run(run_id, "FINISHED")
     return TrackedRun(result, run_id, exp_id, tracker.uri)
+
+
+def launch_run(cfg: ExperimentConfig, *, tracking_uri: str | None = None, ray_address: str | None = None,
+               resume: bool = False, force_resume: bool = False, tracked: bool = True, progress: bool = False,
+               tags: Mapping[str, Any] | None = None) -> TrackedRun | TrainResult:
+    """One run of ``cfg``, as ``exgrpo train`` and the train flow start it, checked in this order before
+    any of its record exists: the cluster (``ray_address``, else ``RAY_ADDRESS``; stores every node
+    reaches, a cluster that answers), a veRL job's interpreter and its own cluster, the tiny LM's warm
+    start on this machine (said in a line, trained now if not cached). Then trained: on the cluster as
+    a Ray task, or here; recorded in MLflow (a :class:`TrackedRun`), or with ``tracked=False`` not (the
+    backend's ``TrainResult``)."""
+    address = cluster_address(ray_address)
+    if address is not None and not tracked:
+        raise ConfigError("--no-tracking with --ray-address: a run on a cluster is recorded in MLflow; "
+                          "drop --no-tracking and pass --tracking-uri of a server every node reaches")
+    cfg = on_cluster(cfg, address)
+    check_cluster(address, tracking_uri)
+    if cfg.backend.name == "verl":  # the job's interpreter, before the run's record or assets exist
+        from exgrpo.backends.verl.runner import job_python
+
+        job_python(cfg.backend.verl)
+        if address is None and cfg.backend.verl.ray_address is not None:
+            probe(cfg.backend.verl.ray_address)  # the config's own cluster: before the run's assets are built
+    if address is None:  # on a cluster, the node that runs it loads or trains its own
+        prepare_warm_starts([cfg], progress=progress)
+    resume = resume or force_resume
+    if not tracked:
+        return train(cfg, resume=resume, progress=progress, force_resume=force_resume)
+    if address is not None and cfg.backend.name == "native":  # the run itself goes to the cluster
+        return train_on_cluster(cfg, address, tracking_uri=tracking_uri, resume=resume, force_resume=force_resume,
+                                tags=tags)
+    return tracked_train(cfg, tracking_uri=tracking_uri, resume=resume, force_resume=force_resume, progress=progress,
+                         tags=tags)
 
 
 def train_on_cluster(cfg: Any, address: str, **tracked: Any) -> Any:

@@ -19,7 +19,6 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import acreate_link_artifact
 
 from flows import failed, user_errors
-from exgrpo.cluster import cluster_address, on_cluster, require_shared_stores
 from exgrpo.config import load_run
 
 
@@ -37,7 +36,7 @@ async def train_flow(
     ``config`` an experiment file, or a comparison file whose ``arm`` (default: its first) runs, said in
     the flow run's log. ``ray_address`` (else ``RAY_ADDRESS``): the Ray cluster the run (a veRL job, or
     a native run as a Ray task) goes to."""
-    from exgrpo.launch import tracked_train, train_on_cluster  # torch: when the flow runs, not when Prefect reads it
+    from exgrpo.launch import launch_run  # torch: when the flow runs, not when Prefect reads it
 
     overrides = dict(overrides or {})
     if seed is not None:
@@ -55,15 +54,9 @@ async def train_flow(
 
     # the tag lets the evaluate deployment (triggered by this flow run's completion) find the run
     tags = {"prefect_flow_run_id": str(flow_run.id)} if flow_run.id else None
-    address = cluster_address(ray_address)
-    cfg = on_cluster(cfg, address)
-    try:
-        require_shared_stores(address, tracking_uri)
-        if address is not None and cfg.backend.name == "native":
-            run = train_on_cluster(cfg, address, tracking_uri=tracking_uri, resume=resume, tags=tags)
-        else:
-            run = tracked_train(cfg, tracking_uri=tracking_uri, resume=resume, progress=cfg.backend.name == "verl",
-                                tags=tags)
+    try:  # the same checks in the same order as `exgrpo train`, before the run's record exists
+        run = launch_run(cfg, tracking_uri=tracking_uri, ray_address=ray_address, resume=resume,
+                         progress=cfg.backend.name == "verl", tags=tags)
     except user_errors() as e:
         return failed(e)
     final = {k: v for k, v in run.result.final_metrics.items() if k.startswith(("val/", "batch/solved"))}

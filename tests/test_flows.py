@@ -6,6 +6,8 @@ import asyncio
 import atexit
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -178,6 +180,18 @@ def test_the_train_flow_runs_the_named_arm_of_a_comparison_file(tmp_path):
     state = asyncio.run(train_flow(overrides={"train.lr": "fast"}, return_state=True))
     assert state.is_failed() and state.message.startswith(
         "invalid config (experiments/toy-exgrpo.yaml): train.lr: Input should be a valid number"), state.message
+    # the flow and `exgrpo train` check the same things in the same order, before a run's record exists:
+    # here a veRL job's interpreter that is not there, in one line each
+    bad = {"backend.verl.python": str(tmp_path / "no-python"), "output_dir": str(tmp_path / "runs")}
+    why = f"backend.verl.python={tmp_path / 'no-python'}: no interpreter at {tmp_path / 'no-python'}"
+    state = asyncio.run(train_flow(config="experiments/verl-tiny-exgrpo.yaml", overrides=bad, tracking_uri=uri,
+                                   return_state=True))
+    assert state.is_failed() and state.message == why, state.message
+    out = subprocess.run([sys.executable, "-m", "exgrpo.cli", "train", "experiments/verl-tiny-exgrpo.yaml",
+                          *[f"--set={k}={v}" for k, v in bad.items()], "--tracking-uri", uri],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [f"error: {why}"], out.stderr
+    assert mlflow.MlflowClient(uri).get_experiment_by_name("verl-tiny-exgrpo") is None  # no record was started
 
 
 def test_sweep_flow_runs_a_small_study(tmp_path):

@@ -17,6 +17,7 @@ from exgrpo.config import CompareConfig, ExperimentConfig
 from exgrpo.stats import Estimate, iqm_ci, mean_ci, paired_difference, probability_of_improvement, steps_to_target
 from exgrpo.backends.base import train
 from exgrpo.runs import has_checkpoint
+from exgrpo.policies.build import prepare_warm_starts  # noqa: F401 - where callers find it too
 
 
 @dataclass
@@ -177,10 +178,6 @@ def jobs(cc: CompareConfig) -> list[tuple[ExperimentConfig, str]]:
     return [(cc.arm_config(arm, seed), arm) for seed in cc.seeds for arm in cc.arms]
 
 
-def _print_now(line: str) -> None:
-    print(line, flush=True)
-
-
 def split_params(by_arm: dict[str, dict[str, str]]) -> tuple[dict[str, str], list[str]]:
     """The params every arm shares (a comparison's parent run records these) and the names of those
     that differ between arms (or that some arm lacks), sorted."""
@@ -188,24 +185,6 @@ def split_params(by_arm: dict[str, dict[str, str]]) -> tuple[dict[str, str], lis
     differ = sorted(n for n in names if len({arm.get(n) for arm in by_arm.values()}) > 1)
     first = next(iter(by_arm.values()), {})
     return {n: v for n, v in first.items() if n not in differ}, differ
-
-
-def prepare_warm_starts(configs: Iterable[ExperimentConfig], say: Callable[[str], None] = _print_now,
-                        progress: bool = True) -> None:
-    """Before a command's runs start on this machine: the tiny LM warm start each distinct model of
-    ``configs`` needs, from the cache or trained now (once, not by every run at the same time), and
-    one line per model saying which (:func:`exgrpo.policies.lm.tiny_lm.warm_start`); one that must be
-    trained is announced before its training starts, with roughly how long it takes."""
-    from exgrpo.config import LMPolicyConfig
-
-    models = {cfg.policy.model.model_dump_json(): cfg.policy.model for cfg in configs
-              if isinstance(cfg.policy, LMPolicyConfig)}
-    if not models:
-        return
-    from exgrpo.policies.lm.tiny_lm import warm_start
-
-    for model in models.values():
-        say(warm_start(model, progress=progress, say=say))
 
 
 class RunsFailed(RuntimeError):

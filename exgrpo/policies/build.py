@@ -3,6 +3,8 @@ a checkpoint's weights into (a veRL run's HF actor is the LM policy's model)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 import torch
 
 from exgrpo.config import ExperimentConfig, MLPPolicyConfig, ReasoningGymTaskConfig, SmolLM2PolicyConfig
@@ -38,3 +40,25 @@ def build_task_and_policy(cfg: ExperimentConfig, progress: bool = False) -> tupl
     if isinstance(cfg.task, ReasoningGymTaskConfig):
         return ReasoningGymTask.with_char_tokenizer(cfg.task, tiny.tokenizer), policy
     return TextArithmetic(cfg.task, tokenizer=tiny.tokenizer), policy
+
+
+def _print_now(line: str) -> None:
+    print(line, flush=True)
+
+
+def prepare_warm_starts(configs: Iterable[ExperimentConfig], say: Callable[[str], None] = _print_now,
+                        progress: bool = True) -> None:
+    """Before a command's runs start on this machine: the tiny LM warm start each distinct model of
+    ``configs`` needs, from the cache or trained now (once, not by every run at the same time), and
+    one line per model saying which (:func:`exgrpo.policies.lm.tiny_lm.warm_start`); one that must be
+    trained is announced before its training starts, with roughly how long it takes."""
+    from exgrpo.config import LMPolicyConfig
+
+    models = {cfg.policy.model.model_dump_json(): cfg.policy.model for cfg in configs
+              if isinstance(cfg.policy, LMPolicyConfig)}
+    if not models:
+        return
+    from exgrpo.policies.lm.tiny_lm import warm_start
+
+    for model in models.values():
+        say(warm_start(model, progress=progress, say=say))
