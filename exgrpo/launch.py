@@ -313,3 +313,48 @@ def launch_slots(cfg: Any, address: str | None, runs: int) -> list[dict[str, Any
     if runs > len(slots):
         print(f"note: {waiting_note(v, nodes, len(slots), runs)}", flush=True)
     return [{"scheduling_strategy": NodeAffinitySchedulingStrategy(nodes[i].node_id, soft=False)} for i in slots]
+
+
+def run_as_slots_free(jobs: Iterable[Any], launch: Callable[[Any, dict[str, Any]], Any],
+                      on_end: Callable[[Any, Any, BaseException | None], None], *,
+                      slots: list[dict[str, Any]] | None = None, limit: int | None = None,
+                      poll: Callable[[], None] = lambda: None) -> None:
+    """The Ray scheduling loop of comparisons and sweeps: take the next job (``jobs`` is read lazily,
+    e.g. a sweep asking its study for the next trial) while a slot is free, ``launch(job, options)`` it
+    (a Ray ObjectRef; ``options``: its slot's Ray ``.options``, :func:`launch_slots`; {} without
+    slots), and as each one ends, ``on_end(job, result, error)`` (``error`` the exception a failed job
+    raised, its ``result`` None). At most ``limit`` jobs run at once (None: as many as the slots, or
+    all); ``poll()`` runs about every second (progress)."""
+    import ray
+
+    pending = iter(jobs)
+    free = list(range(len(slots))) if slots is not None else None
+    inflight: dict[Any, tuple[Any, int | None]] = {}
+
+    def fill() -> None:
+        while (free is None or free) and (limit is None or len(inflight) < limit):
+            job = next(pending, _NONE)
+            if job is _NONE:
+                return
+            slot = free.pop(0) if free is not None else None
+            inflight[launch(job, slots[slot] if slots is not None and slot is not None else {})] = (job, slot)
+
+    fill()
+    while inflight:
+        ready, _ = ray.wait(list(inflight), num_returns=1, timeout=1.0)
+        poll()
+        for ref in ready:
+            job, slot = inflight.pop(ref)
+            if free is not None and slot is not None:
+                free.append(slot)
+            try:
+                result, error = ray.get(ref), None
+            except Exception as e:  # noqa: BLE001 - the job failed (or its worker died): said through on_end
+                result, error = None, e
+            on_end(job, result, error)
+        fill()
+
+
+_NONE = object()
+"""The end of a job iterator."""
+

@@ -141,3 +141,47 @@ def test_a_job_server_beside_another_private_ray_accepts_jobs():
     finally:
         other.stdin.close()
         other.wait(timeout=60)
+
+
+def test_the_scheduling_loop_keeps_its_limit_and_its_slots_and_outlives_a_failed_job():
+    """exgrpo.launch.run_as_slots_free, the loop of comparisons and sweeps, on a real local Ray: jobs
+    read lazily, at most ``limit`` at once, each slot's options given to its job, a failed job
+    reported and the others run."""
+    import time
+
+    import ray
+
+    from exgrpo.cluster import ensure_ray
+    from exgrpo.launch import run_as_slots_free
+
+    ensure_ray()
+
+    @ray.remote(num_cpus=0)
+    def work(job: int, slot: str) -> tuple[int, str, float, float]:
+        t0 = time.time()
+        time.sleep(0.3)
+        if job == 2:
+            raise ValueError("job 2 fails")
+        return job, slot, t0, time.time()
+
+    asked, ended = [], []
+
+    def jobs():
+        for j in range(5):
+            asked.append(j)
+            yield j
+
+    def launch(job, options):
+        assert len(asked) - len(ended) <= 2  # the next job is read only when a slot is free
+        return work.remote(job, options["slot"])
+
+    run_as_slots_free(jobs(), launch, lambda job, out, err: ended.append((job, out, err)),
+                      slots=[{"slot": "a"}, {"slot": "b"}], limit=2)
+    assert sorted(j for j, *_ in ended) == [0, 1, 2, 3, 4]
+    (failed,) = [(j, e) for j, _, e in ended if e is not None]
+    assert failed[0] == 2 and "job 2 fails" in str(failed[1])
+    spans = sorted((out[2], out[3]) for _, out, err in ended if err is None)
+    for t, (start, _) in enumerate(spans):  # never three at once
+        assert sum(s <= start < e for s, e in spans[:t]) <= 1
+    assert {out[1] for _, out, err in ended if err is None} == {"a", "b"}
+    ray.shutdown()

@@ -32,7 +32,7 @@ from exgrpo.compare import (
     summarize,
 )
 from exgrpo.config import CompareConfig, ExperimentConfig
-from exgrpo.launch import launch_slots, tracked_train
+from exgrpo.launch import launch_slots, run_as_slots_free, tracked_train
 from exgrpo.live_progress import ProgressBoard, ProgressReporter, progress_display
 from exgrpo.tracking.mlflow_tracking import Tracker, curated_params, model_tag, run_url
 from exgrpo.tracking.run_record import end_if_orphaned, write_record
@@ -209,54 +209,48 @@ def run_tracked_compare(
             announce(ray_address, tracker.client, parent)
             board = ray.remote(num_cpus=0)(ProgressBoard).remote()
             remote = ray.remote(max_retries=0)(tracked_run_one)
+            # every run at once, or veRL runs as the cluster hosts them whole, or --workers at a time
             slots = launch_slots(todo[0][0], ray_address, len(todo)) if todo else None
-            if slots is None and workers is not None:  # at most that many runs at once (Ray may hold fewer)
-                slots = [{} for _ in range(max(1, workers))]
-            free = list(range(len(slots))) if slots is not None else None
-            waiting = list(todo)
-            refs: dict[Any, tuple[str, int, int | None]] = {}
+            running: dict[tuple[str, int], bool] = {}  # (arm, seed) -> whether on_started has heard of it
 
-            def start_what_fits() -> None:  # every run at once, or veRL runs as the cluster hosts them whole
-                while waiting and (free is None or free):
-                    cfg, arm = waiting.pop(0)
-                    slot = free.pop(0) if free is not None else None
-                    options = slots[slot] if slots is not None and slot is not None else {}
-                    refs[remote.options(num_cpus=task_cpus(cfg), **options).remote(
-                        cfg, arm, cc.metric, tracking_uri=tracker.uri, experiment=experiment, parent_run_id=parent,
-                        progress_board=board, resume=resume)] = (arm, cfg.seed, slot)
-
-            start_what_fits()
-            seen: set[tuple[str, int]] = set()
+            def launch(job: tuple[ExperimentConfig, str], options: dict[str, Any]) -> Any:
+                cfg, arm = job
+                running[(arm, cfg.seed)] = False
+                return remote.options(num_cpus=task_cpus(cfg), **options).remote(
+                    cfg, arm, cc.metric, tracking_uri=tracker.uri, experiment=experiment, parent_run_id=parent,
+                    progress_board=board, resume=resume)
 
             def starts(arm: str, seed: int) -> None:  # once per run
-                if on_started is not None and (arm, seed) not in seen:
-                    seen.add((arm, seed))
+                if not running.get((arm, seed)) and on_started is not None:
                     on_started(arm, seed)
+                running[(arm, seed)] = True
+
+            def ended(job: tuple[ExperimentConfig, str], outcome: RunOutcome | None, error: BaseException | None) -> None:
+                arm, seed = job[1], job[0].seed
+                starts(arm, seed)
+                running.pop((arm, seed), None)
+                try:
+                    if error is not None:
+                        raise error
+                    done(outcome)
+                    printer.finished(f"{arm} seed {seed}")
+                except Exception as e:
+                    why = f"{type(e).__name__}: {str(e).splitlines()[-1] if str(e) else ''}"
+                    failures.append(f"{arm} seed {seed}: {why}")
+                    printer.finished(f"{arm} seed {seed} (FAILED)")
+                    if on_failed is not None:
+                        on_failed(arm, seed, why)
+
+            def poll() -> None:
+                printer.poll()
+                for arm, seed in [k for k, heard in running.items() if not heard]:
+                    if f"{arm} seed {seed}" in printer.states:
+                        starts(arm, seed)
+                if on_progress is not None:
+                    on_progress(printer.fraction())
 
             with progress_display(board, len(todo)) as printer:
-                while refs:
-                    ready, _ = ray.wait(list(refs), num_returns=1, timeout=1.0)
-                    printer.poll()
-                    for arm, seed, _slot in list(refs.values()):
-                        if f"{arm} seed {seed}" in printer.states:
-                            starts(arm, seed)
-                    if on_progress is not None:
-                        on_progress(printer.fraction())
-                    for ref in ready:
-                        arm, seed, slot = refs.pop(ref)
-                        starts(arm, seed)
-                        if free is not None and slot is not None:
-                            free.append(slot)
-                        try:
-                            done(ray.get(ref))
-                            printer.finished(f"{arm} seed {seed}")
-                        except Exception as e:
-                            error = f"{type(e).__name__}: {str(e).splitlines()[-1] if str(e) else ''}"
-                            failures.append(f"{arm} seed {seed}: {error}")
-                            printer.finished(f"{arm} seed {seed} (FAILED)")
-                            if on_failed is not None:
-                                on_failed(arm, seed, error)
-                    start_what_fits()
+                run_as_slots_free(todo, launch, ended, slots=slots, limit=workers, poll=poll)
         elif executor == "process":
             sub = cc.model_copy(update={"base": {**cc.base, "output_dir": str(Path(base.output_dir).resolve())}})
             def failed_run(arm: str, seed: int, error: str) -> None:

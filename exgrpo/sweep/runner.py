@@ -9,10 +9,11 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 from exgrpo.cluster import announce, cluster_address, ensure_ray, require_shared_stores, task_cpus
-from exgrpo.launch import launch_slots
+from exgrpo.launch import launch_slots, run_as_slots_free
 from exgrpo.sweep.space import SweepConfig, base_config, resolve_storage, space_signature, trial_config
 from exgrpo.sweep.study import make_pruner, open_study
 from exgrpo.live_progress import ProgressBoard, ProgressReporter, progress_display
@@ -237,41 +238,33 @@ def run_sweep(
         board = ray.remote(num_cpus=0)(ProgressBoard).remote()
         remote = ray.remote(num_cpus=task_cpus(base), max_retries=0)(run_trial)
         slots = launch_slots(base, ray_address, min(todo, sc.study.parallel))  # veRL jobs on this cluster
-        free = list(range(len(slots))) if slots is not None else None
-        parallel = sc.study.parallel if slots is None else min(sc.study.parallel, len(slots))
         sweep_json = sc.model_dump(mode="json")
         if isinstance(sc.base, str):
             sweep_json["base"] = str(Path(sc.base).resolve())
-        inflight: dict[Any, Any] = {}
-        launched = 0
+
+        def trials() -> Iterator[Any]:  # asked of the study only as a slot frees: TPE sees every result so far
+            for _ in range(todo):
+                yield study.ask(dists)
+
+        def launch(trial: Any, options: dict[str, Any]) -> Any:  # veRL trials: each on the node its plan chose
+            payload = {"sweep": sweep_json, "number": trial.number, "trial_id": trial._trial_id,
+                       "params": dict(trial.params), "storage": url, "tracking_uri": tracker.uri,
+                       "experiment": experiment, "parent_run_id": parent, "progress_board": board}
+            return remote.options(**options).remote(payload)
+
+        def ended(trial: Any, out: dict[str, Any] | None, error: BaseException | None) -> None:
+            if error is not None:  # the worker died (OOM, killed): still a FAIL, the study goes on
+                out = {"number": trial.number, "state": "FAIL", "value": None, "run_id": None,
+                       "error": f"{type(error).__name__}: {error}"}
+            out["params"] = dict(trial.params)
+            printer.finished(f"trial {trial.number} ({out['state']})")
+            _tell(study, trial, out)
+            result.outcomes.append(out)
+            if on_trial is not None:
+                on_trial(out)
+
         with progress_display(board, todo) as printer:
-            while launched < todo or inflight:
-                while launched < todo and len(inflight) < parallel:
-                    trial = study.ask(dists)
-                    payload = {"sweep": sweep_json, "number": trial.number, "trial_id": trial._trial_id,
-                               "params": dict(trial.params), "storage": url, "tracking_uri": tracker.uri,
-                               "experiment": experiment, "parent_run_id": parent, "progress_board": board}
-                    slot = free.pop(0) if free else None  # veRL trials: each on the node its plan chose
-                    options = slots[slot] if slots is not None and slot is not None else {}
-                    inflight[remote.options(**options).remote(payload)] = (trial, slot)
-                    launched += 1
-                done, _ = ray.wait(list(inflight), num_returns=1, timeout=1.0)
-                printer.poll()
-                for ref in done:
-                    trial, slot = inflight.pop(ref)
-                    if free is not None and slot is not None:
-                        free.append(slot)
-                    try:
-                        out = ray.get(ref)
-                    except Exception as e:  # the worker died (OOM, killed): still a FAIL, the study goes on
-                        out = {"number": trial.number, "state": "FAIL", "value": None, "run_id": None,
-                               "error": f"{type(e).__name__}: {e}"}
-                    out["params"] = dict(trial.params)
-                    printer.finished(f"trial {trial.number} ({out['state']})")
-                    _tell(study, trial, out)
-                    result.outcomes.append(out)
-                    if on_trial is not None:
-                        on_trial(out)
+            run_as_slots_free(trials(), launch, ended, slots=slots, limit=sc.study.parallel, poll=printer.poll)
 
     # the study's outcome (from Optuna's storage), then its summary on the parent run
     trials = study.get_trials(deepcopy=False)
