@@ -43,7 +43,7 @@ from exgrpo.tracking.mlflow_tracking import (
     param_values,
     run_tags,
 )
-from exgrpo.runs import move_aside, resumable
+from exgrpo.runs import prepare_run_dir
 from exgrpo.tracking.run_record import continuable, end_if_orphaned, finished_before, write_record
 from exgrpo.tracking.step_logger import MLflowStepLogger
 from exgrpo.tracking.sync import sync_run, write_pending
@@ -148,17 +148,15 @@ def tracked_train(
     run_name = run_name or f"{arm or algo_tag(cfg)}-seed{cfg.seed}"
     tags = run_tags(cfg, arm, study, tags)
     run_dir = cfg.run_dir()
-    resume_asked, resume = resume, resume and resumable(cfg)
     continued, reopened = None, False
     try:
         exp_id = tracker.experiment_id(exp_name)
         if (killed := end_if_orphaned(run_dir, tracker.client)) is not None:
             print(f"note: {killed}", flush=True)
+        resume = prepare_run_dir(cfg, resume)  # before this run's record goes in
         if resume:
             continued = continuable(run_dir, tracker.client, tracker.uri, param_values(curated_params(cfg, extra_params)))
             reopened = continued is not None and finished_before(tracker.client, continued)
-        else:
-            move_aside(run_dir, resume_asked)  # before this run's record goes in (the backend would too)
         if continued is not None:
             run_id = tracker.continue_run(continued, tags, parent_run_id)
         else:

@@ -99,11 +99,37 @@ RECORD_FILE = "mlflow_run.json"
 """The file of a run directory naming its MLflow run and the process training it (``tracking.run_record``)."""
 
 
+def prepare_run_dir(cfg: Any, resume: bool) -> bool:
+    """The one decision of how a run starts, taken by the launcher before anything is written: with
+    ``resume``, whether there is a checkpoint to continue (:func:`resumable`); a run that starts
+    afresh gets its directory to itself, an earlier run moved aside and said so (:func:`move_aside`).
+    Returns whether the run resumes. Taken twice it decides the same (a directory holding only the
+    record of the run starting now is not an earlier run)."""
+    resume_asked = resume
+    resume = resume and resumable(cfg)
+    if not resume:
+        move_aside(cfg.run_dir(), resume_asked)
+    return resume
+
+
+def holds_earlier_run(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a run (anything but the MLflow record of the run starting now)."""
+    return run_dir.exists() and not all(p.name == RECORD_FILE for p in run_dir.iterdir())
+
+
+def refuse_earlier_run(run_dir: Path) -> None:
+    """What a backend checks when told to start afresh: its directory holds no earlier run, whose
+    checkpoints a fresh run would otherwise mix with its own (:func:`prepare_run_dir` moves one aside)."""
+    if holds_earlier_run(run_dir):
+        raise FileExistsError(f"{run_dir} holds an earlier run: start it through exgrpo.backends.base.train (or "
+                              "the CLI), which moves that run aside, or resume it")
+
+
 def move_aside(run_dir: Path, resume_asked: bool = False) -> Path | None:
     """If ``run_dir`` holds an earlier run, rename it to ``<run_dir>.old-<time>`` and return the new path
     (a directory holding only the MLflow record of the run starting now is not an earlier run).
     ``resume_asked``: ``--resume`` was given but found no checkpoint (:func:`resumable` said so)."""
-    if not run_dir.exists() or all(p.name == RECORD_FILE for p in run_dir.iterdir()):
+    if not holds_earlier_run(run_dir):
         return None
     target = run_dir.with_name(f"{run_dir.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
     n = 1

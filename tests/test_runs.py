@@ -40,10 +40,15 @@ def test_cli_resume_mismatch_is_one_line(tmp_path):
 
 
 def test_fresh_run_moves_an_earlier_run_aside(tmp_path, capsys):
+    from exgrpo.backends.base import train
+
     c = cfg(tmp_path)
     Trainer(c).fit(progress=False)
     first = (c.run_dir() / "metrics.jsonl").read_text()
-    Trainer(cfg(tmp_path, seed=0, **{"train.max_steps": 2})).fit(progress=False)
+    again = cfg(tmp_path, seed=0, **{"train.max_steps": 2})
+    with pytest.raises(FileExistsError, match="holds an earlier run"):
+        Trainer(again).fit(progress=False)  # a backend never moves a run aside itself: the launcher decides
+    train(again, progress=False)  # the one entry point of the CLI, flows and comparisons
     assert "moved it to" in capsys.readouterr().out
     old = [p for p in c.run_dir().parent.iterdir() if p.name.startswith("seed0.old-")]
     assert len(old) == 1 and (old[0] / "metrics.jsonl").read_text() == first  # nothing lost

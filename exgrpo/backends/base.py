@@ -102,10 +102,9 @@ def train(cfg: ExperimentConfig, callbacks: list[StepCallback] | None = None, re
     ``resume`` continues the run from its own latest checkpoint (refused if the config differs in a
     field that changes its meaning, unless ``force_resume``); without a checkpoint it says so and trains
     from step 1. A fresh run moves an earlier one aside."""
-    from exgrpo.runs import move_aside, resumable
+    from exgrpo.runs import prepare_run_dir
 
-    if resume and not (resume := resumable(cfg)):
-        move_aside(cfg.run_dir(), resume_asked=True)  # what the backend would move, said as what it is
+    resume = prepare_run_dir(cfg, resume)  # the backends never move a run aside themselves
     return get_backend(cfg.backend.name).train(cfg, callbacks=callbacks, resume=resume, progress=progress,
                                                force_resume=force_resume, mlflow_run=mlflow_run)
 

@@ -39,7 +39,7 @@ from exgrpo.core.loss import exgrpo_objective
 from exgrpo.core.replay import make_replay_strategy
 from exgrpo.evaluation.runner import greedy_accuracy, train_probe
 from exgrpo.progress import StepProgress
-from exgrpo.runs import check_resume, move_aside, read_metrics, resumed_line, write_metrics
+from exgrpo.runs import check_resume, read_metrics, refuse_earlier_run, resumed_line, write_metrics
 
 
 PHASES = ("rollout", "reward", "forward", "backward", "replay", "replay_scoring")
@@ -217,7 +217,7 @@ class Trainer:
         directory; ``stop_after_step`` ends early (after checkpointing) as if the run were killed."""
         run_dir = self.cfg.run_dir()
         if not resume:
-            move_aside(run_dir)  # a fresh run never mixes with an earlier run's checkpoints
+            refuse_earlier_run(run_dir)  # a fresh run never mixes with an earlier run's checkpoints
         run_dir.mkdir(parents=True, exist_ok=True)
         metrics_path = run_dir / "metrics.jsonl"
         last_ckpt: Path | None = None  # the newest checkpoint of this run (a finished run resumed: the one it loaded)

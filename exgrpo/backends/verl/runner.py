@@ -32,7 +32,7 @@ from exgrpo.progress import StepProgress, console, is_watched
 from exgrpo.backends.verl import assets
 from exgrpo.backends.verl.checkpoints import newest_intact
 from exgrpo.backends.verl.overrides import RunPaths, hydra_overrides
-from exgrpo.runs import check_resume, move_aside
+from exgrpo.runs import check_resume, refuse_earlier_run
 
 OWN_LINE = re.compile(r"^(?:\x1b\[[0-9;]*m)?(?:\([^)]*\)\s*)?(?:\x1b\[[0-9;]*m)?\s*(exgrpo: .*)$")
 """The job's own lines for the user (a resume, where it runs), shown above the step bar: ``exgrpo: ...``,
@@ -59,7 +59,7 @@ def prepare(cfg: ExperimentConfig, resume: bool = False, progress: bool = False,
         saved = json.loads((run_dir / SPEC_FILE).read_text())["config"]
         check_resume(saved, cfg.model_dump_json(), run_dir / SPEC_FILE, force=force_resume)
     else:
-        move_aside(run_dir)  # a fresh run never mixes with an earlier run's checkpoints
+        refuse_earlier_run(run_dir)  # a fresh run never mixes with an earlier run's checkpoints
     run_dir.mkdir(parents=True, exist_ok=True)
     v = cfg.backend.verl
     model = v.model_path or str(assets.export_model(cfg, progress=progress))
