@@ -132,7 +132,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         from exgrpo.tracking.mlflow_tracking import run_url, ui_note
 
         print(f"MLflow parent run: {run_url(out['experiment_id'], out['parent_run_id'], args.tracking_uri)}"
-              f"{ui_note(args.tracking_uri)}; its report: `exgrpo dashboard --run-id {out['parent_run_id']}`")
+              f"{ui_note(args.tracking_uri)}\nits report: `exgrpo dashboard --run-id {out['parent_run_id']}`")
     rows = summarize(outcomes, list(cc.arms), cc.baseline)
     horizon = max((o.curve_steps[-1] for o in outcomes if o.curve_steps), default=None)
     print(format_table(rows, cc.metric, cc.baseline, horizon))

@@ -277,6 +277,8 @@ def test_a_verl_comparison_starts_its_runs_as_the_cluster_hosts_them_whole(verl_
     children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
     assert sorted(r.data.tags.get("arm") for r in children) == ["exgrpo", "grpo"]
     assert {r.info.status for r in children} == {"FINISHED"}
+    first, second = sorted(children, key=lambda r: r.info.start_time)
+    assert first.info.end_time <= second.info.start_time, (first.info, second.info)  # one after the other
     for run in children:
         assert [m.step for m in client.get_metric_history(run.info.run_id, "batch/solved")] == [1, 2]
         assert "ray_job_id" not in run.data.tags  # the default launch: a process, not a Ray Job

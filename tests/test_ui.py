@@ -5,12 +5,14 @@ in the same project; its Prefect and MLflow pages are read in headless Chromium 
 from __future__ import annotations
 
 import os
+import queue
 import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -59,10 +61,16 @@ def ui(tmp_path_factory):
     proc = subprocess.Popen([sys.executable, "-m", "exgrpo.cli", "ui", "--prefect-port", str(ports.prefect),
                              "--mlflow-port", str(ports.mlflow), "--optuna-port", str(ports.optuna)],
                             cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines = []
+    lines: list[str] = []
+    said: queue.Queue[str] = queue.Queue()  # read on a thread: a silent `exgrpo ui` cannot block past the deadline
+    threading.Thread(target=lambda: [said.put(x) for x in iter(proc.stdout.readline, "")] + [said.put("")],
+                     daemon=True).start()
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
-        line = proc.stdout.readline()
+        try:
+            line = said.get(timeout=max(0.1, deadline - time.monotonic()))
+        except queue.Empty:
+            break
         if not line:
             break
         lines.append(line)
