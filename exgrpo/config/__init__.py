@@ -23,19 +23,15 @@ from exgrpo.config.experiment import (
     TaskConfig,
     TrainConfig,
     apply_overrides,
-    config_fields,
-    field_docs,
-    flatten,
     load_compare,
     load_experiment,
-    load_run,
-    mlflow_param_keys,
     parse_set,
-    seed_list,
     read_yaml,
-    resume_safe_fields,
+    seed_list,
     validate_config,
 )
+from exgrpo.config.fields import config_fields, field_docs, flatten, mlflow_param_keys, resume_safe_fields
+from exgrpo.config.run import load_run
 from exgrpo.config.options import (
     AnswerFormat,
     BucketWeighting,

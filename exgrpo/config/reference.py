@@ -29,15 +29,8 @@ import annotated_types
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from exgrpo.config.experiment import (
-    _TIER_KINDS,
-    CompareConfig,
-    ExperimentConfig,
-    _tag_field,
-    _union_members,
-    field_docs,
-    resume_safe_fields,
-)
+from exgrpo.config.experiment import _TIER_KINDS, CompareConfig, ExperimentConfig
+from exgrpo.config.fields import _tag_field, _union_members, field_docs, resume_safe_fields
 
 PAGE = Path("docs/reference/configuration.md")
 """Where ``--write`` puts the page (relative to the repository root)."""
