@@ -11,6 +11,8 @@ import time
 from typing import Any
 
 from prefect import flow, get_run_logger, task
+from prefect.client.orchestration import get_client
+from prefect.context import get_run_context
 from prefect.states import Completed, Failed, Running
 
 from flows import failed as failed_run
@@ -30,9 +32,6 @@ def start_span(arm: str, seed: int) -> Any:
     """A task run of ``run_record`` for one (arm, seed), Running from now (the run has just started):
     its start, end and duration in Prefect's UI are the training run's own. None where the flow's
     server cannot take it (the run is then recorded as it ends, by calling the task)."""
-    from prefect.client.orchestration import get_client
-    from prefect.context import get_run_context
-
     try:
         with get_client(sync_client=True) as client:
             return client.create_task_run(task=run_record, flow_run_id=get_run_context().flow_run.id,
@@ -45,8 +44,6 @@ def end_span(task_run_id: Any, state: Any) -> bool:
     """End ``start_span``'s task run in ``state`` (Completed or Failed); False when there is none."""
     if task_run_id is None:
         return False
-    from prefect.client.orchestration import get_client
-
     try:
         with get_client(sync_client=True) as client:
             client.set_task_run_state(task_run_id, state, force=True)

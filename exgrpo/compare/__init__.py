@@ -187,6 +187,12 @@ def split_params(by_arm: dict[str, dict[str, str]]) -> tuple[dict[str, str], lis
     return {n: v for n, v in first.items() if n not in differ}, differ
 
 
+def one_line(e: BaseException) -> str:
+    """A failed run's error in one line: its type and the last line of its message (a Ray task's
+    error carries the remote traceback above it)."""
+    return f"{type(e).__name__}: {str(e).splitlines()[-1] if str(e) else ''}"
+
+
 class RunsFailed(RuntimeError):
     """Some runs of a comparison failed; the others finished (``outcomes``)."""
 
@@ -222,7 +228,7 @@ def run_local(cc: CompareConfig, workers: int | None = None, on_done: Callable[[
         try:
             out.append(run())
         except Exception as e:  # noqa: BLE001 - one failed run is reported; the others go on
-            error = f"{type(e).__name__}: {str(e).splitlines()[-1] if str(e) else ''}"
+            error = one_line(e)
             failures.append(f"{arm} seed {cfg.seed}: {error}")
             on_failed and on_failed(arm, cfg.seed, error)
             return

@@ -24,6 +24,7 @@ from exgrpo.compare import (
     format_table,
     jobs,
     eval_compute,
+    one_line,
     outcome_extras,
     prepare_warm_starts,
     run_description,
@@ -235,7 +236,7 @@ def run_tracked_compare(
                     done(outcome)
                     printer.finished(f"{arm} seed {seed}")
                 except Exception as e:
-                    why = f"{type(e).__name__}: {str(e).splitlines()[-1] if str(e) else ''}"
+                    why = one_line(e)
                     failures.append(f"{arm} seed {seed}: {why}")
                     printer.finished(f"{arm} seed {seed} (FAILED)")
                     if on_failed is not None:

@@ -7,11 +7,11 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from exgrpo.config import ExperimentConfig, MLPPolicyConfig, ReasoningGymTaskConfig, SmolLM2PolicyConfig
+from exgrpo.config import ExperimentConfig, LMPolicyConfig, MLPPolicyConfig, ReasoningGymTaskConfig, SmolLM2PolicyConfig
 from exgrpo.policies.interfaces import Policy, Task
 from exgrpo.policies.lm.policy import LMPolicy
 from exgrpo.policies.lm.smollm2 import smollm2_policy
-from exgrpo.policies.lm.tiny_lm import load_tiny_lm
+from exgrpo.policies.lm.tiny_lm import load_tiny_lm, warm_start
 from exgrpo.policies.mlp_policy import MLPPolicy
 from exgrpo.tasks.reasoning_gym_tasks import ReasoningGymTask
 from exgrpo.tasks.text_arithmetic import TextArithmetic
@@ -52,13 +52,9 @@ def prepare_warm_starts(configs: Iterable[ExperimentConfig], say: Callable[[str]
     ``configs`` needs, from the cache or trained now (once, not by every run at the same time), and
     one line per model saying which (:func:`exgrpo.policies.lm.tiny_lm.warm_start`); one that must be
     trained is announced before its training starts, with roughly how long it takes."""
-    from exgrpo.config import LMPolicyConfig
-
     models = {cfg.policy.model.model_dump_json(): cfg.policy.model for cfg in configs
               if isinstance(cfg.policy, LMPolicyConfig)}
     if not models:
         return
-    from exgrpo.policies.lm.tiny_lm import warm_start
-
     for model in models.values():
         say(warm_start(model, progress=progress, say=say))
