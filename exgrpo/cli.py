@@ -94,6 +94,9 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     if args.output_dir is not None:
         overrides["output_dir"] = str(Path(args.output_dir).resolve())
     cc = load_compare(args.config, overrides)  # fails here, before any work, on bad input
+    if args.adaptive and args.seeds is not None:
+        raise ConfigError(f"--seeds {args.seeds}: an adaptive comparison chooses its seeds stage by stage; set the "
+                          "first with --set adaptive.first_seed=N (and adaptive.seeds_per_stage, adaptive.max_stages)")
     cc = cc.select(args.arms, args.seeds)
     from exgrpo.cluster import check_cluster, cluster_address
     from exgrpo.compare import RunOutcome, format_table, jobs, prepare_warm_starts, run_local, summarize
@@ -103,13 +106,17 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     if args.no_prefect and cluster_address(args.ray_address) is not None:
         raise ConfigError("--ray-address (or RAY_ADDRESS) runs on Ray, --no-prefect in local processes: drop one")
     check_cluster(cluster_address(args.ray_address), args.tracking_uri)  # before Prefect starts
+    decisions = None
     if args.no_prefect:
         from rich.progress import Progress
 
+        from exgrpo.compare.adaptive import StageIncomplete, format_decisions, run_adaptive
         from exgrpo.progress import console
 
+        each = cc.adaptive.seeds_per_stage * cc.adaptive.max_stages if args.adaptive else len(cc.seeds)
         with Progress(console=console, disable=args.no_progress) as bar:
-            task = bar.add_task(f"{len(cc.arms)} arms x {len(cc.seeds)} seeds", total=len(jobs(cc)))
+            task = bar.add_task(f"{len(cc.arms)} arms x {'at most ' if args.adaptive else ''}{each} seeds",
+                                total=len(cc.arms) * each)
 
             def done(o):
                 bar.console.print(f"  {o.arm:>12s} seed {o.seed}: final {cc.metric} = {o.final:.4f}")
@@ -117,18 +124,37 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
             prepare_warm_starts((cfg for cfg, _ in jobs(cc)), say=bar.console.print, progress=not args.no_progress)
             failed = []
-            outcomes = run_local(cc, workers=args.workers, on_done=done, resume=args.resume,
+
+            def run_stage(sub):
+                return run_local(sub, workers=args.workers, on_done=done, resume=args.resume,
                                  on_failed=lambda arm, seed, error: failed.append(f"{arm} seed {seed}: {error}"))
+
+            if args.adaptive:
+                def stage(state):
+                    bar.console.print(f"stage {state.stages_done}: " + "; ".join(
+                        f"{p.arm} vs {p.other} {p.decision}" for p in state.pairs))
+
+                try:
+                    outcomes, state = run_adaptive(cc, run_stage, on_stage=stage)
+                except StageIncomplete as e:  # the failed runs are listed below
+                    outcomes, state = e.outcomes, e.state
+                decisions = format_decisions(state, cc)
+            else:
+                outcomes = run_stage(cc)
     else:
         try:
             flow = _load_flow("compare", "compare_flow")
             out = flow(config=str(args.config), seeds=args.seeds, arms=args.arms, overrides=overrides,
                        tracking_uri=args.tracking_uri, executor="ray", workers=args.workers, resume=args.resume,
-                       ray_address=args.ray_address)
+                       ray_address=args.ray_address, adaptive=args.adaptive)
         except (TrackingError, FlowMissing) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
         outcomes = [RunOutcome(**o) for o in out["outcomes"]]
+        if out.get("adaptive") is not None:
+            from exgrpo.compare.adaptive import decide, finals_of, format_decisions
+
+            decisions = format_decisions(decide(cc, finals_of(outcomes)), cc)
         from exgrpo.tracking.mlflow_tracking import run_url, ui_note
 
         print(f"MLflow parent run: {run_url(out['experiment_id'], out['parent_run_id'], args.tracking_uri)}"
@@ -136,6 +162,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     rows = summarize(outcomes, list(cc.arms), cc.baseline)
     horizon = max((o.curve_steps[-1] for o in outcomes if o.curve_steps), default=None)
     print(format_table(rows, cc.metric, cc.baseline, horizon))
+    if decisions is not None:
+        print(f"\nSequential test (adaptive seeds):\n{decisions}")
     report = Path(args.report or cc.base_config().output_dir / cc.name / "comparison.png")
     print(f"report: {comparison_figure(outcomes, list(cc.arms), cc.metric, report)}")
     print(f"why: {mechanism_figure(outcomes, list(cc.arms), report.with_name(report.stem + '-mechanism.png'))}")
@@ -315,6 +343,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--resume", action="store_true",
                    help="runs with checkpoints continue from them, finished ones are reused: a killed comparison "
                    "goes on; more --seeds or a larger train.max_steps trains only what is new")
+    c.add_argument("--adaptive", action="store_true",
+                   help="add seeds in stages until AdaStop's sequential test decides every pair, with the family-wise "
+                   "error held (the file's adaptive: section; default: the file's fixed seeds)")
     c.add_argument("--workers", type=int, help="runs trained at once (default: as many as the cores, or the Ray "
                    "cluster, hold at train.threads each)")
     c.add_argument("--set", action="append", metavar="FIELD=VALUE",

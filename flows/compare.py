@@ -76,12 +76,15 @@ def compare_flow(
     workers: int | None = None,
     ray_address: str | None = None,
     resume: bool = False,
+    adaptive: bool = False,
 ) -> dict[str, Any]:
     """Train every arm of a comparison YAML over seeds (Ray tasks or a process pool), then log the
     statistics on an MLflow parent run and publish the table as Prefect artifacts. ``seeds``: N (0..N-1),
     "A-B" or "a,b,c"; ``arms``: "a,b" (the baseline among them); None: the file's. ``resume``: runs
     with checkpoints continue from them (finished ones end at once), so a killed comparison goes on
-    and one with more seeds or steps trains only what is new."""
+    and one with more seeds or steps trains only what is new. ``adaptive``: seeds in stages until
+    AdaStop's test decides every pair (the file's ``adaptive:`` section); each stage's decisions are
+    an artifact."""
     from exgrpo.compare.tracked import run_tracked_compare  # torch: when the flow runs, not when Prefect reads it
 
     log = get_run_logger()
@@ -89,12 +92,19 @@ def compare_flow(
         cc = load_compare(config, overrides or {}).select(arms, seeds)
     except user_errors() as e:  # one line in the flow run's state and log, no traceback
         return failed_run(e)
-    log.info("comparing %s over seeds %s (%d runs, executor=%s%s)", list(cc.arms), cc.seeds,
-             len(cc.arms) * len(cc.seeds), executor, ", resuming runs with checkpoints" if resume else "")
+    a = cc.adaptive
+    if adaptive:
+        log.info("comparing %s adaptively: stages of %d seeds from seed %d, at most %d stages (executor=%s%s)",
+                 list(cc.arms), a.seeds_per_stage, a.stage_seeds(0, cc.seeds[0])[0], a.max_stages, executor,
+                 ", resuming runs with checkpoints" if resume else "")
+    else:
+        log.info("comparing %s over seeds %s (%d runs, executor=%s%s)", list(cc.arms), cc.seeds,
+                 len(cc.arms) * len(cc.seeds), executor, ", resuming runs with checkpoints" if resume else "")
 
-    total = len(cc.arms) * len(cc.seeds)
-    progress = create_progress_artifact(0.0, key=_key(cc.name, "progress"),
-                                        description=f"runs finished of {total} ({', '.join(cc.arms)} x {len(cc.seeds)} seeds)")
+    seeds_each = a.seeds_per_stage * a.max_stages if adaptive else len(cc.seeds)
+    total = len(cc.arms) * seeds_each  # adaptive: the most it can take
+    progress = create_progress_artifact(0.0, key=_key(cc.name, "progress"), description=(
+        f"runs finished of {total} ({', '.join(cc.arms)} x {seeds_each} seeds{', at most' if adaptive else ''})"))
     finished = []
 
     def started(run_id: str, url: str) -> None:  # the MLflow link from the first minute, not only at the end
@@ -128,17 +138,28 @@ def compare_flow(
             update_progress_artifact(progress, shown["percent"],
                                      description=f"{len(finished)} of {total} runs finished; steps {shown['percent']:.0f}% done")
 
+    def stage(state) -> None:  # the sequential test's decisions so far, one artifact updated per stage
+        from exgrpo.compare.adaptive import format_decisions
+
+        log.info("stage %d tested: %s", state.stages_done,
+                 "; ".join(f"{p.arm} vs {p.other}: {p.decision}" for p in state.pairs))
+        create_markdown_artifact(f"# {cc.name}: sequential test after stage {state.stages_done}\n\n"
+                                 f"{format_decisions(state, cc)}\n", key=_key(cc.name, "adaptive"),
+                                 description=f"AdaStop's decisions after stage {state.stages_done}")
+
     try:
         res = run_tracked_compare(cc, tracking_uri=tracking_uri, executor=executor, workers=workers,
                                   ray_address=ray_address, on_done=done, on_parent=started, on_progress=stepped,
-                                  on_failed=failed, on_started=run_started, resume=resume)
+                                  on_failed=failed, on_started=run_started, resume=resume, adaptive=adaptive,
+                                  on_stage=stage)
     except user_errors() as e:
         return failed_run(e)
     links = "\n".join(f"- [{o.arm} seed {o.seed}]({res.child_url(o)}): {o.final:.4f}"
                       for o in sorted(res.outcomes, key=lambda o: (o.arm, o.seed)))
     key = _key(cc.name, "comparison")
+    over = "adaptive seeds" if adaptive else f"{len(cc.seeds)} seeds"
     create_markdown_artifact(
-        f"# {cc.name}: {', '.join(cc.arms)} over {len(cc.seeds)} seeds\n\n{res.table}\n\n"
+        f"# {cc.name}: {', '.join(cc.arms)} over {over}\n\n{res.table}\n\n"
         f"MLflow parent run: [{res.parent_run_id}]({res.url})\n\n## Runs\n{links}\n",
         key=key, description=f"{cc.metric}: mean ± 95% CI and paired difference vs {cc.baseline}",
     )
@@ -146,7 +167,8 @@ def compare_flow(
                           description=f"final {cc.metric} per arm")
     return {"parent_run_id": res.parent_run_id, "experiment_id": res.experiment_id, "table": res.table,
             "rows": res.table_rows(), "runs": {f"{o.arm}/seed{o.seed}": o.run_id for o in res.outcomes},
-            "outcomes": [dataclasses.asdict(o) for o in res.outcomes]}
+            "outcomes": [dataclasses.asdict(o) for o in res.outcomes],
+            "adaptive": None if res.adaptive is None else res.adaptive.to_dict()}
 
 
 if __name__ == "__main__":

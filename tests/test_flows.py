@@ -236,6 +236,59 @@ def test_compare_flow_shows_each_run_as_a_task_run_and_a_failed_one_as_failed(tm
     assert broken.state.is_failed() and "/proc/exgrpo-cannot-write-here" in (broken.state.message or ""), broken.state
 
 
+def test_an_adaptive_comparison_resumes_at_its_stage_and_records_each_decision(tmp_path):
+    """Stage 1's runs exist (a comparison killed after it, or the same seeds run fixed): ``--adaptive
+    --resume`` reuses them, tests, and trains stage 2 only for the arms still undecided. "easy" (a
+    task of one-digit sums) is far ahead of grpo from stage 1; "same" is grpo's own config, so never
+    different."""
+    cfg = tmp_path / "cmp.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "base": {"name": "adaptive", "output_dir": str(tmp_path / "runs"), "task": {"max_operand": 9},
+                 "policy": {"hidden": 32, "layers": 2}, "algorithm": {"group_size": 4, "replay": "none"},
+                 "train": {"batch_size": 16, "max_steps": 2}},
+        "arms": {"grpo": {}, "same": {}, "easy": {"task.max_operand": 1}},
+        "baseline": "grpo", "seeds": [0, 1, 2],
+        "adaptive": {"seeds_per_stage": 3, "max_stages": 2, "alpha": 0.3},  # 3 seeds decide only at a lax level
+    }))
+    uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"
+    first = compare_flow(config=str(cfg), tracking_uri=uri, executor="ray")
+    stamps = {p: p.stat().st_mtime_ns for p in (tmp_path / "runs").glob("adaptive/adaptive-*/seed*/checkpoints/*.pt")}
+    assert len(stamps) == 9
+
+    state = compare_flow(config=str(cfg), tracking_uri=uri, executor="ray", adaptive=True, resume=True,
+                         return_state=True)
+    assert state.is_completed(), state
+    out = state.result()
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps  # stage 1 reused, not trained again
+    seeds = sorted((o["arm"], o["seed"]) for o in out["outcomes"])
+    assert seeds == sorted([("easy", s) for s in range(3)] + [(a, s) for a in ("grpo", "same") for s in range(6)])
+    pairs = {(p["arm"], p["other"]): (p["decision"], p["stage"], p["seeds"]) for p in out["adaptive"]["pairs"]}
+    assert pairs == {("easy", "grpo"): ("larger", 1, 3), ("same", "grpo"): ("equal", 2, 6)}
+    assert "| easy vs grpo | ahead | 1 | 3 |" in out["table"] and "| easy | 3 |" in out["table"]
+    assert out["runs"]["grpo/seed0"] == first["runs"]["grpo/seed0"]
+
+    client = mlflow.MlflowClient(uri)
+    parent = client.get_run(out["parent_run_id"])
+    assert parent.data.tags["adaptive"] == "true" and parent.data.params["compare.adaptive.seeds_per_stage"] == "3"
+    assert parent.data.tags["adaptive.easy_vs_grpo"] == "larger at stage 1 (3 seeds each)"
+    assert parent.data.tags["adaptive.same_vs_grpo"] == "equal at stage 2 (6 seeds each)"
+    assert [(m.step, m.value) for m in client.get_metric_history(parent.info.run_id, "adaptive/undecided_pairs")] \
+        == [(1, 1.0), (2, 0.0)]
+    assert {"adaptive.json", "adaptive.md", "comparison.md"} <= {a.path for a in client.list_artifacts(parent.info.run_id)}
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as c:
+        versions = c.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["adaptive-adaptive"])))
+    assert sorted(a.description for a in versions) == [f"AdaStop's decisions after stage {k}" for k in (1, 2)]
+    from exgrpo.dashboard import build_comparison_report
+
+    html = build_comparison_report(out["parent_run_id"], tracking_uri=uri).html
+    assert "Sequential test: when each pair was decided" in html and "after stage 2</th>" in html
+    row = html.split('id="adaptive-table"')[1].split("</tr>")[1]
+    assert "easy vs grpo" in row and row.count("ahead") == 2  # decided at stage 1, so ahead after stages 1 and 2
+
+
 def test_unreachable_tracking_server_fails_the_flow_before_training(tmp_path):
     state = compare_flow(config="experiments/toy.yaml", tracking_uri="http://127.0.0.1:9", return_state=True,
                          overrides={"output_dir": str(tmp_path / "runs")})

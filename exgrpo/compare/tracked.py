@@ -32,6 +32,7 @@ from exgrpo.compare import (
     split_params,
     summarize,
 )
+from exgrpo.compare.adaptive import SequentialState, StageIncomplete, format_decisions, run_adaptive
 from exgrpo.config import CompareConfig, ExperimentConfig
 from exgrpo.launch import launch_slots, run_as_slots_free, tracked_train
 from exgrpo.live_progress import ProgressBoard, ProgressReporter, progress_display
@@ -74,6 +75,8 @@ class TrackedComparison:
     failures: list[str] = field(default_factory=list)
     summary_error: str | None = None
     """Why the statistics are not on the parent run (MLflow unreachable at the end), else None."""
+    adaptive: SequentialState | None = None
+    """The sequential test's decisions of an adaptive comparison, else None."""
 
     @property
     def url(self) -> str:
@@ -145,18 +148,22 @@ def run_tracked_compare(
     on_failed: Callable[[str, int, str], None] | None = None,
     on_started: Callable[[str, int], None] | None = None,
     resume: bool = False,
+    adaptive: bool = False,
+    on_stage: Callable[[SequentialState], None] | None = None,
 ) -> TrackedComparison:
     """Train every (arm, seed) as an MLflow child run, then log the statistics on the parent.
     ``resume``: a run whose directory holds checkpoints continues from them (a finished one ends at
     once), so a killed comparison goes on, and one with more seeds or steps trains only what is new.
+    ``adaptive``: seeds run in stages (``cc.adaptive``, :mod:`exgrpo.compare.adaptive`) for the arms
+    still undecided; each stage's decisions go on the parent run and to ``on_stage(state)``.
 
     A failed child marks its run FAILED; the others finish, the statistics cover them, and the
-    call then raises listing the failures (the parent run ends FAILED). ``on_parent(run_id, url)`` runs
-    as soon as the parent run exists; ``on_done(outcome)`` as each child finishes; with Ray,
-    ``on_progress(fraction)`` as steps advance (finished runs 1, running ones step/total);
-    ``on_failed(arm, seed, error)`` as a run fails; with Ray, ``on_started(arm, seed)`` once a run
-    reports its first step (so a record of it can span its own training), at the latest just before
-    its ``on_done`` or ``on_failed``."""
+    call then raises listing the failures (the parent run ends FAILED; an adaptive comparison runs
+    no further stage). ``on_parent(run_id, url)`` runs as soon as the parent run exists;
+    ``on_done(outcome)`` as each child finishes; with Ray, ``on_progress(fraction)`` as steps advance
+    (finished runs 1, running ones step/total); ``on_failed(arm, seed, error)`` as a run fails; with
+    Ray, ``on_started(arm, seed)`` once a run reports its first step (so a record of it can span its
+    own training), at the latest just before its ``on_done`` or ``on_failed``."""
     ray_address = cluster_address(ray_address) if executor == "ray" else None
     require_shared_stores(ray_address, tracking_uri)  # before any work
     tracker = Tracker(tracking_uri)  # unreachable store: an error here, before any training
@@ -171,121 +178,42 @@ def run_tracked_compare(
     parent = tracker.start_run(experiment, run_name or f"compare-{base.name}", {
         "kind": "compare", "arms": ",".join(cc.arms), "baseline": cc.baseline, "tier": str(base.tier.value),
         "task": str(getattr(base.task, "kind", "")), "model": model_tag(base), "metric": cc.metric,
-        "resumed": str(resume).lower(),
+        "resumed": str(resume).lower(), "adaptive": str(adaptive).lower(),
     })
     write_record(where, tracker.uri, parent)
     if on_parent is not None:
         on_parent(parent, run_url(exp_id, parent, tracker.uri))
     status = "FAILED"
     try:
-        by_arm = {arm: {k: str(v) for k, v in curated_params(cc.arm_config(arm, cc.seeds[0])).items() if k != "seed"}
-                  for arm in cc.arms}
-        common, differ = split_params(by_arm)  # the parent holds what every arm shares, not one arm's settings
-        tracker.log_params(parent, {**common, "compare.seeds": ",".join(map(str, cc.seeds)),
-                                    "compare.metric": cc.metric, "compare.baseline": cc.baseline,
-                                    "compare.differs_by_arm": ", ".join(differ) or "nothing"})
-        for arm, params in by_arm.items():  # each arm's own values of those fields, one tag per arm
-            tracker.client.set_tag(parent, f"arm.{arm}", "; ".join(f"{k}={params.get(k, '—')}" for k in differ)[:5000])
-        tracker.client.log_dict(parent, cc.model_dump(mode="json"), "config/compare.json")
-        todo = []
-        for cfg, arm in jobs(cc):  # absolute run dirs: workers may not share the driver's cwd
-            todo.append((on_cluster(cfg.model_copy(update={"output_dir": Path(cfg.output_dir).resolve()}),
-                                    ray_address), arm))
-        runner = partial(tracked_run_one, tracking_uri=tracker.uri, experiment=experiment, parent_run_id=parent)
-        outcomes: list[RunOutcome] = []
+        _log_setup(tracker, parent, cc, adaptive)
         failures: list[str] = []
 
-        def done(o: RunOutcome) -> None:
-            outcomes.append(o)
-            on_done and on_done(o)
+        def failed_run(arm: str, seed: int, error: str) -> None:
+            failures.append(f"{arm} seed {seed}: {error}")
+            on_failed and on_failed(arm, seed, error)
 
-        if executor == "ray":
-            import ray
+        train_stage = _StageTrainer(cc, tracker, parent, experiment, executor, workers, ray_address, resume,
+                                    on_done, on_progress, failed_run, on_started)
+        state = None
+        if adaptive:
+            def stage_done(st: SequentialState) -> None:
+                _log_stage(tracker, parent, st, cc)
+                on_stage and on_stage(st)
 
             try:
-                ensure_ray(ray_address)
-            except Exception as e:  # e.g. a cluster that refuses us: say why on the parent run (it ends FAILED)
-                tracker.client.set_tag(parent, "error", str(e)[:5000])
-                raise
-            announce(ray_address, tracker.client, parent)
-            board = ray.remote(num_cpus=0)(ProgressBoard).remote()
-            remote = ray.remote(max_retries=0)(tracked_run_one)
-            # every run at once, or veRL runs as the cluster hosts them whole, or --workers at a time
-            slots = launch_slots(todo[0][0], ray_address, len(todo)) if todo else None
-            running: dict[tuple[str, int], bool] = {}  # (arm, seed) -> whether on_started has heard of it
-
-            def launch(job: tuple[ExperimentConfig, str], options: dict[str, Any]) -> Any:
-                cfg, arm = job
-                running[(arm, cfg.seed)] = False
-                return remote.options(num_cpus=task_cpus(cfg), **options).remote(
-                    cfg, arm, cc.metric, tracking_uri=tracker.uri, experiment=experiment, parent_run_id=parent,
-                    progress_board=board, resume=resume)
-
-            def starts(arm: str, seed: int) -> None:  # once per run
-                if not running.get((arm, seed)) and on_started is not None:
-                    on_started(arm, seed)
-                running[(arm, seed)] = True
-
-            def ended(job: tuple[ExperimentConfig, str], outcome: RunOutcome | None, error: BaseException | None) -> None:
-                arm, seed = job[1], job[0].seed
-                starts(arm, seed)
-                running.pop((arm, seed), None)
-                try:
-                    if error is not None:
-                        raise error
-                    done(outcome)
-                    printer.finished(f"{arm} seed {seed}")
-                except Exception as e:
-                    why = one_line(e)
-                    failures.append(f"{arm} seed {seed}: {why}")
-                    printer.finished(f"{arm} seed {seed} (FAILED)")
-                    if on_failed is not None:
-                        on_failed(arm, seed, why)
-
-            def poll() -> None:
-                printer.poll()
-                for arm, seed in [k for k, heard in running.items() if not heard]:
-                    if f"{arm} seed {seed}" in printer.states:
-                        starts(arm, seed)
-                if on_progress is not None:
-                    on_progress(printer.fraction())
-
-            with progress_display(board, len(todo)) as printer:
-                run_as_slots_free(todo, launch, ended, slots=slots, limit=workers, poll=poll)
-        elif executor == "process":
-            sub = cc.model_copy(update={"base": {**cc.base, "output_dir": str(Path(base.output_dir).resolve())}})
-            def failed_run(arm: str, seed: int, error: str) -> None:
-                failures.append(f"{arm} seed {seed}: {error}")
-                on_failed and on_failed(arm, seed, error)
-
-            run_local(sub, workers=workers, runner=runner, resume=resume, on_done=done, on_failed=failed_run)
+                outcomes, state = run_adaptive(cc, train_stage, on_stage=stage_done)
+            except StageIncomplete as e:  # the failures are listed below; the statistics cover what finished
+                outcomes, state = e.outcomes, e.state
         else:
-            raise ValueError(f"executor={executor!r}: use 'ray' or 'process'")
-
+            outcomes = train_stage(cc)
         rows = summarize(outcomes, list(cc.arms), cc.baseline) if outcomes else []
         horizon = max((o.curve_steps[-1] for o in outcomes if o.curve_steps), default=None)
         table = format_table(rows, cc.metric, cc.baseline, horizon) + pending_note(outcomes)
-        metrics: dict[str, float] = {}
-        for r in rows:
-            metrics[f"{r.arm}/final_mean"] = r.final.mean
-            metrics[f"{r.arm}/final_ci_low"] = r.final.low
-            metrics[f"{r.arm}/final_ci_high"] = r.final.high
-            if r.diff_vs_baseline is not None:
-                metrics[f"{r.arm}/diff_vs_{cc.baseline}"] = r.diff_vs_baseline.mean
-                metrics[f"{r.arm}/diff_vs_{cc.baseline}_ci_low"] = r.diff_vs_baseline.low
-                metrics[f"{r.arm}/diff_vs_{cc.baseline}_ci_high"] = r.diff_vs_baseline.high
-            if r.steps_to_baseline_final is not None:
-                metrics[f"{r.arm}/steps_to_baseline_final"] = float(r.steps_to_baseline_final)
-            if r.steps_to_baseline_final is not None and r.tokens_to_baseline_final is not None:
-                metrics[f"{r.arm}/tokens_to_baseline_final"] = r.tokens_to_baseline_final
-            if r.steps_to_baseline_final is not None and r.seconds_to_baseline_final is not None:
-                metrics[f"{r.arm}/seconds_to_baseline_final"] = r.seconds_to_baseline_final
-            if r.train_final is not None:
-                metrics[f"{r.arm}/train_final_mean"] = r.train_final
-            if r.rollout_tokens is not None:
-                metrics[f"{r.arm}/rollout_tokens"] = r.rollout_tokens
-                metrics[f"{r.arm}/grad_tokens"] = r.grad_tokens or 0.0
-        result = TrackedComparison(parent, exp_id, tracker.uri, cc.metric, cc.baseline, outcomes, rows, table, failures)
+        if state is not None:
+            table += "\n\n## Sequential test (adaptive seeds)\n\n" + format_decisions(state, cc)
+        metrics = _summary_metrics(rows, cc.baseline)
+        result = TrackedComparison(parent, exp_id, tracker.uri, cc.metric, cc.baseline, outcomes, rows, table, failures,
+                                   adaptive=state)
         try:
             tracker.log_metrics(parent, {k: v for k, v in metrics.items() if _finite(v)})
             tracker.client.log_text(parent, table + "\n", "comparison.md")
@@ -305,10 +233,161 @@ def run_tracked_compare(
                   f"in {where}; `exgrpo sync {where}` puts them on parent run {parent} once MLflow is back",
                   flush=True)
         if failures:
-            raise RuntimeError(f"{len(failures)} of {len(todo)} runs failed: " + "; ".join(failures))
+            raise RuntimeError(f"{len(failures)} of {train_stage.launched} runs failed: " + "; ".join(failures))
         if status is not None:
             status = "FINISHED"
         return result
     finally:
         if status is not None:
             tracker.end_run(parent, status)
+
+
+def _log_setup(tracker: Tracker, parent: str, cc: CompareConfig, adaptive: bool) -> None:
+    """The parent run's params: what every arm shares, what differs (one tag per arm), the seeds or
+    the adaptive settings, and the comparison's config."""
+    by_arm = {arm: {k: str(v) for k, v in curated_params(cc.arm_config(arm, cc.seeds[0])).items() if k != "seed"}
+              for arm in cc.arms}
+    common, differ = split_params(by_arm)  # the parent holds what every arm shares, not one arm's settings
+    seeds = ({f"compare.adaptive.{k}": str(v) for k, v in cc.adaptive.model_dump().items()} if adaptive
+             else {"compare.seeds": ",".join(map(str, cc.seeds))})
+    tracker.log_params(parent, {**common, **seeds, "compare.metric": cc.metric, "compare.baseline": cc.baseline,
+                                "compare.differs_by_arm": ", ".join(differ) or "nothing"})
+    for arm, params in by_arm.items():  # each arm's own values of those fields, one tag per arm
+        tracker.client.set_tag(parent, f"arm.{arm}", "; ".join(f"{k}={params.get(k, '—')}" for k in differ)[:5000])
+    tracker.client.log_dict(parent, cc.model_dump(mode="json"), "config/compare.json")
+
+
+def _log_stage(tracker: Tracker, parent: str, state: SequentialState, cc: CompareConfig) -> None:
+    """One stage of the sequential test on the parent run: the decisions so far (``adaptive.json``
+    and ``adaptive.md``), a tag per pair, and the undecided pairs as a metric over stages."""
+    tracker.client.log_dict(parent, state.to_dict(), "adaptive.json")
+    tracker.client.log_text(parent, format_decisions(state, cc) + "\n", "adaptive.md")
+    for p in state.pairs:
+        where = "" if p.stage is None else f" at stage {p.stage}"
+        tracker.client.set_tag(parent, f"adaptive.{p.arm}_vs_{p.other}", f"{p.decision}{where} ({p.seeds} seeds each)")
+    tracker.log_metrics(parent, {"adaptive/undecided_pairs": float(sum(p.decision == "undecided" for p in state.pairs)),
+                                 "adaptive/stages": float(state.stages_done)}, step=state.stages_done)
+
+
+def _summary_metrics(rows: list[ArmSummary], baseline: str) -> dict[str, float]:
+    """The parent run's metrics: per arm, its final mean and CI, the paired difference and the compute."""
+    metrics: dict[str, float] = {}
+    for r in rows:
+        metrics[f"{r.arm}/final_mean"] = r.final.mean
+        metrics[f"{r.arm}/final_ci_low"] = r.final.low
+        metrics[f"{r.arm}/final_ci_high"] = r.final.high
+        if r.diff_vs_baseline is not None:
+            metrics[f"{r.arm}/diff_vs_{baseline}"] = r.diff_vs_baseline.mean
+            metrics[f"{r.arm}/diff_vs_{baseline}_ci_low"] = r.diff_vs_baseline.low
+            metrics[f"{r.arm}/diff_vs_{baseline}_ci_high"] = r.diff_vs_baseline.high
+        if r.steps_to_baseline_final is not None:
+            metrics[f"{r.arm}/steps_to_baseline_final"] = float(r.steps_to_baseline_final)
+        if r.steps_to_baseline_final is not None and r.tokens_to_baseline_final is not None:
+            metrics[f"{r.arm}/tokens_to_baseline_final"] = r.tokens_to_baseline_final
+        if r.steps_to_baseline_final is not None and r.seconds_to_baseline_final is not None:
+            metrics[f"{r.arm}/seconds_to_baseline_final"] = r.seconds_to_baseline_final
+        if r.train_final is not None:
+            metrics[f"{r.arm}/train_final_mean"] = r.train_final
+        if r.rollout_tokens is not None:
+            metrics[f"{r.arm}/rollout_tokens"] = r.rollout_tokens
+            metrics[f"{r.arm}/grad_tokens"] = r.grad_tokens or 0.0
+    return metrics
+
+
+class _StageTrainer:
+    """Trains the runs of a comparison (all of it, or one stage of an adaptive one) as MLflow children
+    of ``parent``: on Ray (a cluster or ``ray.init`` here) or in a spawned process pool. Called with a
+    comparison, returns the outcomes that finished; keeps every outcome in ``outcomes``."""
+
+    def __init__(self, cc: CompareConfig, tracker: Tracker, parent: str, experiment: str, executor: str,
+                 workers: int | None, ray_address: str | None, resume: bool,
+                 on_done: Callable[[RunOutcome], None] | None, on_progress: Callable[[float], None] | None,
+                 on_failed: Callable[[str, int, str], None], on_started: Callable[[str, int], None] | None) -> None:
+        if executor not in ("ray", "process"):
+            raise ValueError(f"executor={executor!r}: use 'ray' or 'process'")
+        self.cc, self.tracker, self.parent, self.experiment = cc, tracker, parent, experiment
+        self.executor, self.workers, self.ray_address, self.resume = executor, workers, ray_address, resume
+        self.on_done, self.on_progress, self.on_failed, self.on_started = on_done, on_progress, on_failed, on_started
+        self.outcomes: list[RunOutcome] = []
+        self.launched = 0
+        self._board = None
+
+    def _done(self, o: RunOutcome) -> None:
+        self.outcomes.append(o)
+        self.on_done and self.on_done(o)
+
+    def __call__(self, cc: CompareConfig) -> list[RunOutcome]:
+        before = len(self.outcomes)
+        todo = []
+        for cfg, arm in jobs(cc):  # absolute run dirs: workers may not share the driver's cwd
+            todo.append((on_cluster(cfg.model_copy(update={"output_dir": Path(cfg.output_dir).resolve()}),
+                                    self.ray_address), arm))
+        self.launched += len(todo)
+        if self.executor == "ray":
+            self._on_ray(todo)
+        else:
+            base = Path(self.cc.base_config().output_dir).resolve()
+            sub = cc.model_copy(update={"base": {**cc.base, "output_dir": str(base)}})
+            runner = partial(tracked_run_one, tracking_uri=self.tracker.uri, experiment=self.experiment,
+                             parent_run_id=self.parent)
+            run_local(sub, workers=self.workers, runner=runner, resume=self.resume, on_done=self._done,
+                      on_failed=self.on_failed)
+        return self.outcomes[before:]
+
+    def _ray_board(self) -> Any:
+        import ray
+
+        if self._board is None:
+            try:
+                ensure_ray(self.ray_address)
+            except Exception as e:  # e.g. a cluster that refuses us: say why on the parent run (it ends FAILED)
+                self.tracker.client.set_tag(self.parent, "error", str(e)[:5000])
+                raise
+            announce(self.ray_address, self.tracker.client, self.parent)
+            self._board = ray.remote(num_cpus=0)(ProgressBoard).remote()
+        return self._board
+
+    def _on_ray(self, todo: list[tuple[ExperimentConfig, str]]) -> None:
+        import ray
+
+        board = self._ray_board()
+        remote = ray.remote(max_retries=0)(tracked_run_one)
+        # every run at once, or veRL runs as the cluster hosts them whole, or --workers at a time
+        slots = launch_slots(todo[0][0], self.ray_address, len(todo)) if todo else None
+        running: dict[tuple[str, int], bool] = {}  # (arm, seed) -> whether on_started has heard of it
+
+        def launch(job: tuple[ExperimentConfig, str], options: dict[str, Any]) -> Any:
+            cfg, arm = job
+            running[(arm, cfg.seed)] = False
+            return remote.options(num_cpus=task_cpus(cfg), **options).remote(
+                cfg, arm, self.cc.metric, tracking_uri=self.tracker.uri, experiment=self.experiment,
+                parent_run_id=self.parent, progress_board=board, resume=self.resume)
+
+        def starts(arm: str, seed: int) -> None:  # once per run
+            if not running.get((arm, seed)) and self.on_started is not None:
+                self.on_started(arm, seed)
+            running[(arm, seed)] = True
+
+        def ended(job: tuple[ExperimentConfig, str], outcome: RunOutcome | None, error: BaseException | None) -> None:
+            arm, seed = job[1], job[0].seed
+            starts(arm, seed)
+            running.pop((arm, seed), None)
+            try:
+                if error is not None:
+                    raise error
+                self._done(outcome)
+                printer.finished(f"{arm} seed {seed}")
+            except Exception as e:
+                printer.finished(f"{arm} seed {seed} (FAILED)")
+                self.on_failed(arm, seed, one_line(e))
+
+        def poll() -> None:
+            printer.poll()
+            for arm, seed in [k for k, heard in running.items() if not heard]:
+                if f"{arm} seed {seed}" in printer.states:
+                    starts(arm, seed)
+            if self.on_progress is not None:
+                self.on_progress(printer.fraction())
+
+        with progress_display(board, len(todo)) as printer:
+            run_as_slots_free(todo, launch, ended, slots=slots, limit=self.workers, poll=poll)

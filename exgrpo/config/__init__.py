@@ -4,6 +4,7 @@ Sections live in submodules (``options``, ``tasks``, ``policies``, ``algorithm``
 everything public is re-exported here, so ``from exgrpo.config import X`` is the one import path.
 """
 
+from exgrpo.config.adaptive import AdaptiveConfig
 from exgrpo.config.algorithm import (
     ALGORITHM_CONFIGS,
     AlgorithmConfig,
@@ -63,6 +64,7 @@ from exgrpo.config.tasks import (
 )
 
 __all__ = [
+    "AdaptiveConfig",
     "seed_list",
     "HeldOut",
     "ALGORITHM_CONFIGS",

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
+from exgrpo.config.adaptive import AdaptiveConfig
 from exgrpo.config.algorithm import DEFAULT_REPLAY, AlgorithmConfig, ExGRPOConfig, is_foreign, replay_homes
 from exgrpo.config.backend import BackendConfig
 from exgrpo.config.options import RESUME_SAFE, RESUME_SAFE_PARAM, ConfigError, OptimizerKind, Tier, _Strict
@@ -195,6 +196,8 @@ class CompareConfig(_Strict):
     """Seeds run for every arm."""
     metric: str = "val/accuracy"
     """Metric compared at the end of training."""
+    adaptive: AdaptiveConfig = AdaptiveConfig()
+    """Stages of seeds and the sequential test of ``exgrpo compare --adaptive`` (ignored without it)."""
 
     @model_validator(mode="after")
     def _arms(self) -> CompareConfig:
@@ -383,10 +386,14 @@ def load_experiment(path: str | Path | None, overrides: dict[str, Any] | None = 
 
 
 def load_compare(path: str | Path, overrides: dict[str, Any] | None = None) -> CompareConfig:
-    """Load and validate a comparison YAML; ``overrides`` apply to ``base`` (dotted keys)."""
+    """Load and validate a comparison YAML; ``overrides`` apply to ``base`` (dotted keys), those
+    under ``adaptive.`` to the comparison's ``adaptive`` section."""
     data = read_yaml(path)
     if "arms" not in data:
         raise ConfigError(f"{path}: a comparison file needs `base:` and `arms:` sections")
     data = dict(data)
-    data["base"] = apply_overrides(data.get("base", {}), overrides or {})
+    overrides = overrides or {}
+    own = {k: v for k, v in overrides.items() if k.startswith("adaptive.")}
+    data = apply_overrides(data, own)
+    data["base"] = apply_overrides(data.get("base", {}), {k: v for k, v in overrides.items() if k not in own})
     return validate_config(CompareConfig, data, source=str(path))

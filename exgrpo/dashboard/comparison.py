@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from exgrpo.compare import ArmSummary, RunOutcome, eval_compute, mean_along, summarize
+from exgrpo.compare.adaptive import DECISION_WORDS
 from exgrpo.dashboard import _html as H
 from exgrpo.dashboard._store import DashboardError, children, history, run_link
 from exgrpo.stats import mean_ci, steps_to_target
@@ -45,6 +46,8 @@ class ComparisonData:
     outcomes: list[RunOutcome]
     rows: list[ArmSummary]
     notes: list[str] = field(default_factory=list)
+    adaptive: dict | None = None
+    """The sequential test's record of an adaptive comparison (``adaptive.json`` on the parent), else None."""
 
     @property
     def parent_id(self) -> str:
@@ -115,7 +118,48 @@ def load_comparison(client: Any, tracking_uri: str, parent: Any) -> ComparisonDa
                                    run_id=c.run_id, **eval_compute(_step_rows(c.curves), mkey)))
     rows = summarize(outcomes, arms, baseline or arms[0]) if outcomes else []
     return ComparisonData(parent, tracking_uri, exp.name if exp else "", metric, baseline or arms[0], arms, kids,
-                          outcomes, rows, notes)
+                          outcomes, rows, notes, _adaptive_record(client, parent))
+
+
+def _adaptive_record(client: Any, parent: Any) -> dict | None:
+    """``adaptive.json`` of an adaptive comparison's parent run (the test's state after its last
+    stage); None for a comparison of fixed seeds, or when the parent has no stage yet."""
+    if parent.data.tags.get("adaptive") != "true":
+        return None
+    import json
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            path = client.download_artifacts(parent.info.run_id, "adaptive.json", tmp)
+        except Exception:  # noqa: BLE001 - no stage tested yet
+            return None
+        with open(path) as f:
+            return json.load(f)
+
+
+def adaptive_section(record: dict) -> str:
+    """When each pair was decided: a row per pair, a column per stage (the decision as it stood after
+    it), then the stage it was decided at and the seeds it took."""
+    history = record.get("history") or []
+    rows = []
+    for i, p in enumerate(record.get("pairs") or []):
+        cells = [H.td(f"{H.esc(p['arm'])} vs {H.esc(p['other'])}", "l")]
+        for stage in history:
+            d = stage[i]["decision"]
+            cells.append(H.td(H.esc(DECISION_WORDS.get(d, d)), None if d == "undecided" else "best"))
+        cells += [H.td("—" if p.get("stage") is None else str(p["stage"])), H.td(str(p.get("seeds", ""))),
+                  H.td(H.fmt(p.get("mean_diff"), sign=True))]
+        rows.append(cells)
+    headers = ["pair", *[f"after stage {k + 1}" for k in range(len(history))], "decided at stage", "seeds each",
+               "mean diff"]
+    status = ("every pair decided" if record.get("finished")
+              else f"stage {record.get('stages_done', 0) + 1} next, for {', '.join(record.get('next_arms') or [])}")
+    note = ("<p class=\"note\">AdaStop's group-sequential permutation test (<code>exgrpo.compare.adaptive</code>): "
+            f"{H.esc(status)}. ahead/behind: the first arm's final value is larger/smaller than the second's, with the "
+            "family-wise error held over all pairs and stages; no difference found: undecided after the last stage "
+            "(read the CI above for how large a difference the seeds could have missed).</p>")
+    return H.table(headers, rows, tid="adaptive-table", left=1) + note
 
 
 # ------------------------------------------------------------------------------------ curves
@@ -375,6 +419,8 @@ def render(data: ComparisonData) -> str:
               "recomputed mean against the <code>&lt;arm&gt;/final_mean</code> the compare logged on the parent "
               "run.</p>")
     sections.append(H.section("summary", "Final results", intro + summary_table(data) + method))
+    if data.adaptive is not None:
+        sections.append(H.section("adaptive", "Sequential test: when each pair was decided", adaptive_section(data.adaptive)))
     sections.append(H.section("curves", "Learning curves", curves_figure(data)))
     pool_html, replay = pool_figure(data)
     sections.append(H.section("pool", "Experience-pool dynamics",
