@@ -8,6 +8,10 @@ import json
 import sys
 import textwrap
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: the module imports the standard library alone (see below)
+    from exgrpo.config import CompareConfig
 
 # Each command imports what it runs inside its function: `exgrpo --help`, `--version` and a bad config's
 # one-line error stay free of torch, Ray, MLflow and Prefect. This module itself imports only the standard
@@ -99,48 +103,16 @@ def _cmd_compare(args: argparse.Namespace) -> int:
                           "first with --set adaptive.first_seed=N (and adaptive.seeds_per_stage, adaptive.max_stages)")
     cc = cc.select(args.arms, args.seeds)
     from exgrpo.cluster import check_cluster, cluster_address
-    from exgrpo.compare import RunOutcome, format_table, jobs, prepare_warm_starts, run_local, summarize
+    from exgrpo.compare import RunOutcome, format_table, summarize
     from exgrpo.report import comparison_figure, mechanism_figure
     from exgrpo.tracking import TrackingError
 
     if args.no_prefect and cluster_address(args.ray_address) is not None:
         raise ConfigError("--ray-address (or RAY_ADDRESS) runs on Ray, --no-prefect in local processes: drop one")
     check_cluster(cluster_address(args.ray_address), args.tracking_uri)  # before Prefect starts
-    decisions = None
+    decisions, failed = None, []
     if args.no_prefect:
-        from rich.progress import Progress
-
-        from exgrpo.compare.adaptive import StageIncomplete, format_decisions, run_adaptive
-        from exgrpo.progress import console
-
-        each = cc.adaptive.seeds_per_stage * cc.adaptive.max_stages if args.adaptive else len(cc.seeds)
-        with Progress(console=console, disable=args.no_progress) as bar:
-            task = bar.add_task(f"{len(cc.arms)} arms x {'at most ' if args.adaptive else ''}{each} seeds",
-                                total=len(cc.arms) * each)
-
-            def done(o):
-                bar.console.print(f"  {o.arm:>12s} seed {o.seed}: final {cc.metric} = {o.final:.4f}")
-                bar.advance(task)
-
-            prepare_warm_starts((cfg for cfg, _ in jobs(cc)), say=bar.console.print, progress=not args.no_progress)
-            failed = []
-
-            def run_stage(sub):
-                return run_local(sub, workers=args.workers, on_done=done, resume=args.resume,
-                                 on_failed=lambda arm, seed, error: failed.append(f"{arm} seed {seed}: {error}"))
-
-            if args.adaptive:
-                def stage(state):
-                    bar.console.print(f"stage {state.stages_done}: " + "; ".join(
-                        f"{p.arm} vs {p.other} {p.decision}" for p in state.pairs))
-
-                try:
-                    outcomes, state = run_adaptive(cc, run_stage, on_stage=stage)
-                except StageIncomplete as e:  # the failed runs are listed below
-                    outcomes, state = e.outcomes, e.state
-                decisions = format_decisions(state, cc)
-            else:
-                outcomes = run_stage(cc)
+        outcomes, failed, decisions = _compare_locally(cc, args)
     else:
         try:
             flow = _load_flow("compare", "compare_flow")
@@ -169,10 +141,49 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     print(f"why: {mechanism_figure(outcomes, list(cc.arms), report.with_name(report.stem + '-mechanism.png'))}")
     if args.json:
         Path(args.json).write_text(json.dumps([o.__dict__ for o in outcomes], indent=2))
-    if args.no_prefect and failed:
+    if failed:
         print(f"error: {len(failed)} run(s) failed, the statistics cover the others: {'; '.join(failed)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _compare_locally(cc: CompareConfig, args: argparse.Namespace) -> tuple[list, list[str], str | None]:
+    """``exgrpo compare --no-prefect``: the runs in local processes (all seeds, or stages of them with
+    ``--adaptive``) under a progress bar. Returns the outcomes, the failed runs (one line each) and
+    the sequential test's table (None without ``--adaptive``)."""
+    from rich.progress import Progress
+
+    from exgrpo.compare import jobs, prepare_warm_starts, run_local
+    from exgrpo.compare.adaptive import StageIncomplete, format_decisions, run_adaptive
+    from exgrpo.progress import console
+
+    each = cc.adaptive.seeds_per_stage * cc.adaptive.max_stages if args.adaptive else len(cc.seeds)
+    failed: list[str] = []
+    with Progress(console=console, disable=args.no_progress) as bar:
+        task = bar.add_task(f"{len(cc.arms)} arms x {'at most ' if args.adaptive else ''}{each} seeds",
+                            total=len(cc.arms) * each)
+
+        def done(o):
+            bar.console.print(f"  {o.arm:>12s} seed {o.seed}: final {cc.metric} = {o.final:.4f}")
+            bar.advance(task)
+
+        def run_stage(sub):
+            return run_local(sub, workers=args.workers, on_done=done, resume=args.resume,
+                             on_failed=lambda arm, seed, error: failed.append(f"{arm} seed {seed}: {error}"))
+
+        prepare_warm_starts((cfg for cfg, _ in jobs(cc)), say=bar.console.print, progress=not args.no_progress)
+        if not args.adaptive:
+            return run_stage(cc), failed, None
+
+        def stage(state):
+            bar.console.print(f"stage {state.stages_done}: " + "; ".join(
+                f"{p.arm} vs {p.other} {p.decision}" for p in state.pairs))
+
+        try:
+            outcomes, state = run_adaptive(cc, run_stage, on_stage=stage)
+        except StageIncomplete as e:  # the failed runs are listed by the caller
+            outcomes, state = e.outcomes, e.state
+        return outcomes, failed, format_decisions(state, cc)
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:

@@ -154,6 +154,9 @@ def compare_flow(
                                   on_stage=stage)
     except user_errors() as e:
         return failed_run(e)
+    if adaptive:  # the test decided before the most seeds it could take: the comparison is done
+        update_progress_artifact(progress, 100.0, description=f"{len(finished)} runs finished (at most {total}); "
+                                 f"every pair decided after stage {res.adaptive.stages_done}")
     links = "\n".join(f"- [{o.arm} seed {o.seed}]({res.child_url(o)}): {o.final:.4f}"
                       for o in sorted(res.outcomes, key=lambda o: (o.arm, o.seed)))
     key = _key(cc.name, "comparison")

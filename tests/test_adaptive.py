@@ -127,3 +127,28 @@ def test_the_recommended_settings_hold_the_error_rate_and_find_a_clear_effect_ea
     assert rate * sims <= stats.binom.ppf(0.99, sims, alpha), rate
     found, stages = _simulate(np.random.default_rng(1), 2.0, 100, cc)  # two standard deviations between seeds
     assert found >= 0.95 and stages <= 2.0, (found, stages)
+
+
+def test_compare_adaptive_in_local_processes_prints_each_stage_and_the_decisions(tmp_path, capsys):
+    """The same comparison the Prefect flow's test runs, through ``--no-prefect``: "easy" (one-digit
+    sums) is decided ahead at stage 1 on 3 seeds; "same" (grpo's own config) is never different."""
+    import yaml
+
+    from exgrpo.cli import main
+
+    cfg = tmp_path / "cmp.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "base": {"name": "adaptive", "task": {"max_operand": 9}, "policy": {"hidden": 32, "layers": 2},
+                 "algorithm": {"group_size": 4, "replay": "none"}, "train": {"batch_size": 16, "max_steps": 2}},
+        "arms": {"grpo": {}, "same": {}, "easy": {"task.max_operand": 1}}, "baseline": "grpo", "seeds": [0],
+        "adaptive": {"seeds_per_stage": 3, "max_stages": 2, "alpha": 0.3},
+    }, sort_keys=False))
+    code = main(["compare", str(cfg), "--no-prefect", "--adaptive", "--workers", "1", "--no-progress",
+                 "--output-dir", str(tmp_path / "runs")])
+    seen = capsys.readouterr()
+    out = seen.out + seen.err  # the progress console writes the stage lines beside its bar
+    assert code == 0
+    assert "stage 1: same vs grpo undecided; easy vs grpo larger" in out
+    assert "| easy vs grpo | ahead | 1 | 3 |" in out and "| same vs grpo | no difference found | 2 | 6 | +0.0000 |" in out
+    assert sorted(p.parent.name for p in (tmp_path / "runs").glob("adaptive/adaptive-easy/seed*/checkpoints")) == \
+        ["seed0", "seed1", "seed2"]
