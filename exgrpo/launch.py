@@ -245,20 +245,22 @@ def launch_run(cfg: ExperimentConfig, *, tracking_uri: str | None = None, ray_ad
                tags: Mapping[str, Any] | None = None) -> TrackedRun | TrainResult:
     """One run of ``cfg``, as ``exgrpo train`` and the train flow start it, checked in this order before
     any of its record exists: the cluster (``ray_address``, else ``RAY_ADDRESS``; stores every node
-    reaches, a cluster that answers), a veRL job's interpreter and its own cluster, the tiny LM's warm
-    start on this machine (said in a line, trained now if not cached). Then trained: on the cluster as
-    a Ray task, or here; recorded in MLflow (a :class:`TrackedRun`), or with ``tracked=False`` not (the
-    backend's ``TrainResult``)."""
+    reaches, a cluster that answers), a veRL job's interpreter, its model's context and its own cluster,
+    the tiny LM's warm start on this machine (said in a line, trained now if not cached). Then trained:
+    on the cluster as a Ray task, or here; recorded in MLflow (a :class:`TrackedRun`), or with
+    ``tracked=False`` not (the backend's ``TrainResult``)."""
     address = cluster_address(ray_address)
     if address is not None and not tracked:
         raise ConfigError("--no-tracking with --ray-address: a run on a cluster is recorded in MLflow; "
                           "drop --no-tracking and pass --tracking-uri of a server every node reaches")
     cfg = on_cluster(cfg, address)
     check_cluster(address, tracking_uri)
-    if cfg.backend.name == "verl":  # the job's interpreter, before the run's record or assets exist
+    if cfg.backend.name == "verl":  # the job's interpreter and model, before the run's record or assets exist
+        from exgrpo.backends.verl.assets import check_model_context
         from exgrpo.backends.verl.runner import job_python
 
         job_python(cfg.backend.verl)
+        check_model_context(cfg)
         if address is None and cfg.backend.verl.ray_address is not None:
             probe(cfg.backend.verl.ray_address)  # the config's own cluster: before the run's assets are built
     if address is None:  # on a cluster, the node that runs it loads or trains its own

@@ -70,5 +70,5 @@ def test_a_checkpoint_of_an_external_model_is_refused_before_its_shards_are_read
     (step_dir / "actor").mkdir(parents=True)
     (step_dir / "actor" / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 2, "world_size": 8}))
     (tmp_path / "verl_run.json").write_text(json.dumps({"config": json.loads(cfg.model_dump_json()), "overrides": []}))
-    with pytest.raises(ValueError, match=r"actor of Qwen/Qwen2\.5-Math-1\.5B \(backend\.verl\.model_path\).*model_merger"):
+    with pytest.raises(ValueError, match=r"actor of models/Qwen2\.5-Math-1\.5B-16k \(backend\.verl\.model_path\).*model_merger"):
         policy_state(step_dir)

@@ -214,7 +214,7 @@ def test_paper_tier_gpu_config_composes_with_vllm_nccl_and_real_gpu_counts():
     a = config.actor_rollout_ref
     assert a.rollout.name == "vllm" and config.trainer.device == "cuda"
     assert config.trainer.n_gpus_per_node == 8 and a.rollout.n == 8
-    assert a.model.path == "Qwen/Qwen2.5-Math-1.5B" and a.actor.fsdp_config.dtype == "bfloat16"
+    assert a.model.path == "models/Qwen2.5-Math-1.5B-16k" and a.actor.fsdp_config.dtype == "bfloat16"
     assert a.model.override_config.attn_implementation == "flash_attention_2"
     assert "ray_init" not in config.ray_kwargs or config.ray_kwargs.ray_init.get("address") in (None, "auto")
 

@@ -11,7 +11,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from exgrpo.config import ExperimentConfig, LMPolicyConfig, TextArithmeticTaskConfig
+from exgrpo.config import ConfigError, ExperimentConfig, LMPolicyConfig, TextArithmeticTaskConfig
 
 DATA_SOURCE = "exgrpo/text_arithmetic"
 """``data_source`` of our task's rows; :mod:`exgrpo.backends.verl.reward` grades it with the task's grader."""
@@ -36,6 +36,44 @@ def hf_char_tokenizer(char_tokenizer):
     )
     fast.chat_template = CHAT_TEMPLATE
     return fast
+
+
+def model_positions(model: str) -> int | None:
+    """The positions an HF model holds (``max_position_embeddings`` of its ``config.json``): ``model`` is
+    a local directory or a hub id in the local HF cache; None when its config is not found here."""
+    config = Path(model).expanduser() / "config.json"
+    if not config.is_file():
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(model, "config.json")
+        except (ImportError, ValueError):  # no hub client, or not a hub id (e.g. an absolute path)
+            return None
+        if not isinstance(cached, str):
+            return None
+        config = Path(cached)
+    try:
+        data = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return None
+    positions = data.get("max_position_embeddings", (data.get("text_config") or {}).get("max_position_embeddings"))
+    return positions if isinstance(positions, int) else None
+
+
+def check_model_context(cfg: ExperimentConfig) -> None:
+    """A vLLM rollout's model must hold the longest prompt plus the longest response: veRL sizes vLLM's
+    context from the model's config, and on cuda a shorter one cuts every response there without a word.
+    ConfigError in one line otherwise (a model whose config is not found here is left to veRL)."""
+    v = cfg.backend.verl
+    if v.rollout != "vllm" or v.model_path is None:
+        return
+    need = v.max_prompt_length + cfg.policy.max_new_tokens
+    have = model_positions(v.model_path)
+    if have is not None and have < need:
+        raise ConfigError(
+            f"backend.verl.model_path={v.model_path}: the model holds {have} positions (max_position_embeddings "
+            f"in its config.json), fewer than backend.verl.max_prompt_length + policy.max_new_tokens = {need}; "
+            "extend its context (rope_theta and max_position_embeddings, docs/gpu.md) or lower policy.max_new_tokens")
 
 
 def export_model(cfg: ExperimentConfig, progress: bool = False) -> Path:

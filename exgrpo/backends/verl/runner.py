@@ -51,6 +51,7 @@ def prepare(cfg: ExperimentConfig, resume: bool = False, progress: bool = False,
             force_resume: bool = False) -> PreparedRun:
     """Build the run's assets and its veRL overrides; nothing is launched."""
     python = job_python(cfg.backend.verl)  # before any work: a missing job environment is a one-line error
+    assets.check_model_context(cfg)  # before any work too: a model too short for the lengths asked for
     run_dir = cfg.run_dir().resolve()
     ckpt = run_dir / "checkpoints"
     if resume:
