@@ -50,11 +50,12 @@ from exgrpo.config.options import (
     HeldOut,
     Tier,
 )
-from exgrpo.config.policies import LMPolicyConfig, MLPPolicyConfig, SmolLM2PolicyConfig, TinyLMConfig
+from exgrpo.config.policies import HFPolicyConfig, LMPolicyConfig, MLPPolicyConfig, TinyLMConfig
 from exgrpo.config.tasks import (
     ArithmeticProblemsConfig,
     BasicArithmeticKnobs,
     ChainSumKnobs,
+    FileTaskConfig,
     ProductsKnobs,
     ReasoningGymTaskConfig,
     SimpleEquationsKnobs,
@@ -83,6 +84,8 @@ __all__ = [
     "ConfigError",
     "Decoder",
     "ExperimentConfig",
+    "FileTaskConfig",
+    "HFPolicyConfig",
     "LMPolicyConfig",
     "LossAggregation",
     "RESUME_SAFE_PARAM",
@@ -100,7 +103,6 @@ __all__ = [
     "SelectionMode",
     "Shaping",
     "SimpleEquationsKnobs",
-    "SmolLM2PolicyConfig",
     "TaskConfig",
     "TextArithmeticTaskConfig",
     "Tier",
