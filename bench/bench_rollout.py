@@ -54,7 +54,7 @@ import torch  # noqa: E402
 
 from exgrpo.policies.lm.engine import RolloutEngine, SamplingParams, build_packed_batch  # noqa: E402
 from exgrpo.backends.native.memory import keep_freed_memory  # noqa: E402
-from exgrpo.config.policies import LMPolicyConfig, SmolLM2PolicyConfig  # noqa: E402
+from exgrpo.config.policies import HFPolicyConfig, LMPolicyConfig  # noqa: E402
 from exgrpo.policies.lm.tiny_lm import load_tiny_lm  # noqa: E402
 from exgrpo.tasks.text_arithmetic import TextArithmetic  # noqa: E402
 from summary import record  # noqa: E402  (bench/summary.py)
@@ -102,7 +102,7 @@ def main() -> None:
     variants = {"static-kv": ("static-kv", True), "unpacked": ("static-kv", False), "fused": ("fused", True),
                 "fused-unp": ("fused", False), "hf": ("hf", False)}
     decoders = tuple(variants)
-    policy = {"tiny-lm": LMPolicyConfig, "smollm2": SmolLM2PolicyConfig}[args.model]()
+    policy = {"tiny-lm": LMPolicyConfig, "smollm2": HFPolicyConfig}[args.model]()
     default = next(d for d, v in variants.items() if v == (policy.decoder.value, policy.prepack_weights))
     eng_stop = {d: RolloutEngine(model, pad_id, eos_id, params, decoder=v[0], prepack=v[1]) for d, v in variants.items()}
     eng_fixed = {d: RolloutEngine(model, pad_id, None, params, decoder=v[0], prepack=v[1]) for d, v in variants.items()}

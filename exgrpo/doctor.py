@@ -1,7 +1,7 @@
 """``exgrpo doctor [CONFIG]``: check a machine before a long run, one line per finding.
 
 What it checks, for the run CONFIG describes (an experiment or a comparison file; default: the
-embedded default): the training job's environment (``backend.verl.python``) holds the supported veRL,
+embedded default): the local model directory and question files it reads; the training job's environment (``backend.verl.python``) holds the supported veRL,
 torch and Ray (and vLLM for ``rollout: vllm``), with the same Ray as this environment; CUDA and enough
 GPUs where ``device: cuda``; a configured Ray cluster's resources, and whether it serves Prometheus
 metrics off loopback; and the MLflow store.
@@ -17,7 +17,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from exgrpo.config import ExperimentConfig
+from exgrpo.config import ConfigError, ExperimentConfig, FileTaskConfig, HFPolicyConfig
 from exgrpo.backends.verl import resources
 from exgrpo.backends.verl.runner import job_python
 from exgrpo.cluster import ClusterError, alive_nodes, cluster_address, describe, join_failure, probe
@@ -100,6 +100,22 @@ def job_environment(cfg: ExperimentConfig) -> list[Finding]:
     return found
 
 
+def local_inputs(cfg: ExperimentConfig) -> list[Finding]:
+    """The model directory and question files the run reads (:func:`exgrpo.policies.inputs.check_inputs`)."""
+    from exgrpo.policies.inputs import check_inputs
+
+    named = [f"policy.path={cfg.policy.path}"] if isinstance(cfg.policy, HFPolicyConfig) else []
+    if isinstance(cfg.task, FileTaskConfig):
+        named += [f"task.path={cfg.task.path}"] + ([f"task.val_path={cfg.task.val_path}"] if cfg.task.val_path else [])
+    if not named:
+        return []
+    try:
+        check_inputs(cfg)
+    except ConfigError as e:
+        return [Finding(False, str(e))]
+    return [Finding(True, f"inputs: {', '.join(named)} can be read")]
+
+
 def ray_cluster(cfg: ExperimentConfig) -> list[Finding]:
     """A configured cluster's resources against what the veRL job asks for (the private local Ray is
     started per run)."""
@@ -164,7 +180,8 @@ def mlflow_store(tracking_uri: str | None = None) -> list[Finding]:
 
 def run(cfg: ExperimentConfig, tracking_uri: str | None = None) -> int:
     """Print every finding as it is found; 0 when there is no problem, else 1 (130 on Ctrl-C)."""
-    checks = [lambda: [Finding(True, f"exgrpo {__import__('exgrpo').__version__}, python {sys.version.split()[0]}")]]
+    checks = [lambda: [Finding(True, f"exgrpo {__import__('exgrpo').__version__}, python {sys.version.split()[0]}")],
+              lambda: local_inputs(cfg)]
     if cfg.backend.name == "verl":
         checks += [lambda: job_environment(cfg), lambda: ray_cluster(cfg)]
     checks.append(lambda: mlflow_store(tracking_uri))

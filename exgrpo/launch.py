@@ -29,6 +29,7 @@ from exgrpo.cluster import (
 )
 from exgrpo.config import ConfigError, ExperimentConfig
 from exgrpo.policies.build import prepare_warm_starts
+from exgrpo.policies.inputs import check_inputs
 from exgrpo.evaluation.runner import CheckpointPolicy, eval_names, evaluate_as_in_training, load_checkpoint_policy
 from exgrpo.tracking.code_version import code_version_tags
 from exgrpo.tracking.finished_run import log_finished_run
@@ -244,15 +245,18 @@ def launch_run(cfg: ExperimentConfig, *, tracking_uri: str | None = None, ray_ad
                resume: bool = False, force_resume: bool = False, tracked: bool = True, progress: bool = False,
                tags: Mapping[str, Any] | None = None) -> TrackedRun | TrainResult:
     """One run of ``cfg``, as ``exgrpo train`` and the train flow start it, checked in this order before
-    any of its record exists: the cluster (``ray_address``, else ``RAY_ADDRESS``; stores every node
-    reaches, a cluster that answers), a veRL job's interpreter, its model's context and its own cluster,
-    the tiny LM's warm start on this machine (said in a line, trained now if not cached). Then trained:
-    on the cluster as a Ray task, or here; recorded in MLflow (a :class:`TrackedRun`), or with
-    ``tracked=False`` not (the backend's ``TrainResult``)."""
+    any of its record exists: the local files it reads (a model directory, a question file: every
+    row), the cluster (``ray_address``, else ``RAY_ADDRESS``; stores every node reaches, a cluster that
+    answers), a veRL job's interpreter, its model's context and its own cluster, the tiny LM's warm
+    start on this machine (said in a line, trained now if not cached). Then trained: on the cluster as
+    a Ray task, or here; recorded in MLflow (a :class:`TrackedRun`), or with ``tracked=False`` not (the
+    backend's ``TrainResult``)."""
     address = cluster_address(ray_address)
     if address is not None and not tracked:
         raise ConfigError("--no-tracking with --ray-address: a run on a cluster is recorded in MLflow; "
                           "drop --no-tracking and pass --tracking-uri of a server every node reaches")
+    if address is None:  # on a cluster the node that runs it reads the files, and checks them as it builds the run
+        check_inputs(cfg)
     cfg = on_cluster(cfg, address)
     check_cluster(address, tracking_uri)
     if cfg.backend.name == "verl":  # the job's interpreter and model, before the run's record or assets exist

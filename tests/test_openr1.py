@@ -141,15 +141,15 @@ def test_malformed_cells_name_the_row(tmp_path):
     df = _frame()
     df["prompt"] = df["prompt"].astype(object)
     df.at[2, "prompt"] = [{"role": "system", "content": SYSTEM}]
-    with pytest.raises(OpenR1FormatError, match="row 2: column 'prompt' has no user message"):
+    with pytest.raises(OpenR1FormatError, match="row 2: prompt has no user message"):
         load_openr1(_write(tmp_path, df))
     df = _frame()
     df["reward_model"] = [{"ground_truth": g, "style": "rule"} for g in ("2", None, "3", "6")]
-    with pytest.raises(OpenR1FormatError, match="row 1: column 'reward_model.ground_truth' is empty"):
+    with pytest.raises(OpenR1FormatError, match="row 1: reward_model.ground_truth is missing"):
         load_openr1(_write(tmp_path, df, "nullgt.parquet"))
     df = _frame()
     df["prompt"] = [q for q, _ in QUESTIONS]  # plain strings instead of message lists
-    with pytest.raises(OpenR1FormatError, match="row 0: column 'prompt' must be a non-empty list"):
+    with pytest.raises(OpenR1FormatError, match="row 0: prompt must be a list of {role, content} messages, got str"):
         load_openr1(_write(tmp_path, df, "strprompt.parquet"))
 
 
@@ -158,7 +158,7 @@ def test_not_parquet_and_missing_file(tmp_path):
     path.write_text("not a parquet file")
     with pytest.raises(OpenR1FormatError, match=r"junk\.parquet: cannot be read as parquet"):
         load_openr1(path)
-    with pytest.raises(FileNotFoundError, match="nope.parquet"):
+    with pytest.raises(OpenR1FormatError, match="nope.parquet: no such file"):
         load_openr1(tmp_path / "nope.parquet")
 
 

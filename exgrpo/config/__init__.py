@@ -51,11 +51,12 @@ from exgrpo.config.options import (
     HeldOut,
     Tier,
 )
-from exgrpo.config.policies import LMPolicyConfig, MLPPolicyConfig, SmolLM2PolicyConfig, TinyLMConfig
+from exgrpo.config.policies import HFPolicyConfig, LMPolicyConfig, MLPPolicyConfig, TinyLMConfig
 from exgrpo.config.tasks import (
     ArithmeticProblemsConfig,
     BasicArithmeticKnobs,
     ChainSumKnobs,
+    FileTaskConfig,
     ProductsKnobs,
     ReasoningGymTaskConfig,
     SimpleEquationsKnobs,
@@ -85,6 +86,8 @@ __all__ = [
     "ConfigError",
     "Decoder",
     "ExperimentConfig",
+    "FileTaskConfig",
+    "HFPolicyConfig",
     "LMPolicyConfig",
     "LossAggregation",
     "RESUME_SAFE_PARAM",
@@ -102,7 +105,6 @@ __all__ = [
     "SelectionMode",
     "Shaping",
     "SimpleEquationsKnobs",
-    "SmolLM2PolicyConfig",
     "TaskConfig",
     "TextArithmeticTaskConfig",
     "Tier",

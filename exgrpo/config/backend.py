@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
 from exgrpo.config.options import RESUME_SAFE, _Strict
+from exgrpo.config.policies import HFPolicyConfig, LMPolicyConfig
+from exgrpo.config.tasks import FileTaskConfig, TextArithmeticTaskConfig
 
 
 class VerlSettings(_Strict):
@@ -35,9 +37,10 @@ class VerlSettings(_Strict):
     model_path: str | None = None
     """HF model directory or hub id; None: the tiny LM of policy.model, exported with its tokenizer."""
     train_files: str | None = None
-    """Training parquet (veRL RLHFDataset layout); None: built from the task section."""
+    """Training parquet (veRL RLHFDataset layout); None: built from the task section (task.kind=file: from its
+    task.path, the one place a file run's data is named)."""
     val_files: str | None = None
-    """Validation parquet; None: built from the task section."""
+    """Validation parquet; None: built from the task section (task.kind=file: task.val_path or task.n_val)."""
     max_prompt_length: int = Field(64, ge=8)
     """Longest prompt in tokens (data.max_prompt_length)."""
     micro_batch_size_per_worker: int = Field(16, ge=1)
@@ -66,7 +69,7 @@ class BackendConfig(_Strict):
     """Which backend trains: the in-process native trainer, or veRL's RayPPOTrainer."""
 
     name: Literal["native", "verl"] = "native"
-    """native: exgrpo's CPU trainer (toy, tiny-lm, smollm2); verl: veRL's RayPPOTrainer (CPU or GPU)."""
+    """native: exgrpo's CPU trainer (toy, tiny-lm, smollm2, hf); verl: veRL's RayPPOTrainer (CPU or GPU)."""
     verl: VerlSettings = VerlSettings()
     """veRL settings (used when name = verl)."""
 
@@ -74,3 +77,41 @@ class BackendConfig(_Strict):
         """The settings sections of the backends that do not run: they decide nothing about this run
         (e.g. ``verl`` when ``name`` is native), so they are not its MLflow params."""
         return {n for n, f in type(self).model_fields.items() if isinstance(f.default, _Strict) and n != self.name}
+
+
+def check_verl_support(cfg: Any) -> None:
+    """What the veRL backend supports of an ExperimentConfig ``cfg``: ValueError, one line that says what
+    to change, otherwise."""
+    v = cfg.backend.verl
+    if v.model_path is None and isinstance(cfg.policy, HFPolicyConfig):
+        raise ValueError(f"backend.name=verl trains backend.verl.model_path, which is not set (policy.path="
+                         f"{cfg.policy.path} is the native trainer's model); set it to the HF model directory")
+    if v.model_path is None and not (isinstance(cfg.policy, LMPolicyConfig) and cfg.policy.model.arch == "llama"):
+        # veRL's agent loop treats model_type qwen2 as ChatML (it needs <|im_end|>); the char vocabulary has none
+        raise ValueError("backend.name=verl with the built-in tiny LM needs policy.model.arch=llama "
+                         "(or set backend.verl.model_path to an HF model)")
+    if isinstance(cfg.task, FileTaskConfig):
+        if v.train_files is not None or v.val_files is not None:
+            raise ValueError("task.path (task.kind=file) is the veRL run's data; drop backend.verl.train_files/"
+                             "val_files, which would name a second source")
+        if cfg.task.max_prompt_length is not None or cfg.task.require_think:
+            raise ValueError("task.max_prompt_length and task.require_think apply on backend.name=native only; on "
+                             "veRL unset them (backend.verl.max_prompt_length bounds the prompts)")
+    elif v.train_files is None and not isinstance(cfg.task, TextArithmeticTaskConfig):
+        raise ValueError(f"backend.name=verl builds data for task.kind=text_arithmetic or file; got "
+                         f"{cfg.task.kind!r}: set task.kind=file and task.path, or backend.verl.train_files/val_files")
+    if cfg.algorithm.replay not in ("none", "buckets", "uniform"):
+        raise ValueError(f"algorithm.replay={cfg.algorithm.replay.value!r} has no veRL backend yet; "
+                         "use none, buckets or uniform (or backend.name=native)")
+    if getattr(cfg.algorithm, "replay_adds_to_batch", False):
+        raise ValueError("algorithm.replay_adds_to_batch=true has no veRL backend (veRL's dataloader draws a fixed "
+                         "batch); raise train.batch_size instead, or use backend.name=native")
+    if cfg.train.max_sampled_tokens is not None:
+        raise ValueError("train.max_sampled_tokens has no veRL backend (veRL's trainer counts steps); set "
+                         "train.max_steps from the tokens a step samples, or use backend.name=native")
+    if v.rollout == "hf" and v.device != "cpu":
+        raise ValueError("backend.verl.rollout=hf runs on device=cpu only; use rollout=vllm on GPUs")
+    mini = cfg.train.batch_size // cfg.train.mini_batches
+    if mini * cfg.train.mini_batches != cfg.train.batch_size:
+        raise ValueError(f"train.batch_size={cfg.train.batch_size} must be divisible by train.mini_batches="
+                         f"{cfg.train.mini_batches} on the veRL backend")

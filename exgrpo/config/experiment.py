@@ -17,23 +17,33 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 
 from exgrpo.config.adaptive import AdaptiveConfig
 from exgrpo.config.algorithm import DEFAULT_REPLAY, AlgorithmConfig, ExGRPOConfig, is_foreign, replay_homes
-from exgrpo.config.backend import BackendConfig
+from exgrpo.config.backend import BackendConfig, check_verl_support
 from exgrpo.config.options import RESUME_SAFE, RESUME_SAFE_PARAM, ConfigError, OptimizerKind, Tier, _Strict
-from exgrpo.config.policies import LMPolicyConfig, MLPPolicyConfig, SmolLM2PolicyConfig
-from exgrpo.config.tasks import ReasoningGymTaskConfig, TextArithmeticTaskConfig, ToyTaskConfig
+from exgrpo.config.policies import HFPolicyConfig, LMPolicyConfig, MLPPolicyConfig
+from exgrpo.config.tasks import FileTaskConfig, ReasoningGymTaskConfig, TextArithmeticTaskConfig, ToyTaskConfig
 
 
-TaskConfig = Annotated[ToyTaskConfig | TextArithmeticTaskConfig | ReasoningGymTaskConfig, Field(discriminator="kind")]
+TaskConfig = Annotated[ToyTaskConfig | TextArithmeticTaskConfig | ReasoningGymTaskConfig | FileTaskConfig,
+                       Field(discriminator="kind")]
 """Task section, chosen by ``kind`` (filled in from ``tier`` when absent)."""
-PolicyConfig = Annotated[MLPPolicyConfig | LMPolicyConfig | SmolLM2PolicyConfig, Field(discriminator="kind")]
+PolicyConfig = Annotated[MLPPolicyConfig | LMPolicyConfig | HFPolicyConfig, Field(discriminator="kind")]
 """Policy section, chosen by ``kind`` (filled in from ``tier`` when absent)."""
 
 _TIER_KINDS = {
     "toy": ("toy_arithmetic", "mlp"),
     "tiny-lm": ("text_arithmetic", "lm"),
-    "smollm2": ("reasoning_gym", "smollm2"),
+    "smollm2": ("reasoning_gym", "hf"),
+    "hf": ("file", "hf"),
 }
 """Default task/policy kinds of each tier with a native backend (the paper tier runs on veRL)."""
+
+_POLICY_SPELLINGS = {"smollm2": {"kind": "hf", "path": "smollm2"}}
+"""``policy.kind`` values read as an instance of another kind: SmolLM2 is the hf policy at its packaged
+path (the configs saved in run directories and checkpoints of SmolLM2 runs spell it ``kind: smollm2``)."""
+
+_PAIRS = {ToyTaskConfig: (MLPPolicyConfig,), TextArithmeticTaskConfig: (LMPolicyConfig,),
+          ReasoningGymTaskConfig: (LMPolicyConfig, HFPolicyConfig), FileTaskConfig: (HFPolicyConfig,)}
+"""The policy kinds each task kind can be trained with (a file's chat prompts need the model's own tokenizer)."""
 
 
 class TrainConfig(_Strict):
@@ -129,17 +139,21 @@ class ExperimentConfig(_Strict):
                 data[section] = {"kind": kind}
             elif isinstance(value, dict) and "kind" not in value:
                 data[section] = {"kind": kind, **value}
+        policy = data["policy"]
+        if isinstance(policy, dict) and policy.get("kind") in _POLICY_SPELLINGS:
+            data["policy"] = {**_POLICY_SPELLINGS[policy["kind"]], **{k: v for k, v in policy.items() if k != "kind"}}
         return data
 
     @model_validator(mode="after")
     def _consistent(self) -> ExperimentConfig:
-        pairs = {ToyTaskConfig: (MLPPolicyConfig,), TextArithmeticTaskConfig: (LMPolicyConfig,),
-                 ReasoningGymTaskConfig: (LMPolicyConfig, SmolLM2PolicyConfig)}
-        if not isinstance(self.policy, pairs[type(self.task)]):
+        if not isinstance(self.policy, _PAIRS[type(self.task)]):
             raise ValueError(
                 f"task.kind={self.task.kind!r} cannot be paired with policy.kind={self.policy.kind!r}; "
-                f"use one of {[p.model_fields['kind'].default for p in pairs[type(self.task)]]}"
+                f"use one of {[p.model_fields['kind'].default for p in _PAIRS[type(self.task)]]}"
             )
+        if isinstance(self.task, FileTaskConfig) and self.task.val_path is None and not self.task.n_val:
+            raise ValueError("task.kind=file needs held-out questions to evaluate on: set task.val_path to a "
+                             "validation file, or task.n_val to hold that many questions of task.path out")
         if isinstance(self.policy, LMPolicyConfig) and isinstance(self.task, TextArithmeticTaskConfig):
             if self.task.problems != self.policy.model.problems:
                 raise ValueError(
@@ -147,39 +161,12 @@ class ExperimentConfig(_Strict):
                     "tiny LM's SFT distribution); set both, or neither"
                 )
         if self.backend.name == "verl":
-            _check_verl(self)
+            check_verl_support(self)
         return self
 
     def run_dir(self) -> Path:
         """Directory of this (experiment, seed) run."""
         return self.output_dir / self.name / f"seed{self.seed}"
-
-
-def _check_verl(cfg: ExperimentConfig) -> None:
-    """What the veRL backend supports today (one-line errors that say what to change)."""
-    v = cfg.backend.verl
-    if v.model_path is None and not (isinstance(cfg.policy, LMPolicyConfig) and cfg.policy.model.arch == "llama"):
-        # veRL's agent loop treats model_type qwen2 as ChatML (it needs <|im_end|>); the char vocabulary has none
-        raise ValueError("backend.name=verl with the built-in tiny LM needs policy.model.arch=llama "
-                         "(or set backend.verl.model_path to an HF model)")
-    if v.train_files is None and not isinstance(cfg.task, TextArithmeticTaskConfig):
-        raise ValueError(f"backend.name=verl builds data for task.kind=text_arithmetic only; got {cfg.task.kind!r}: "
-                         "set backend.verl.train_files/val_files to parquet files")
-    if cfg.algorithm.replay not in ("none", "buckets", "uniform"):
-        raise ValueError(f"algorithm.replay={cfg.algorithm.replay.value!r} has no veRL backend yet; "
-                         "use none, buckets or uniform (or backend.name=native)")
-    if getattr(cfg.algorithm, "replay_adds_to_batch", False):
-        raise ValueError("algorithm.replay_adds_to_batch=true has no veRL backend (veRL's dataloader draws a fixed "
-                         "batch); raise train.batch_size instead, or use backend.name=native")
-    if cfg.train.max_sampled_tokens is not None:
-        raise ValueError("train.max_sampled_tokens has no veRL backend (veRL's trainer counts steps); set "
-                         "train.max_steps from the tokens a step samples, or use backend.name=native")
-    if v.rollout == "hf" and v.device != "cpu":
-        raise ValueError("backend.verl.rollout=hf runs on device=cpu only; use rollout=vllm on GPUs")
-    mini = cfg.train.batch_size // cfg.train.mini_batches
-    if mini * cfg.train.mini_batches != cfg.train.batch_size:
-        raise ValueError(f"train.batch_size={cfg.train.batch_size} must be divisible by train.mini_batches="
-                         f"{cfg.train.mini_batches} on the veRL backend")
 
 
 class CompareConfig(_Strict):

@@ -26,13 +26,16 @@ def _tag_field(members: list[type[BaseModel]]) -> str:
 
 
 def field_docs(model: type[BaseModel] = ExperimentConfig, prefix: str = "") -> list[tuple[str, str, str]]:
-    """(dotted name, default, docstring) for every leaf field of the config. In a union section
+    """(dotted name, default as JSON or ``required``, docstring) for every leaf field of the config. In a union section
     (task, policy, algorithm) a field that only some members have says which, e.g.
     ``[algorithm.replay=buckets|uniform]``."""
     rows: list[tuple[str, str, str]] = []
     for name, f in model.model_fields.items():
         members = _union_members(f.annotation)
         if not members:
+            if f.is_required():
+                rows.append((f"{prefix}{name}", "required", f.description or ""))
+                continue
             default = f.get_default(call_default_factory=True)
             default = default.value if hasattr(default, "value") else default
             rows.append((f"{prefix}{name}", json.dumps(default, default=str), f.description or ""))

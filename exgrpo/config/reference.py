@@ -36,7 +36,7 @@ PAGE = Path("docs/reference/configuration.md")
 """Where ``--write`` puts the page (relative to the repository root)."""
 
 _VERL_REPLAYS = "none, buckets, uniform"
-"""algorithm.replay values the veRL backend runs (exgrpo/config/experiment.py: _check_verl)."""
+"""algorithm.replay values the veRL backend runs (exgrpo/config/backend.py: check_verl_support)."""
 
 
 class Row(NamedTuple):

@@ -81,6 +81,47 @@ class GradedTaskConfig(_Strict):
     """Longest graded answer; a longer one scores 0 instead of being truncated."""
 
 
+DATA_FILE_SUFFIXES: Final[tuple[str, ...]] = (".parquet", ".jsonl")
+"""The formats of a task file (exgrpo.tasks.rlhf_file reads each)."""
+
+
+class FileTaskConfig(GradedTaskConfig):
+    """Questions from your own file in veRL's RLHFDataset layout (parquet or JSONL), graded by math-verify
+    against ``reward_model.ground_truth``; the same file on both backends."""
+
+    kind: Literal["file"] = "file"
+    """Task registry key."""
+    path: str
+    """The training file, .parquet or .jsonl (relative paths are from the working directory); each row: prompt
+    (chat messages), reward_model.ground_truth (a string), data_source, optionally extra_info.index."""
+    val_path: str | None = None
+    """The held-out file (same layout); None: n_val questions of path are held out instead."""
+    n_val: int = Field(0, ge=0)
+    """Questions of path held out for validation (a random subset by split_seed) when val_path is not set."""
+    split_seed: int = 0
+    """Seed of that held-out subset."""
+    max_prompt_length: int | None = Field(None, ge=1)
+    """Drop questions whose chat prompt has more tokens (native backend; the reference uses 1024); None keeps all."""
+    remove_system: bool = False
+    """Drop system messages before applying the chat template (the reference's evaluation does)."""
+    require_think: bool = False
+    """Grade only the text after the first </think> and give 0 without one (the reference's reward v3)."""
+
+    @field_validator("path", "val_path")
+    @classmethod
+    def _format(cls, v: str | None) -> str | None:
+        if v is not None and not v.endswith(DATA_FILE_SUFFIXES):
+            raise ValueError(f"{v!r} is not a {' or '.join(DATA_FILE_SUFFIXES)} file (veRL's RLHFDataset layout)")
+        return v
+
+    @model_validator(mode="after")
+    def _one_held_out_set(self) -> FileTaskConfig:
+        if self.val_path is not None and self.n_val:
+            raise ValueError(f"val_path and n_val={self.n_val} both name held-out questions; set one "
+                             "(n_val: 0 with a val_path)")
+        return self
+
+
 class TextArithmeticTaskConfig(GradedTaskConfig):
     """Text arithmetic questions with worked answers (tiny-lm tier)."""
 

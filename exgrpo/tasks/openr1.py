@@ -1,23 +1,15 @@
-"""OpenR1-Math-46k-style parquet files (the ExGRPO reference's ``data.train_files``) as a task.
+"""A question file in veRL's RLHFDataset layout as a task (``task.kind: file``): the ExGRPO
+reference's OpenR1-Math-46k parquet (its ``data.train_files``), or your own parquet or JSONL.
 
-Format (``shared/docs/exgrpo-spec.md`` §8, written by the reference's ``prepare_train.py``):
+The rows and their checks are :mod:`exgrpo.tasks.rlhf_file`'s (``shared/docs/exgrpo-spec.md`` §8 for
+the reference's ``prepare_train.py``); here they become a Task (interfaces.py):
 
-=============================  ==========================================================  =========
-column                         content                                                     here
-=============================  ==========================================================  =========
-``data_source``                source tag of the question (e.g. ``"openr1"``)               required
-``prompt``                     list of ``{"role", "content"}`` messages (system + user)     required
-``reward_model.ground_truth``  gold answer (LaTeX string); a struct column ``reward_model``  required
-                               with field ``ground_truth``, or a flat column of that name
-``target``                     an R1 reasoning trace (unused by ExGRPO)                     optional
-``extra_info.index``           original index; a struct ``extra_info`` with ``index``       optional
-``dataframe_uid``              question uid                                                 optional
-=============================  ==========================================================  =========
-
+* Questions: the rows of ``path`` (after the prompt length filter) are the training questions; the
+  held-out ones are the rows of ``val_path``, else ``n_val`` of ``path``'s drawn by ``split_seed``.
 * ``dataframe_uid``: the file's column if present, else the row position **after** the prompt
   length filter, as the reference does (``RLHFDatasetWithTargetExperience`` assigns
   ``range(len(dataframe))`` after its parent class filtered the prompts). ``rows`` keeps each
-  question's position in the file.
+  question's position in its file.
 * Prompts: the ``prompt`` messages rendered by the tokenizer's chat template with
   ``add_generation_prompt=True`` (:func:`~exgrpo.tasks.tokenizers.chat_prompt_ids`).
   ``remove_system=True`` drops system messages first (the reference's evaluation does; training
@@ -39,158 +31,100 @@ from typing import Any
 
 import numpy as np
 import torch
-from pydantic import Field
 
-from exgrpo.config.tasks import GradedTaskConfig
+from exgrpo.config.tasks import FileTaskConfig
 from exgrpo.rewards.math_reward import MathVerifier
+from exgrpo.tasks.rlhf_file import DataFileError, FileQuestion, read_questions
 from exgrpo.tasks.tokenizers import chat_prompt_ids
 
-__all__ = ["REQUIRED_COLUMNS", "OpenR1FormatError", "OpenR1Task", "OpenR1TaskConfig", "load_openr1"]
+__all__ = ["OpenR1FormatError", "OpenR1Task", "OpenR1TaskConfig", "load_openr1"]
 
-REQUIRED_COLUMNS: tuple[str, ...] = ("data_source", "prompt", "reward_model.ground_truth")
-"""Columns every file must have (dotted names are fields of struct columns)."""
-OPTIONAL_COLUMNS: tuple[str, ...] = ("target", "extra_info.index", "dataframe_uid")
-
-
-class OpenR1FormatError(ValueError):
-    """The parquet file does not have the OpenR1-Math layout; the message names the file and column."""
-
-
-class OpenR1TaskConfig(GradedTaskConfig):
-    """An OpenR1-Math-46k-style parquet file as a task."""
-
-    kind: str = "openr1"
-    """Task registry key."""
-    path: str
-    """The parquet file (e.g. the reference's openr1.parquet)."""
-    max_prompt_length: int | None = Field(None, ge=1)
-    """Drop questions whose chat prompt has more tokens (the reference uses 1024); None keeps all."""
-    remove_system: bool = False
-    """Drop system messages before applying the chat template (the reference's eval setting)."""
-    require_think: bool = False
-    """Grade only the text after the first </think> and give 0 without one (reference reward v3)."""
-    n_val: int = Field(0, ge=0)
-    """Questions held out as val_ids (a seeded random subset); 0 puts all into train_ids."""
-    split_seed: int = 0
-    """Seed of the held-out subset."""
-
-
-def _fail(path: Path, msg: str) -> OpenR1FormatError:
-    return OpenR1FormatError(f"{path}: {msg}")
-
-
-def _read_columns(path: Path) -> tuple[dict[str, list[Any]], int]:
-    """The needed columns as Python lists (struct columns flattened to dotted names)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    if not path.is_file():
-        raise FileNotFoundError(f"OpenR1 parquet file not found: {path}")
-    try:
-        table = pq.read_table(path)
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise _fail(path, f"cannot be read as parquet ({exc})") from exc
-    top = set(table.column_names)
-    flat = table.flatten()  # struct column `reward_model` -> `reward_model.ground_truth`, ...
-    names = set(flat.column_names)
-    for col in REQUIRED_COLUMNS:
-        if col in names:
-            continue
-        parent = col.split(".")[0]
-        if "." in col and parent in top:
-            kind = table.schema.field(parent).type
-            raise _fail(
-                path,
-                f"missing column {col!r}: column {parent!r} has type {kind}, expected a struct with field "
-                f"{col.split('.', 1)[1]!r}",
-            )
-        raise _fail(path, f"missing column {col!r} (required: {', '.join(REQUIRED_COLUMNS)}; found: {sorted(top)})")
-    cols = {c: flat.column(c).to_pylist() for c in REQUIRED_COLUMNS + OPTIONAL_COLUMNS if c in names}
-    return cols, flat.num_rows
-
-
-def _messages(path: Path, row: int, cell: Any) -> list[dict[str, str]]:
-    if not isinstance(cell, (list, tuple)) or not cell:
-        raise _fail(path, f"row {row}: column 'prompt' must be a non-empty list of {{role, content}} messages, "
-                    f"got {type(cell).__name__}: {str(cell)[:80]!r}")  # fmt: skip
-    out = []
-    for m in cell:
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            raise _fail(path, f"row {row}: column 'prompt' has a message without string 'role'/'content': {m!r}")
-        out.append({"role": m["role"], "content": m["content"]})
-    if not any(m["role"] == "user" for m in out):
-        raise _fail(path, f"row {row}: column 'prompt' has no user message")
-    return out
+OpenR1TaskConfig = FileTaskConfig
+"""The task's config: ``task.kind: file`` (exgrpo.config.tasks)."""
+OpenR1FormatError = DataFileError
+"""A file the task cannot use (one line naming the field, the file and its bad rows)."""
 
 
 class OpenR1Task:
-    """Questions, golds and chat prompts of an OpenR1-Math-style parquet file (Task protocol).
+    """Questions, golds and chat prompts of a question file (Task protocol).
 
-    Per question ``q`` (positions after the length filter): ``messages[q]``, ``questions[q]`` (the
-    last user message), ``golds[q]``, ``data_sources[q]``, ``indices[q]`` (``extra_info.index``
-    or None), ``targets[q]`` (or None), ``uids[q]`` (dataframe_uid) and ``rows[q]`` (file row)."""
+    Per question ``q`` (training questions first, then those of ``val_path``): ``messages[q]``,
+    ``questions[q]`` (the last user message), ``golds[q]``, ``data_sources[q]``, ``indices[q]``
+    (``extra_info.index`` or None), ``targets[q]`` (or None), ``uids[q]`` (dataframe_uid) and
+    ``rows[q]`` (row of its file)."""
 
-    def __init__(self, cfg: OpenR1TaskConfig, tokenizer: Any = None, verifier: Any = None) -> None:
+    def __init__(self, cfg: FileTaskConfig, tokenizer: Any = None, verifier: Any = None) -> None:
         self.cfg = cfg
-        self.path = path = Path(cfg.path)
+        self.path = Path(cfg.path)
         self.tokenizer = tokenizer
         self._verifier = verifier
+        self.template = "chat-template"
+        """Name of the prompt template (recorded beside evaluation scores): the model's own."""
         if cfg.max_prompt_length is not None and tokenizer is None:
             raise ValueError("max_prompt_length needs a tokenizer (prompt lengths are counted in its tokens)")
-        cols, n_rows = _read_columns(path)
-        self.n_rows = n_rows
         self.messages: list[list[dict[str, str]]] = []
         self.golds: list[str] = []
         self.data_sources: list[str] = []
-        self.targets: list[str | None] = []
+        self.targets: list[Any] = []
         self.indices: list[int | None] = []
         self.rows: list[int] = []
         self.uids: list[int] = []
         self._prompt_ids: list[list[int]] = []
         self.prompt_lengths: list[int] = []
-        for r in range(n_rows):
-            msgs = _messages(path, r, cols["prompt"][r])
-            if cfg.remove_system:
-                msgs = [m for m in msgs if m["role"] != "system"]
-            gold = cols["reward_model.ground_truth"][r]
-            if gold is None or isinstance(gold, (bool, dict, list)) or (isinstance(gold, str) and not gold.strip()):
-                raise _fail(path, f"row {r}: column 'reward_model.ground_truth' is empty or not a string: {gold!r}")
-            source = cols["data_source"][r]
-            if source is None:
-                raise _fail(path, f"row {r}: column 'data_source' is null")
-            ids = None
-            if tokenizer is not None:
+        train = read_questions(cfg.path, "task.path")
+        self.n_rows = len(train)
+        n_train = self._add(train, "task.path", cfg.path)
+        self.n_filtered = self.n_rows - n_train
+        if cfg.val_path is not None:
+            n_val = self._add(read_questions(cfg.val_path, "task.val_path"), "task.val_path", cfg.val_path)
+            self.train_ids: list[int] = list(range(n_train))
+            self.val_ids: list[int] = list(range(n_train, n_train + n_val))
+        else:
+            if cfg.n_val >= n_train:
+                raise DataFileError(f"task.n_val={cfg.n_val} must be < the {n_train} questions of task.path={self.path}")
+            perm = np.random.default_rng(cfg.split_seed).permutation(n_train)
+            self.val_ids = sorted(int(i) for i in perm[: cfg.n_val])
+            self.train_ids = sorted(int(i) for i in perm[cfg.n_val :])
+        self.questions: list[str] = [[m for m in msgs if m["role"] == "user"][-1]["content"] for msgs in self.messages]
+
+    def _add(self, questions: list[FileQuestion], field: str, path: str) -> int:
+        """Append the questions that pass the prompt length filter; how many did."""
+        start = len(self.messages)
+        has_uids = all(q.uid is not None for q in questions)
+        for q in questions:
+            msgs = [m for m in q.messages if m["role"] != "system"] if self.cfg.remove_system else q.messages
+            if self.tokenizer is not None:
                 ids = self._render(msgs)
-                if cfg.max_prompt_length is not None and len(ids) > cfg.max_prompt_length:
+                if self.cfg.max_prompt_length is not None and len(ids) > self.cfg.max_prompt_length:
                     continue
-            self.messages.append(msgs)
-            self.golds.append(str(gold))
-            self.data_sources.append(str(source))
-            self.targets.append(cols["target"][r] if "target" in cols else None)
-            index = cols["extra_info.index"][r] if "extra_info.index" in cols else None
-            self.indices.append(None if index is None else int(index))
-            self.rows.append(r)
-            if "dataframe_uid" in cols:
-                self.uids.append(int(cols["dataframe_uid"][r]))
-            if ids is not None:
                 self._prompt_ids.append(ids)
                 self.prompt_lengths.append(len(ids))
-        if not self.messages:
-            raise _fail(path, f"no questions left (rows: {n_rows}, max_prompt_length: {cfg.max_prompt_length})")
-        if "dataframe_uid" not in cols:
-            self.uids = list(range(len(self.messages)))  # row position after filtering, as the reference
-        self.n_filtered = n_rows - len(self.messages)
-        self.questions: list[str] = [[m for m in msgs if m["role"] == "user"][-1]["content"] for msgs in self.messages]
-        n = len(self.messages)
-        if cfg.n_val >= n:
-            raise ValueError(f"n_val={cfg.n_val} must be < the {n} questions of {path}")
-        perm = np.random.default_rng(cfg.split_seed).permutation(n)
-        self.val_ids: list[int] = sorted(int(i) for i in perm[: cfg.n_val])
-        self.train_ids: list[int] = sorted(int(i) for i in perm[cfg.n_val :])
+            self.messages.append(msgs)
+            self.golds.append(q.gold)
+            self.data_sources.append(q.data_source)
+            self.targets.append(q.target)
+            self.indices.append(q.index)
+            self.rows.append(q.row)
+            if has_uids:
+                self.uids.append(int(q.uid))
+        added = len(self.messages) - start
+        if not has_uids:
+            self.uids += list(range(added))  # row position after filtering, as the reference
+        if not added:
+            raise DataFileError(f"{field}={path}: no questions left (rows: {len(questions)}, task.max_prompt_length: "
+                                f"{self.cfg.max_prompt_length})")
+        return added
 
     # ------------------------------------------------------------------ prompts
     def _render(self, msgs: list[dict[str, str]]) -> list[int]:
         return chat_prompt_ids(self.tokenizer, msgs)
+
+    def prompt_fn(self, text: str) -> list[int]:
+        """A benchmark question as a user message in the model's chat template (exgrpo eval)."""
+        return self._render([{"role": "user", "content": text}])
+
+    def decode_fn(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
     def __len__(self) -> int:
         return len(self.messages)
@@ -243,12 +177,11 @@ def load_openr1(
     remove_system: bool = False,
     **kwargs: Any,
 ) -> OpenR1Task:
-    """Load an OpenR1-Math-style parquet file (see the module docstring for the columns).
+    """Load a question file (see the module docstring; :mod:`exgrpo.tasks.rlhf_file` for the rows).
 
     Raises:
-        FileNotFoundError: no such file.
-        OpenR1FormatError: unreadable parquet, a missing column or a malformed cell (the message
-            names the file, the column and the row).
+        OpenR1FormatError: no such file, an unreadable file, a missing column or bad rows (one line
+            naming the file, the column or the rows).
     """
     cfg = OpenR1TaskConfig(path=str(path), max_prompt_length=max_prompt_length, remove_system=remove_system, **kwargs)
     return OpenR1Task(cfg, tokenizer=tokenizer)

