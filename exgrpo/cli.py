@@ -187,7 +187,7 @@ def _compare_locally(cc: CompareConfig, args: argparse.Namespace) -> tuple[list,
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from exgrpo.evaluation.runner import EvalSettings, evaluate_checkpoint, format_scores
+    from exgrpo.evaluation.runner import EvalSettings, format_scores, score_checkpoint
 
     settings = EvalSettings(n=args.n, temperature=args.temperature, top_p=args.top_p,
                             max_tokens=args.max_tokens, seed=args.seed)
@@ -195,14 +195,43 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         from exgrpo.tracking.registry import checkpoint_at
 
         with checkpoint_at(args.checkpoint, args.tracking_uri) as checkpoint:  # a models:/ download: removed after
-            scores = evaluate_checkpoint(checkpoint, args.benchmarks, settings, workers=args.workers)
+            done = score_checkpoint(checkpoint, args.benchmarks, settings, workers=args.workers, python=args.python)
+            record = None if args.no_tracking else _eval_record(Path(checkpoint), args)
     except (FileNotFoundError, ValueError, KeyError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(format_scores(scores))
+    except RuntimeError as e:  # the job environment's vLLM failed
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(format_scores(done.scores))
     if args.json:
-        Path(args.json).write_text(json.dumps([s.to_dict() for s in scores], indent=2))
+        from exgrpo.atomic import write_text_atomic
+
+        write_text_atomic(args.json, json.dumps([s.to_dict() for s in done.scores], indent=2))
+    if record is not None:
+        from exgrpo.tracking import Tracker
+        from exgrpo.tracking.eval_record import log_scores
+
+        uri, run_id = record
+        logged = log_scores(Tracker(uri), run_id, done.scores, done.step)
+        print(f"logged {len(logged)} eval/* metrics at step {done.step} to MLflow run {run_id} ({uri})")
     return 0
+
+
+def _eval_record(checkpoint: Path, args: argparse.Namespace) -> tuple[str, str] | None:
+    """(tracking URI, run id) the scores of ``checkpoint`` go to: ``--run-id``, else the record of the run
+    whose checkpoints/ holds it (a tracked run's directory names its MLflow run); None: not recorded."""
+    from exgrpo.tracking.mlflow_tracking import resolve_tracking_uri
+    from exgrpo.tracking.run_record import read_record
+
+    if args.run_id:
+        return resolve_tracking_uri(args.tracking_uri), args.run_id
+    found = read_record(checkpoint.resolve().parent.parent)
+    if found is None:
+        print(f"note: {checkpoint} is not in a tracked run's directory; the scores are not logged to MLflow "
+              "(give --run-id to log them)", file=sys.stderr)
+        return None
+    return found.tracking_uri, found.run_id
 
 
 def _cmd_config(args: argparse.Namespace) -> int:
@@ -414,7 +443,9 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("eval", help="evaluate a checkpoint on benchmarks",
                        description="Score a checkpoint: avg@n and unbiased pass@k per benchmark, each with its "
                        "sampling settings. 'val' is the run's own held-out split; gsm8k, math500, arith, ... come "
-                       "from the benchmark registry (LM tiers only).")
+                       "from the benchmark registry (LM tiers only). A veRL checkpoint of an external HF model "
+                       "(backend.verl.model_path) is merged into an HF directory and scored with the job environment's "
+                       "vLLM. The scores go to the run's MLflow record as eval/<benchmark>/<metric>.")
     e.add_argument("--checkpoint", required=True,
                    help="a runs/<name>/seed<k>/checkpoints/step_*.pt file, a veRL run's checkpoints/global_step_N "
                         "directory, or a registered one: "
@@ -429,6 +460,11 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--seed", type=int, default=0, help="seed of subsets and sampling (default 0)")
     e.add_argument("--workers", type=int, default=2, help="math-verify worker processes (default 2)")
     e.add_argument("--json", help="also write the scores to this JSON file (default: not written)")
+    e.add_argument("--python", help="interpreter of the job environment whose vLLM scores an external HF model's "
+                                    "checkpoint (default: the run's backend.verl.python, else .venv-job/bin/python)")
+    e.add_argument("--run-id", help="MLflow run to log eval/<benchmark>/<metric> into (default: the run whose "
+                                    "directory holds the checkpoint)")
+    e.add_argument("--no-tracking", action="store_true", help="do not log the scores to MLflow")
     e.set_defaults(fn=_cmd_eval)
 
     y = sub.add_parser("sync", help="finish in MLflow the runs an outage or a kill left behind",

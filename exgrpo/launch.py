@@ -30,7 +30,13 @@ from exgrpo.cluster import (
 from exgrpo.config import ConfigError, ExperimentConfig
 from exgrpo.policies.build import prepare_warm_starts
 from exgrpo.policies.inputs import check_inputs
-from exgrpo.evaluation.runner import CheckpointPolicy, eval_names, evaluate_as_in_training, load_checkpoint_policy
+from exgrpo.evaluation.runner import (
+    CheckpointPolicy,
+    as_in_training,
+    eval_names,
+    evaluate_as_in_training,
+    load_checkpoint_policy,
+)
 from exgrpo.tracking.code_version import code_version_tags
 from exgrpo.tracking.finished_run import log_finished_run
 from exgrpo.tracking.mlflow_tracking import (
@@ -97,6 +103,11 @@ def _train_unrecorded(cfg: ExperimentConfig, uri: str, creation: dict[str, Any],
 def _final_evaluation(final: CheckpointPolicy) -> dict[str, float]:
     """``eval/*``: the final policy evaluated as the run evaluates."""
     return eval_names(evaluate_as_in_training(final))
+
+
+def _final_model_dir_evaluation(model_dir: Path) -> dict[str, float]:
+    """``eval/*`` of an external HF model's final checkpoint (its merged HF directory), scored by vLLM."""
+    return eval_names(as_in_training(model_dir)[2])
 
 
 def _status_for(exc: BaseException) -> str:
@@ -218,7 +229,7 @@ def tracked_train(
         step = int(result.final_metrics.get("step", 0))
         tracker.log_metrics(run_id, final, step=step)
         log_finished_run(tracker, run_id, cfg, result, step, load_policy=load_checkpoint_policy, evaluate=_final_evaluation,
-                         log_checkpoint=log_checkpoint, log_model=log_model)
+                         evaluate_model_dir=_final_model_dir_evaluation, log_checkpoint=log_checkpoint, log_model=log_model)
     except BaseException as e:
         status = _status_for(e)
         try:

@@ -3,7 +3,8 @@
     prefect deployment run 'evaluate/evaluate' --param checkpoint=runs/toy/seed0/checkpoints/step_0000100.pt
 
 A checkpoint is a native ``step_*.pt`` or a veRL run's ``global_step_N/`` (its FSDP shards merged:
-:mod:`exgrpo.backends.verl.actor_weights`). The evaluate deployment also runs by itself when a run of
+:mod:`exgrpo.backends.verl.actor_weights`); a veRL run of an external HF model (``backend.verl.model_path``)
+is merged into an HF directory and scored by the job environment's vLLM (:mod:`exgrpo.evaluation.hf_eval`). The evaluate deployment also runs by itself when a run of
 the train or train-verl deployment completes (a
 deployment trigger in prefect.yaml on Prefect's ``prefect.flow-run.Completed`` event): it is given
 the train flow run, finds the MLflow run that flow created (tag ``prefect_flow_run_id``) and its
@@ -20,7 +21,10 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from exgrpo.tracking import Tracker, run_tags
+from exgrpo.tracking.eval_record import one_series_per_meaning
 from exgrpo.tracking.registry import checkpoint_at
+
+__all__ = ["evaluate_flow", "find_train_run", "one_series_per_meaning"]
 
 
 def find_train_run(train_flow_run: str, tracking_uri: str | None) -> tuple[str, str, str | None]:
@@ -46,20 +50,6 @@ def find_train_run(train_flow_run: str, tracking_uri: str | None) -> tuple[str, 
     return checkpoint, run.info.run_id, uri
 
 
-def one_series_per_meaning(client: Any, run_id: str, named: dict[str, float], step: int) -> dict[str, float]:
-    """What of an evaluation to log into a run that may hold the training's own evaluation at the same
-    step: a value it has already is not logged twice; one that differs (other settings, another
-    machine) goes under ``evaluate/`` beside it, so each series keeps one meaning."""
-    out = {}
-    for key, value in named.items():
-        there = {m.step: m.value for m in client.get_metric_history(run_id, key)}
-        if step not in there:
-            out[key] = value
-        elif abs(there[step] - value) > 1e-9:
-            out["evaluate/" + key.split("/", 1)[1]] = value
-    return out
-
-
 @flow(name="evaluate", log_prints=True)
 async def evaluate_flow(checkpoint: str | None = None, run_id: str | None = None, tracking_uri: str | None = None,
                         train_flow_run: str | None = None) -> dict[str, Any]:
@@ -72,13 +62,13 @@ async def evaluate_flow(checkpoint: str | None = None, run_id: str | None = None
         raise ValueError("evaluate: give checkpoint=<path to step_N.pt or a veRL global_step_N/> (or "
                          "train_flow_run=<flow run id>)")
     # torch: when the flow runs, not when Prefect reads it
-    from exgrpo.evaluation.runner import eval_names, evaluate_as_in_training, load_checkpoint_policy
+    from exgrpo.evaluation.runner import as_in_training, eval_names
 
     tracker = Tracker(tracking_uri)
-    # a registered checkpoint (e.g. a sweep's models:/exgrpo-<study>@champion) is downloaded for the evaluation only
+    # a registered checkpoint (e.g. a sweep's models:/exgrpo-<study>@champion) is downloaded for the evaluation only;
+    # an external HF model's (backend.verl.model_path) is scored by the job environment's vLLM
     with checkpoint_at(checkpoint, tracking_uri) as path:
-        loaded = load_checkpoint_policy(str(path))
-        cfg, step, metrics = loaded.config, loaded.step, evaluate_as_in_training(loaded)
+        cfg, step, metrics = as_in_training(str(path))
     if run_id is None:
         run_id = tracker.start_run(cfg.name, f"eval-seed{cfg.seed}-step{step}",
                                    run_tags(cfg, extra={"kind": "evaluate", "checkpoint": checkpoint}))

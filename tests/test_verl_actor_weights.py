@@ -59,16 +59,49 @@ def test_two_fsdp2_ranks_merge_to_the_full_model_and_a_missing_rank_is_named(tmp
     assert not is_step_dir(tmp_path)
 
 
-def test_a_checkpoint_of_an_external_model_is_refused_before_its_shards_are_read(tmp_path):
-    """The paper tier trains backend.verl.model_path (an HF model exgrpo does not rebuild): one line
-    names the model and veRL's merger instead of a key-mismatch trace."""
-    from exgrpo.backends.verl.actor_weights import policy_state
+def _external_step_dir(tmp_path, ranks_written):
+    """A paper-tier (backend.verl.model_path) checkpoint of 8 FSDP ranks of which ``ranks_written`` exist."""
     from exgrpo.config import load_experiment
 
     cfg = load_experiment("experiments/paper-exgrpo.yaml")
     step_dir = tmp_path / "checkpoints" / "global_step_50"
     (step_dir / "actor").mkdir(parents=True)
     (step_dir / "actor" / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 2, "world_size": 8}))
+    for r in ranks_written:
+        (step_dir / "actor" / f"model_world_size_8_rank_{r}.pt").write_bytes(b"not loaded")
     (tmp_path / "verl_run.json").write_text(json.dumps({"config": json.loads(cfg.model_dump_json()), "overrides": []}))
-    with pytest.raises(ValueError, match=r"actor of models/Qwen2\.5-Math-1\.5B-16k \(backend\.verl\.model_path\).*model_merger"):
-        policy_state(step_dir)
+    return step_dir
+
+
+def _eval(step_dir, *extra):
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "exgrpo.cli", "eval", "--checkpoint", str(step_dir), "--no-tracking", *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+
+def test_an_external_models_checkpoint_with_a_missing_shard_is_one_line_before_any_work(tmp_path):
+    """An external model's checkpoint is merged for vLLM; a rank's shard missing (or empty) is named in one
+    line, exit 2, before any shard is read or anything is written."""
+    step_dir = _external_step_dir(tmp_path, ranks_written=[0, 1, 2, 3, 4, 5, 7])
+    (step_dir / "actor" / "model_world_size_8_rank_7.pt").write_bytes(b"")
+    res = _eval(step_dir)
+    assert res.returncode == 2, res.stderr[-2000:]
+    (line,) = res.stderr.strip().splitlines()
+    assert "model_world_size_8_rank_6.pt" in line and "model_world_size_8_rank_7.pt" in line, line
+    assert line.startswith(f"error: --checkpoint {step_dir}: actor shards "), line
+    assert sorted(p.name for p in step_dir.parent.iterdir()) == ["global_step_50"]  # nothing merged
+
+
+def test_an_external_models_checkpoint_without_vllm_is_one_line_before_any_work(tmp_path):
+    """Scoring an external model needs the job environment's vLLM: an interpreter without it is named
+    in one line, exit 2, before the shards are merged."""
+    step_dir = _external_step_dir(tmp_path, ranks_written=range(8))
+    import sys
+
+    res = _eval(step_dir, "--python", sys.executable)
+    assert res.returncode == 2, res.stderr[-2000:]
+    (line,) = res.stderr.strip().splitlines()
+    assert line.startswith(f"error: --python {sys.executable} has no vLLM") and "make job-env" in line, line
+    assert sorted(p.name for p in step_dir.parent.iterdir()) == ["global_step_50"]

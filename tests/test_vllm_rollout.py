@@ -116,7 +116,9 @@ def test_doctor_checks_the_job_environment_before_a_long_run(tmp_path):
 def vllm_grpo_run(tmp_path_factory, exgrpo_cache):
     """experiments/verl-tiny-grpo.yaml on veRL's vLLM rollout through the Prefect train flow, which
     submits the job (in the job environment) as a Ray Job into its MLflow run: 3 steps, validated and
-    checkpointed at step 3. Weights sync in 1 MB buckets, so the tiny LM's tied embedding and head
+    checkpointed at step 3. The model is the tiny LM exported as an HF directory and given as
+    backend.verl.model_path, as a user gives their own: exgrpo does not rebuild it, so its final
+    checkpoint is scored by vLLM from the merged HF directory. Weights sync in 1 MB buckets, so the tiny LM's tied embedding and head
     travel in different buckets (vllm_cpu.tied_aliases_across_buckets; without it the first sync
     fails). -> (MLflow client, run, run directory)."""
     import asyncio
@@ -127,7 +129,13 @@ def vllm_grpo_run(tmp_path_factory, exgrpo_cache):
     from exgrpo.backends.verl import jobs
     from flows.train import train_flow
 
+    from exgrpo.backends.verl.assets import export_model
+    from exgrpo.config import load_experiment
+
     tmp = tmp_path_factory.mktemp("vllm-flow")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("EXGRPO_CACHE", str(exgrpo_cache))
+        model = export_model(load_experiment(GRPO))
     uri = f"sqlite:///{tmp}/mlflow.db"
     with pytest.MonkeyPatch.context() as mp:
         for k, v in {"PREFECT_HOME": str(tmp / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -139,6 +147,7 @@ def vllm_grpo_run(tmp_path_factory, exgrpo_cache):
             out = asyncio.run(train_flow(config=GRPO, tracking_uri=uri, overrides={
                 "output_dir": str(tmp / "runs"), "train.max_steps": 3, "train.checkpoint_every": 3,
                 "backend.verl.rollout": "vllm", "backend.verl.python": str(JOB_PY), "backend.verl.launch": "ray_job",
+                "backend.verl.model_path": str(model),
                 "backend.verl.extra_overrides": [f"{BUCKET_MB}=1"]}))
         finally:
             ray.shutdown()
@@ -158,6 +167,39 @@ def test_vllm_run_through_the_prefect_flow_logs_live_to_mlflow(vllm_grpo_run):
     assert "actor_rollout_ref.rollout.name=vllm" in spec["overrides"]
     # veRL's vLLM HTTP server bound loopback, not the host's address that Ray reports
     assert "LLMServerManager: ['127.0.0.1:" in (run_dir / "verl.log").read_text()
+
+
+@pytest.mark.slow
+def test_an_external_models_checkpoint_is_scored_by_vllm_into_its_mlflow_run(vllm_grpo_run, exgrpo_cache, tmp_path):
+    """A veRL run of an HF model given by path: its final recording scores the merged checkpoint with
+    vLLM, greedy, exactly as veRL's own validation at that step; registered as a sweep champion and
+    evaluated by name with `exgrpo eval` (sampled, n=2), the scores land in the run as eval/* with
+    their sampling settings beside them."""
+    from exgrpo.tracking.registry import register_champion
+
+    client, run, run_dir = vllm_grpo_run
+    assert run.data.metrics["eval/accuracy"] == run.data.metrics["val/accuracy"]  # same weights, same greedy decoding
+    merged = run_dir / "checkpoints" / "verl_global_step_3_hf"
+    assert run.data.tags["hf_model"] == str(merged)
+    assert {"model.safetensors", "config.json", "tokenizer.json", "val.parquet", "verl_run.json"} <= {
+        p.name for p in merged.iterdir()}
+    uri = f"sqlite:///{run_dir.parents[2]}/mlflow.db"  # the fixture's store
+    name, _ = register_champion(client, "verl-external", run.info.run_id, run_dir / "checkpoints" / "global_step_3")
+    cmd = [sys.executable, "-m", "exgrpo.cli", "eval", "--checkpoint", f"models:/{name}@champion", "--tracking-uri",
+           uri, "--run-id", run.info.run_id, "--benchmarks", "val", "--n", "2", "--temperature", "1.0"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path,
+                         env={**os.environ, "EXGRPO_CACHE": str(exgrpo_cache)})
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    assert f"logged 3 eval/* metrics at step 3 to MLflow run {run.info.run_id}" in res.stdout
+    after = client.get_run(run.info.run_id).data
+    scores = {k: v for k, v in after.metrics.items() if k.startswith("eval/val/")}
+    assert set(scores) == {"eval/val/avg_at_2", "eval/val/pass_at_1", "eval/val/pass_at_2"}
+    assert scores["eval/val/avg_at_2"] == pytest.approx(scores["eval/val/pass_at_1"])
+    assert 0 <= scores["eval/val/avg_at_2"] <= scores["eval/val/pass_at_2"] <= 1
+    assert after.tags["eval/val/avg_at_2.settings"] == ("n_problems=64 n_samples=2 temperature=1.0 top_p=1.0 "
+                                                       "max_tokens=24 template=hf-chat-template "
+                                                       "grader=text_arithmetic-run-grader grader_version=builtin")
+    assert [a.path for a in client.list_artifacts(run.info.run_id, "evaluations")] == ["evaluations/step_3.json"]
 
 
 @pytest.mark.slow

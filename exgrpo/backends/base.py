@@ -40,6 +40,22 @@ class TrainResult:
     """The trained policy (for model records)."""
 
 
+@dataclass
+class HFCheckpoint:
+    """A checkpoint of an HF model exgrpo does not rebuild as one of its policies (a veRL run of
+    ``backend.verl.model_path``): evaluated from an HF model directory with vLLM."""
+
+    config: str
+    """The config of the run that wrote it, as JSON."""
+    step: int
+    val_file: Path | None
+    """The run's validation split (veRL's RLHFDataset layout), if it is at hand."""
+    grade: Callable[[str, str, str], float]
+    """(data_source, response text, ground truth) -> reward: the run's own grader."""
+    export: Callable[[], Path]
+    """Makes (once) and returns the HF model directory: the weights merged, with config and tokenizer."""
+
+
 class MLflowRun(NamedTuple):
     """An MLflow run created by the caller, for a backend whose job reports to it by itself."""
 
@@ -118,6 +134,16 @@ def read_checkpoint(path: Path) -> dict[str, Any] | None:
 def policy_file(checkpoint: Path) -> Path | None:
     """``checkpoint``'s policy as one file (:meth:`Backend.policy_file`); None if no backend writes such checkpoints."""
     return next((file for name in BACKENDS if (file := get_backend(name).policy_file(checkpoint)) is not None), None)
+
+
+def hf_checkpoint(path: Path) -> HFCheckpoint | None:
+    """``path`` as a checkpoint of an external HF model (``Backend.hf_checkpoint``, for the backends that
+    train such models), None if it is not one. Nothing is merged until ``export()`` is called."""
+    for name in BACKENDS:
+        read = getattr(get_backend(name), "hf_checkpoint", None)
+        if read is not None and (found := read(Path(path))) is not None:
+            return found
+    return None
 
 
 def build_policy(cfg: ExperimentConfig) -> tuple[Any, Any]:

@@ -94,8 +94,7 @@ def policy_state(step_dir: str | Path) -> dict[str, Any]:
     external = config["backend"]["verl"].get("model_path")
     if external:
         raise ValueError(f"{step_dir} holds the actor of {external} (backend.verl.model_path), which exgrpo does not "
-                         "rebuild; merge it into an HF model with `python -m verl.model_merger merge --backend fsdp "
-                         f"--local_dir {step_dir / 'actor'} --target_dir <dir>` (it unpickles: your own runs only)")
+                         "rebuild as a policy; `exgrpo eval --checkpoint` scores it with vLLM from its HF directory")
     return {
         "config": json.dumps(config),
         "model": {f"model.{k}": v for k, v in actor_state_dict(step_dir).items()},

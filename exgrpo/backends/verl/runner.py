@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from exgrpo.atomic import torch_save_atomic, write_text_atomic
-from exgrpo.backends.base import MLflowRun, TrainResult
+from exgrpo.backends.base import HFCheckpoint, MLflowRun, TrainResult
 from exgrpo.backends.verl.jobs import local_job_server, run_ray_job
 from exgrpo.backends.verl.live import FILE_LOGGER_ENV, LOOPBACK_ENV, RUN_ID_ENV, StepFeed, TRACKING_URI_ENV, verl_row
 from exgrpo.backends.verl.prepared import SPEC_FILE, PreparedRun, VerlRunError, diagnosed, last_error
@@ -314,15 +314,24 @@ class VerlBackend:
         return actor_weights.policy_state(path) if actor_weights.is_step_dir(path) else None
 
     def policy_file(self, checkpoint: Path) -> Path | None:
-        """The shards of ``global_step_N/`` merged once into ``verl_global_step_N.pt`` beside it."""
-        from exgrpo.backends.verl import actor_weights  # torch: not imported with the backend (`exgrpo doctor` reads it)
+        """The shards of ``global_step_N/`` merged once into ``verl_global_step_N.pt`` beside it (an
+        external model's into its HF directory, :func:`.hf_export.export`)."""
+        from exgrpo.backends.verl import actor_weights, hf_export  # torch: not imported with the backend
 
         if not actor_weights.is_step_dir(checkpoint):
             return None
+        if hf_export.external_model(checkpoint):  # an HF model exgrpo does not rebuild: its HF directory
+            return hf_export.export(checkpoint)
         out = checkpoint.parent / f"verl_{checkpoint.name}.pt"
         if not out.is_file():
             torch_save_atomic(actor_weights.policy_state(checkpoint), out)
         return out
+
+    def hf_checkpoint(self, path: Path) -> HFCheckpoint | None:
+        """A checkpoint of an external model's run, or its merged directory (:mod:`.hf_export`)."""
+        from exgrpo.backends.verl import hf_export
+
+        return hf_export.hf_checkpoint(path)
 
     def build_policy(self, cfg: ExperimentConfig) -> tuple[Any, Any]:
         """The native LM policy: a veRL run's HF actor is its ``model``."""
