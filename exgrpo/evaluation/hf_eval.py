@@ -23,6 +23,7 @@ import numpy as np
 from exgrpo.backends.base import HFCheckpoint
 from exgrpo.config import ConfigError, ExperimentConfig
 from exgrpo.evaluation.benchmarks import AnswerType, get_benchmark, parse_benchmark_spec
+from exgrpo.evaluation.metrics import scores_of
 
 TEMPLATE = "hf-chat-template"
 """The prompt template recorded beside an external model's scores: the model's own chat template."""
@@ -98,7 +99,6 @@ def evaluate_hf(found: HFCheckpoint, spec: str, settings: Any, python: str, work
     """Scores of ``found`` on the benchmarks of ``spec`` (``val``: the run's validation split)."""
     from transformers import AutoTokenizer
 
-    from exgrpo.evaluation.runner import _scores  # one table shape for every checkpoint
     from exgrpo.rewards import MathVerifier
     from exgrpo.rewards.choice import LetterGrader
 
@@ -139,7 +139,7 @@ def evaluate_hf(found: HFCheckpoint, spec: str, settings: Any, python: str, work
             if name == "val":
                 correct = np.array([[found.grade(r["data_source"], t, r["gold"]) for r, t in zip(val, col, strict=True)]
                                     for col in texts]).T
-                scores += _scores("val", correct, settings, max_tokens, TEMPLATE, f"{cfg.task.kind}-run-grader",
+                scores += scores_of("val", correct, settings, max_tokens, TEMPLATE, f"{cfg.task.kind}-run-grader",
                                   "builtin")
                 continue
             bench, subset = problems[name]
@@ -150,5 +150,5 @@ def evaluate_hf(found: HFCheckpoint, spec: str, settings: Any, python: str, work
             else:
                 grader, grade = math_verifier, math_verifier.score
             correct = np.stack([np.array(grade(col, golds).rewards) for col in texts], axis=1)
-            scores += _scores(name, correct, settings, max_tokens, TEMPLATE, grader.grader_name, grader.grader_version)
+            scores += scores_of(name, correct, settings, max_tokens, TEMPLATE, grader.grader_name, grader.grader_version)
     return scores

@@ -162,3 +162,19 @@ class Score:
     def to_dict(self) -> dict[str, Any]:
         """Plain-dict form (JSON/MLflow-param friendly)."""
         return asdict(self)
+
+
+def scores_of(benchmark: str, correct: np.ndarray, settings: Any, max_tokens: int, template: str,
+              grader: str, grader_version: str) -> list[Score]:
+    """The scores of one benchmark from its ``correct`` matrix (problems x samples): avg@n and pass@k
+    for k = 1, 2, 4, ... up to ``settings.n``, each with the sampling settings (``settings``: n,
+    temperature, top_p) and the grader beside it. One table shape for every checkpoint and engine."""
+    common = dict(benchmark=benchmark, n_problems=correct.shape[0], n_samples=correct.shape[1],
+                  temperature=settings.temperature, top_p=settings.top_p, max_tokens=max_tokens,
+                  template=template, grader=grader, grader_version=grader_version)
+    scores = [Score(metric=metric_name(MetricKind.AVG, settings.n), value=avg_at_k(correct), **common)]
+    k = 1
+    while k <= settings.n:
+        scores.append(Score(metric=metric_name(MetricKind.PASS, k), value=pass_at_k_matrix(correct, k), **common))
+        k *= 2
+    return scores

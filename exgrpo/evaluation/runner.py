@@ -19,7 +19,7 @@ from exgrpo.backends.base import build_policy, hf_checkpoint
 from exgrpo.backends.base import read_checkpoint as backend_checkpoint
 from exgrpo.config import ExperimentConfig, MLPPolicyConfig
 from exgrpo.evaluation.benchmarks import AnswerType, get_benchmark, parse_benchmark_spec
-from exgrpo.evaluation.metrics import MetricKind, Score, avg_at_k, metric_name, pass_at_k_matrix
+from exgrpo.evaluation.metrics import Score, scores_of
 from exgrpo.rewards import MathVerifier
 from exgrpo.rewards.choice import LetterGrader
 
@@ -154,19 +154,6 @@ def _sample(policy, prompts: list, settings: EvalSettings, max_tokens: int) -> l
     return out * (settings.n if greedy else 1)
 
 
-def _scores(name: str, correct: np.ndarray, settings: EvalSettings, max_tokens: int, template: str,
-            grader: str, grader_version: str) -> list[Score]:
-    common = dict(benchmark=name, n_problems=correct.shape[0], n_samples=correct.shape[1],
-                  temperature=settings.temperature, top_p=settings.top_p, max_tokens=max_tokens,
-                  template=template, grader=grader, grader_version=grader_version)
-    scores = [Score(metric=metric_name(MetricKind.AVG, settings.n), value=avg_at_k(correct), **common)]
-    k = 1
-    while k <= settings.n:
-        scores.append(Score(metric=metric_name(MetricKind.PASS, k), value=pass_at_k_matrix(correct, k), **common))
-        k *= 2
-    return scores
-
-
 def _text_codec(task):
     """(encode prompt text -> ids, decode response ids -> text, template name) of an LM task."""
     if hasattr(task, "prompt_fn"):  # reasoning-gym tasks carry the policy's chat template
@@ -221,7 +208,7 @@ def _evaluate_policy(loaded: CheckpointPolicy, spec: str, settings: EvalSettings
         rows = _sample(policy, task.prompts(ids), settings, max_tokens)
         correct = np.stack([task.rewards(ids, t, m).numpy() for t, m in rows], axis=1)
         template = _text_codec(task)[2] if is_lm else "features"
-        scores += _scores("val", correct, settings, max_tokens, template, f"{cfg.task.kind}-exact", "builtin")
+        scores += scores_of("val", correct, settings, max_tokens, template, f"{cfg.task.kind}-exact", "builtin")
     if requests:
         encode, decode, template = _text_codec(task)
         with MathVerifier(workers=workers) as math_verifier:
@@ -241,7 +228,7 @@ def _evaluate_policy(loaded: CheckpointPolicy, spec: str, settings: EvalSettings
                 for tokens, mask in rows:
                     texts = [decode(r[m].tolist()) for r, m in zip(tokens, mask.bool(), strict=True)]
                     cols.append(np.array(grade(texts, golds).rewards))
-                scores += _scores(req.name, np.stack(cols, axis=1), settings, max_tokens, template,
+                scores += scores_of(req.name, np.stack(cols, axis=1), settings, max_tokens, template,
                                   grader.grader_name, grader.grader_version)
     return scores
 
