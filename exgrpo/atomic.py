@@ -5,7 +5,10 @@ and a failed write leaves no temporary file behind."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -44,3 +47,20 @@ def torch_save_atomic(obj: Any, path: str | Path) -> Path:
     import torch
 
     return _write_atomic(path, lambda f: torch.save(obj, f))
+
+
+@contextmanager
+def directory_atomic(out: Path) -> Iterator[Path]:
+    """A temporary directory beside ``out`` to fill; renamed to ``out`` when the block ends without
+    error (a directory another process published meanwhile is kept), removed in every case: ``out``
+    never holds a half-written directory."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        yield tmp
+        os.chmod(tmp, 0o755)
+        try:
+            os.replace(tmp, out)
+        except OSError:  # another process published it meanwhile
+            pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

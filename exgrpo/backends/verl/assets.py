@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from exgrpo.atomic import directory_atomic
 from exgrpo.config import ConfigError, ExperimentConfig, FileTaskConfig, LMPolicyConfig, TextArithmeticTaskConfig
 
 DATA_SOURCE = "exgrpo/text_arithmetic"
@@ -89,20 +88,12 @@ def export_model(cfg: ExperimentConfig, progress: bool = False) -> Path:
     out = tiny.path / "hf-verl"
     if (out / "tokenizer.json").is_file():
         return out
-    tmp = Path(tempfile.mkdtemp(prefix=".hf-verl-", dir=tiny.path))
-    try:
+    with directory_atomic(out) as tmp:
         tiny.model.save_pretrained(tmp)
         hf_char_tokenizer(tiny.tokenizer).save_pretrained(tmp)
         gen = {"bos_token_id": tiny.tokenizer.bos_id, "eos_token_id": tiny.tokenizer.eos_id,
                "pad_token_id": tiny.tokenizer.pad_id}
         (tmp / "generation_config.json").write_text(json.dumps(gen))
-        os.chmod(tmp, 0o755)
-        try:
-            os.replace(tmp, out)
-        except OSError:  # another process exported it meanwhile
-            pass
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

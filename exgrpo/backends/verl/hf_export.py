@@ -15,13 +15,12 @@ the paper evaluates: with vLLM, from an HF directory. :func:`export` merges the 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from exgrpo.atomic import directory_atomic
 from exgrpo.backends.base import HFCheckpoint
 from exgrpo.backends.verl.prepared import SPEC_FILE
 
@@ -81,8 +80,7 @@ def export(step_dir: Path) -> Path:
     source = step_dir / "actor" / "huggingface"
     if not (source / "config.json").is_file():
         source = Path(spec["config"]["backend"]["verl"]["model_path"])
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
+    with directory_atomic(out) as tmp:
         # clones: a tied head and embedding may share storage, which safetensors refuses to write twice
         weights = {k: v.detach().clone().contiguous() for k, v in actor_state_dict(step_dir).items()}
         save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
@@ -94,13 +92,6 @@ def export(step_dir: Path) -> Path:
             shutil.copy2(val, tmp / VAL_FILE)
         step = int(_STEP_DIR.match(step_dir.name).group(1))
         (tmp / SPEC_FILE).write_text(json.dumps({**spec, "step": step, "verl_checkpoint": str(step_dir)}, indent=1))
-        os.chmod(tmp, 0o755)
-        try:
-            os.replace(tmp, out)
-        except OSError:  # another process merged it meanwhile
-            pass
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
