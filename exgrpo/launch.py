@@ -70,8 +70,46 @@ def _reachable(uri: str) -> bool:
     return True
 
 
+def record_finished(tracker: Tracker, run_id: str, cfg: ExperimentConfig, result: Any, step: int, *,
+                    log_checkpoint: bool = True, log_model: bool = True) -> None:
+    """What every finished run records at its end (:func:`exgrpo.tracking.finished_run.log_finished_run`
+    with this module's evaluation): the checkpoint artifact, ``eval/*``, the model. A run recorded as it
+    trained calls it at once; a run whose end MLflow missed, when ``exgrpo sync`` delivers it
+    (:func:`sync_pending`)."""
+    log_finished_run(tracker, run_id, cfg, result, step, load_policy=load_checkpoint_policy, evaluate=_final_evaluation,
+                     evaluate_model_dir=_final_model_dir_evaluation, log_checkpoint=log_checkpoint, log_model=log_model)
+
+
+def finish_record(cfg: ExperimentConfig, result: Any, *, log_checkpoint: bool = True,
+                  log_model: bool = True) -> dict[str, Any]:
+    """The marker's ``finish`` of a finished run (:func:`exgrpo.tracking.sync.write_pending`): what
+    :func:`record_finished` needs later. The checkpoint is kept relative to the run directory, so a
+    run directory moved before ``exgrpo sync`` still finds it."""
+    checkpoint = Path(result.checkpoint) if result.checkpoint is not None else None
+    if checkpoint is not None and result.run_dir is not None and checkpoint.is_relative_to(Path(result.run_dir)):
+        checkpoint = checkpoint.relative_to(Path(result.run_dir))
+    return {"config": cfg.model_dump(mode="json"), "checkpoint": str(checkpoint) if checkpoint else None,
+            "step": int(result.final_metrics.get("step", 0)), "log_checkpoint": log_checkpoint, "log_model": log_model}
+
+
+def _finish_synced(tracker: Tracker, run_id: str, run_dir: Path, finish: dict[str, Any]) -> None:
+    """:func:`record_finished` of a run that ``exgrpo sync`` delivers, from its marker's ``finish``."""
+    cfg = ExperimentConfig.model_validate(finish["config"])
+    checkpoint = Path(run_dir) / finish["checkpoint"] if finish.get("checkpoint") else None
+    result = TrainResult({"step": float(finish["step"])}, run_dir=Path(run_dir), checkpoint=checkpoint)
+    record_finished(tracker, run_id, cfg, result, int(finish["step"]), log_checkpoint=finish.get("log_checkpoint", True),
+                    log_model=finish.get("log_model", True))
+
+
+def sync_pending(run_dir: str | Path) -> Any:
+    """``exgrpo sync`` of one run directory: :func:`exgrpo.tracking.sync.sync_run`, a finished training
+    run's end recorded as any run's (:func:`record_finished`)."""
+    return sync_run(run_dir, finish=_finish_synced)
+
+
 def _train_unrecorded(cfg: ExperimentConfig, uri: str, creation: dict[str, Any], callbacks: list[Any], *,
-                      resume: bool, force_resume: bool, progress: bool) -> TrackedRun:
+                      resume: bool, force_resume: bool, progress: bool, log_checkpoint: bool = True,
+                      log_model: bool = True) -> TrackedRun:
     """Train while the store cannot take a new run. ``metrics.jsonl`` holds every step; the marker
     :func:`exgrpo.tracking.sync.write_pending` leaves carries what creates the run later (experiment,
     name, parent, tags, params, config). If the store is back at the end the run is delivered now,
@@ -82,7 +120,7 @@ def _train_unrecorded(cfg: ExperimentConfig, uri: str, creation: dict[str, Any],
         """Leave the marker, then deliver it now if the store is back (its ``Synced``), else say how."""
         write_pending(run_dir, uri, None, status, create=creation, **record)
         try:
-            return sync_run(run_dir)
+            return sync_pending(run_dir)
         except Exception:  # noqa: BLE001 - still down
             print(f"note: run {creation['run_name']} ended {status} while MLflow is unreachable; it is on disk, "
                   f"record it with `exgrpo sync {run_dir}`", flush=True)
@@ -94,7 +132,8 @@ def _train_unrecorded(cfg: ExperimentConfig, uri: str, creation: dict[str, Any],
         if cfg.run_dir().is_dir():
             deliver(cfg.run_dir(), _status_for(e), error=f"{type(e).__name__}: {e}")
         raise
-    synced = deliver(Path(result.run_dir), "FINISHED", final_metrics=_final_metrics(result))
+    synced = deliver(Path(result.run_dir), "FINISHED", final_metrics=_final_metrics(result),
+                     finish=finish_record(cfg, result, log_checkpoint=log_checkpoint, log_model=log_model))
     if synced is None:
         return TrackedRun(result, "", "", uri, synced=False)
     return TrackedRun(result, synced.run_id, synced.experiment_id, uri)
@@ -181,7 +220,8 @@ def tracked_train(
                     "tags": {**code_version_tags(), **tags},
                     "params": curated_params(cfg, extra_params), "config": cfg.model_dump(mode="json")}
         return _train_unrecorded(cfg, tracker.uri, creation, list(callbacks), resume=resume,
-                                 force_resume=force_resume, progress=progress)
+                                 force_resume=force_resume, progress=progress, log_checkpoint=log_checkpoint,
+                                 log_model=log_model)
     client = tracker.client
     monitor = None
     if system_metrics is None:
@@ -220,7 +260,8 @@ def tracked_train(
             return TrackedRun(result, run_id, exp_id, tracker.uri)
         final = _final_metrics(result)
         if not delivered and result.run_dir:  # the server is down at the end: leave it to `exgrpo sync`
-            marker = write_pending(result.run_dir, tracker.uri, run_id, "FINISHED", final)
+            marker = write_pending(result.run_dir, tracker.uri, run_id, "FINISHED", final, finish=finish_record(
+                cfg, result, log_checkpoint=log_checkpoint, log_model=log_model))
             print(f"note: MLflow is unreachable; run {run_id} is complete on disk, finish it in MLflow with "
                   f"`exgrpo sync {marker.parent}`", flush=True)
             if monitor is not None:
@@ -228,8 +269,7 @@ def tracked_train(
             return TrackedRun(result, run_id, exp_id, tracker.uri, synced=False)
         step = int(result.final_metrics.get("step", 0))
         tracker.log_metrics(run_id, final, step=step)
-        log_finished_run(tracker, run_id, cfg, result, step, load_policy=load_checkpoint_policy, evaluate=_final_evaluation,
-                         evaluate_model_dir=_final_model_dir_evaluation, log_checkpoint=log_checkpoint, log_model=log_model)
+        record_finished(tracker, run_id, cfg, result, step, log_checkpoint=log_checkpoint, log_model=log_model)
     except BaseException as e:
         status = _status_for(e)
         try:
