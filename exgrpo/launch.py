@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from exgrpo.backends.base import MLflowRun, TrainResult, get_backend, train
-from exgrpo.backends.verl.resources import DRIVER_CPUS, check, needs, plan_slots, waiting_note
+from exgrpo.backends.verl.resources import DRIVER_CPUS, SlotPlan, check, needs, plan_slots
 from exgrpo.cluster import (
     ClusterError,
     alive_nodes,
+    available_nodes,
     check_cluster,
     cluster_address,
     describe,
@@ -345,63 +346,119 @@ def train_on_cluster(cfg: Any, address: str, **tracked: Any) -> Any:
         raise e.as_instanceof_cause() from None
 
 
-def launch_slots(cfg: Any, address: str | None, runs: int) -> list[dict[str, Any]] | None:
-    """Ray ``.options`` of each of a comparison's or sweep's runs of ``cfg`` that may run at once on the
-    cluster at ``address``, each pinned to the node its plan chose; None: no limit (native runs are one
-    task each, and a veRL job on its own private Ray holds nothing here). veRL runs start only as the
-    cluster can host them whole (:func:`exgrpo.backends.verl.resources.plan_slots`), since runs started
-    at once take each other's CPUs and none can start. Says once when ``runs`` must wait."""
-    if address is None or cfg.backend.name != "verl" or cfg.backend.verl.ray_address != address:
+def launch_slots(cfgs: Iterable[Any], address: str | None,
+                 config_of: Callable[[Any], Any] = lambda job: job) -> VerlSlots | None:
+    """How a comparison's or sweep's runs (of configs ``cfgs``; a job's config is ``config_of(job)``)
+    start on the cluster at ``address``: None, no limit (native runs are one task each, and a veRL job
+    on its own private Ray holds nothing here), else veRL runs start only as the cluster can host each
+    whole, by its own ``backend.verl``, from what Ray reports free (:class:`VerlSlots`), since runs
+    started at once take each other's CPUs and none can start. A run that no state of the cluster
+    can host is refused here, in one line, before any work."""
+    verl = [c for c in cfgs if _verl_on(c, address)]
+    if address is None or not verl:
         return None
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    nodes = alive_nodes()
+    for v in {c.backend.verl.model_dump_json(): c.backend.verl for c in verl}.values():
+        check(v, nodes, address)  # one line for a cluster too small for even a job alone
+        if not plan_slots(v, nodes):
+            need = needs(v)
+            raise ClusterError(
+                f"the Ray cluster at {address} can never run these veRL runs (backend.verl.workers_per_node="
+                f"{v.workers_per_node}, nnodes={v.nnodes}): beside its workers' node(s) each run needs a node with "
+                f"{DRIVER_CPUS} free CPUs for its launcher and TaskRunner and {need.total_cpus + 1} CPUs in all; its "
+                f"nodes have: {', '.join(f'{n.cpus:g} CPU/{n.gpus:g} GPU' for n in nodes)}. Add a node, e.g. "
+                f"`ray start --address={address} --num-cpus={DRIVER_CPUS + 1}`")
+    return VerlSlots(SlotPlan(nodes, available_nodes), config_of, address)
 
-    v, nodes = cfg.backend.verl, alive_nodes()
-    check(v, nodes, address)  # one line for a cluster too small for even a job alone
-    slots = plan_slots(v, nodes)
-    if not slots:
-        need = needs(v)
-        raise ClusterError(
-            f"the Ray cluster at {address} can never run these veRL runs: beside its workers' node(s) each run "
-            f"needs a node with {DRIVER_CPUS} free CPUs for its launcher and TaskRunner and {need.total_cpus + 1} "
-            f"CPUs in all; its nodes have: {', '.join(f'{n.cpus:g} CPU/{n.gpus:g} GPU' for n in nodes)}. Add a "
-            f"node, e.g. `ray start --address={address} --num-cpus={DRIVER_CPUS + 1}`")
-    if runs > len(slots):
-        print(f"note: {waiting_note(v, nodes, len(slots), runs)}", flush=True)
-    return [{"scheduling_strategy": NodeAffinitySchedulingStrategy(nodes[i].node_id, soft=False)} for i in slots]
+
+def _verl_on(cfg: Any, address: str | None) -> bool:
+    return address is not None and cfg.backend.name == "verl" and cfg.backend.verl.ray_address == address
+
+
+class VerlSlots:
+    """The scheduler's side of a :class:`~exgrpo.backends.verl.resources.SlotPlan`: a job's Ray
+    ``.options`` (pinned to the node the plan chose for its launcher) when it can start now."""
+
+    def __init__(self, plan: SlotPlan, config_of: Callable[[Any], Any], address: str) -> None:
+        self.plan, self.config_of, self.address = plan, config_of, address
+
+    def take(self, job: Any) -> tuple[dict[str, Any], Any] | None:
+        cfg = self.config_of(job)
+        if not _verl_on(cfg, self.address):
+            return {}, None
+        placed = self.plan.place(cfg.backend.verl, f"run {cfg.name} seed {cfg.seed}")
+        if placed is None:
+            return None
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        handle, node = placed
+        return {"scheduling_strategy": NodeAffinitySchedulingStrategy(self.plan.nodes[node].node_id, soft=False)}, handle
+
+    def give_back(self, handle: Any) -> None:
+        if handle is not None:
+            self.plan.release(handle)
+
+
+class _FixedSlots:
+    """Slots given as a list of Ray ``.options``: a job takes a free one."""
+
+    def __init__(self, options: list[dict[str, Any]]) -> None:
+        self.options, self.free = options, list(range(len(options)))
+
+    def take(self, job: Any) -> tuple[dict[str, Any], Any] | None:
+        if not self.free:
+            return None
+        slot = self.free.pop(0)
+        return self.options[slot], slot
+
+    def give_back(self, handle: Any) -> None:
+        self.free.append(handle)
 
 
 def run_as_slots_free(jobs: Iterable[Any], launch: Callable[[Any, dict[str, Any]], Any],
                       on_end: Callable[[Any, Any, BaseException | None], None], *,
-                      slots: list[dict[str, Any]] | None = None, limit: int | None = None,
+                      slots: VerlSlots | list[dict[str, Any]] | None = None, limit: int | None = None,
                       poll: Callable[[], None] = lambda: None) -> None:
     """The Ray scheduling loop of comparisons and sweeps: take the next job (``jobs`` is read lazily,
-    e.g. a sweep asking its study for the next trial) while a slot is free, ``launch(job, options)`` it
-    (a Ray ObjectRef; ``options``: its slot's Ray ``.options``, :func:`launch_slots`; {} without
-    slots), and as each one ends, ``on_end(job, result, error)`` (``error`` the exception a failed job
-    raised, its ``result`` None). At most ``limit`` jobs run at once (None: as many as the slots, or
-    all); ``poll()`` runs about every second (progress)."""
+    e.g. a sweep asking its study for the next trial), ``launch(job, options)`` it (a Ray ObjectRef;
+    ``options``: the Ray ``.options`` its slot gives, {} without slots) once ``slots`` has room for it
+    (:func:`launch_slots`, or a list of ``.options``; in order: a job that must wait holds back those
+    after it), and as each one ends, ``on_end(job, result, error)`` (``error`` the exception a failed
+    job raised, its ``result`` None). At most ``limit`` jobs run at once (None: as many as the slots,
+    or all); ``poll()`` runs about every second (progress, and a held job's next try)."""
+    import time
+
     import ray
 
+    schedule = _FixedSlots(slots) if isinstance(slots, list) else slots
     pending = iter(jobs)
-    free = list(range(len(slots))) if slots is not None else None
-    inflight: dict[Any, tuple[Any, int | None]] = {}
+    held: list[Any] = []
+    inflight: dict[Any, tuple[Any, Any]] = {}
 
     def fill() -> None:
-        while (free is None or free) and (limit is None or len(inflight) < limit):
-            job = next(pending, _NONE)
+        while (limit is None or len(inflight) < limit) and (not isinstance(schedule, _FixedSlots) or schedule.free):
+            job = held.pop() if held else next(pending, _NONE)
             if job is _NONE:
                 return
-            slot = free.pop(0) if free is not None else None
-            inflight[launch(job, slots[slot] if slots is not None and slot is not None else {})] = (job, slot)
+            taken = schedule.take(job) if schedule is not None else ({}, None)
+            if taken is None:  # no room now: tried again as runs end, or as other work frees the cluster
+                held.append(job)
+                return
+            options, handle = taken
+            inflight[launch(job, options)] = (job, handle)
 
     fill()
-    while inflight:
-        ready, _ = ray.wait(list(inflight), num_returns=1, timeout=1.0)
+    while inflight or held:
+        if inflight:
+            ready, _ = ray.wait(list(inflight), num_returns=1, timeout=1.0)
+        else:
+            ready = []
+            time.sleep(1.0)
         poll()
         for ref in ready:
-            job, slot = inflight.pop(ref)
-            if free is not None and slot is not None:
-                free.append(slot)
+            job, handle = inflight.pop(ref)
+            if schedule is not None:
+                schedule.give_back(handle)
             try:
                 result, error = ray.get(ref), None
             except Exception as e:  # noqa: BLE001 - the job failed (or its worker died): said through on_end
