@@ -291,14 +291,15 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 def _cmd_sync(args: argparse.Namespace) -> int:
     from exgrpo.tracking.run_record import end_if_orphaned, recorded_runs
-    from exgrpo.tracking.sync import pending_runs, sync_run
+    from exgrpo.launch import sync_pending
+    from exgrpo.tracking.sync import pending_runs
 
     dirs = [d for p in args.paths for d in pending_runs(p)]
     recorded = [d for p in args.paths for d in recorded_runs(p) if d not in dirs]
     failed = done = 0
     for d in dirs:
         try:
-            print(f"{d}: {sync_run(d)}")
+            print(f"{d}: {sync_pending(d)}")
             done += 1
         except Exception as e:  # noqa: BLE001 - one line per run; the others still sync
             failed += 1

@@ -272,6 +272,17 @@ def alive_nodes() -> list[NodeResources]:
             for n in ray.nodes() if n.get("Alive")]
 
 
+def available_nodes() -> list[NodeResources]:
+    """What every live node has free now, as Ray reports it: its total less what any work holds
+    (other users' jobs and actors on a shared cluster too)."""
+    import ray
+    from ray._private.state import available_resources_per_node  # what ray.util's own placement helpers read
+
+    free = available_resources_per_node()
+    return [NodeResources(float(free.get(n.node_id, {}).get("CPU", 0)), float(free.get(n.node_id, {}).get("GPU", 0)),
+                          n.node_id) for n in alive_nodes()] if ray.is_initialized() else []
+
+
 def describe(address: str | None) -> str:
     """Where work is running, for the terminal: ``Ray cluster at X: 2 nodes, 5 CPUs, 1 GPU``."""
     nodes = alive_nodes()

@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from exgrpo.backends.base import MLflowRun, TrainResult, get_backend, train
-from exgrpo.backends.verl.resources import DRIVER_CPUS, check, needs, plan_slots, waiting_note
+from exgrpo.backends.verl.resources import DRIVER_CPUS, SlotPlan, check, needs, plan_slots
 from exgrpo.cluster import (
     ClusterError,
     alive_nodes,
+    available_nodes,
     check_cluster,
     cluster_address,
     describe,
@@ -70,8 +71,46 @@ def _reachable(uri: str) -> bool:
     return True
 
 
+def record_finished(tracker: Tracker, run_id: str, cfg: ExperimentConfig, result: Any, step: int, *,
+                    log_checkpoint: bool = True, log_model: bool = True) -> None:
+    """What every finished run records at its end (:func:`exgrpo.tracking.finished_run.log_finished_run`
+    with this module's evaluation): the checkpoint artifact, ``eval/*``, the model. A run recorded as it
+    trained calls it at once; a run whose end MLflow missed, when ``exgrpo sync`` delivers it
+    (:func:`sync_pending`)."""
+    log_finished_run(tracker, run_id, cfg, result, step, load_policy=load_checkpoint_policy, evaluate=_final_evaluation,
+                     evaluate_model_dir=_final_model_dir_evaluation, log_checkpoint=log_checkpoint, log_model=log_model)
+
+
+def finish_record(cfg: ExperimentConfig, result: Any, *, log_checkpoint: bool = True,
+                  log_model: bool = True) -> dict[str, Any]:
+    """The marker's ``finish`` of a finished run (:func:`exgrpo.tracking.sync.write_pending`): what
+    :func:`record_finished` needs later. The checkpoint is kept relative to the run directory, so a
+    run directory moved before ``exgrpo sync`` still finds it."""
+    checkpoint = Path(result.checkpoint) if result.checkpoint is not None else None
+    if checkpoint is not None and result.run_dir is not None and checkpoint.is_relative_to(Path(result.run_dir)):
+        checkpoint = checkpoint.relative_to(Path(result.run_dir))
+    return {"config": cfg.model_dump(mode="json"), "checkpoint": str(checkpoint) if checkpoint else None,
+            "step": int(result.final_metrics.get("step", 0)), "log_checkpoint": log_checkpoint, "log_model": log_model}
+
+
+def _finish_synced(tracker: Tracker, run_id: str, run_dir: Path, finish: dict[str, Any]) -> None:
+    """:func:`record_finished` of a run that ``exgrpo sync`` delivers, from its marker's ``finish``."""
+    cfg = ExperimentConfig.model_validate(finish["config"])
+    checkpoint = Path(run_dir) / finish["checkpoint"] if finish.get("checkpoint") else None
+    result = TrainResult({"step": float(finish["step"])}, run_dir=Path(run_dir), checkpoint=checkpoint)
+    record_finished(tracker, run_id, cfg, result, int(finish["step"]), log_checkpoint=finish.get("log_checkpoint", True),
+                    log_model=finish.get("log_model", True))
+
+
+def sync_pending(run_dir: str | Path) -> Any:
+    """``exgrpo sync`` of one run directory: :func:`exgrpo.tracking.sync.sync_run`, a finished training
+    run's end recorded as any run's (:func:`record_finished`)."""
+    return sync_run(run_dir, finish=_finish_synced)
+
+
 def _train_unrecorded(cfg: ExperimentConfig, uri: str, creation: dict[str, Any], callbacks: list[Any], *,
-                      resume: bool, force_resume: bool, progress: bool) -> TrackedRun:
+                      resume: bool, force_resume: bool, progress: bool, log_checkpoint: bool = True,
+                      log_model: bool = True) -> TrackedRun:
     """Train while the store cannot take a new run. ``metrics.jsonl`` holds every step; the marker
     :func:`exgrpo.tracking.sync.write_pending` leaves carries what creates the run later (experiment,
     name, parent, tags, params, config). If the store is back at the end the run is delivered now,
@@ -82,7 +121,7 @@ def _train_unrecorded(cfg: ExperimentConfig, uri: str, creation: dict[str, Any],
         """Leave the marker, then deliver it now if the store is back (its ``Synced``), else say how."""
         write_pending(run_dir, uri, None, status, create=creation, **record)
         try:
-            return sync_run(run_dir)
+            return sync_pending(run_dir)
         except Exception:  # noqa: BLE001 - still down
             print(f"note: run {creation['run_name']} ended {status} while MLflow is unreachable; it is on disk, "
                   f"record it with `exgrpo sync {run_dir}`", flush=True)
@@ -94,7 +133,8 @@ def _train_unrecorded(cfg: ExperimentConfig, uri: str, creation: dict[str, Any],
         if cfg.run_dir().is_dir():
             deliver(cfg.run_dir(), _status_for(e), error=f"{type(e).__name__}: {e}")
         raise
-    synced = deliver(Path(result.run_dir), "FINISHED", final_metrics=_final_metrics(result))
+    synced = deliver(Path(result.run_dir), "FINISHED", final_metrics=_final_metrics(result),
+                     finish=finish_record(cfg, result, log_checkpoint=log_checkpoint, log_model=log_model))
     if synced is None:
         return TrackedRun(result, "", "", uri, synced=False)
     return TrackedRun(result, synced.run_id, synced.experiment_id, uri)
@@ -181,7 +221,8 @@ def tracked_train(
                     "tags": {**code_version_tags(), **tags},
                     "params": curated_params(cfg, extra_params), "config": cfg.model_dump(mode="json")}
         return _train_unrecorded(cfg, tracker.uri, creation, list(callbacks), resume=resume,
-                                 force_resume=force_resume, progress=progress)
+                                 force_resume=force_resume, progress=progress, log_checkpoint=log_checkpoint,
+                                 log_model=log_model)
     client = tracker.client
     monitor = None
     if system_metrics is None:
@@ -220,7 +261,8 @@ def tracked_train(
             return TrackedRun(result, run_id, exp_id, tracker.uri)
         final = _final_metrics(result)
         if not delivered and result.run_dir:  # the server is down at the end: leave it to `exgrpo sync`
-            marker = write_pending(result.run_dir, tracker.uri, run_id, "FINISHED", final)
+            marker = write_pending(result.run_dir, tracker.uri, run_id, "FINISHED", final, finish=finish_record(
+                cfg, result, log_checkpoint=log_checkpoint, log_model=log_model))
             print(f"note: MLflow is unreachable; run {run_id} is complete on disk, finish it in MLflow with "
                   f"`exgrpo sync {marker.parent}`", flush=True)
             if monitor is not None:
@@ -228,8 +270,7 @@ def tracked_train(
             return TrackedRun(result, run_id, exp_id, tracker.uri, synced=False)
         step = int(result.final_metrics.get("step", 0))
         tracker.log_metrics(run_id, final, step=step)
-        log_finished_run(tracker, run_id, cfg, result, step, load_policy=load_checkpoint_policy, evaluate=_final_evaluation,
-                         evaluate_model_dir=_final_model_dir_evaluation, log_checkpoint=log_checkpoint, log_model=log_model)
+        record_finished(tracker, run_id, cfg, result, step, log_checkpoint=log_checkpoint, log_model=log_model)
     except BaseException as e:
         status = _status_for(e)
         try:
@@ -305,63 +346,119 @@ def train_on_cluster(cfg: Any, address: str, **tracked: Any) -> Any:
         raise e.as_instanceof_cause() from None
 
 
-def launch_slots(cfg: Any, address: str | None, runs: int) -> list[dict[str, Any]] | None:
-    """Ray ``.options`` of each of a comparison's or sweep's runs of ``cfg`` that may run at once on the
-    cluster at ``address``, each pinned to the node its plan chose; None: no limit (native runs are one
-    task each, and a veRL job on its own private Ray holds nothing here). veRL runs start only as the
-    cluster can host them whole (:func:`exgrpo.backends.verl.resources.plan_slots`), since runs started
-    at once take each other's CPUs and none can start. Says once when ``runs`` must wait."""
-    if address is None or cfg.backend.name != "verl" or cfg.backend.verl.ray_address != address:
+def launch_slots(cfgs: Iterable[Any], address: str | None,
+                 config_of: Callable[[Any], Any] = lambda job: job) -> VerlSlots | None:
+    """How a comparison's or sweep's runs (of configs ``cfgs``; a job's config is ``config_of(job)``)
+    start on the cluster at ``address``: None, no limit (native runs are one task each, and a veRL job
+    on its own private Ray holds nothing here), else veRL runs start only as the cluster can host each
+    whole, by its own ``backend.verl``, from what Ray reports free (:class:`VerlSlots`), since runs
+    started at once take each other's CPUs and none can start. A run that no state of the cluster
+    can host is refused here, in one line, before any work."""
+    verl = [c for c in cfgs if _verl_on(c, address)]
+    if address is None or not verl:
         return None
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    nodes = alive_nodes()
+    for v in {c.backend.verl.model_dump_json(): c.backend.verl for c in verl}.values():
+        check(v, nodes, address)  # one line for a cluster too small for even a job alone
+        if not plan_slots(v, nodes):
+            need = needs(v)
+            raise ClusterError(
+                f"the Ray cluster at {address} can never run these veRL runs (backend.verl.workers_per_node="
+                f"{v.workers_per_node}, nnodes={v.nnodes}): beside its workers' node(s) each run needs a node with "
+                f"{DRIVER_CPUS} free CPUs for its launcher and TaskRunner and {need.total_cpus + 1} CPUs in all; its "
+                f"nodes have: {', '.join(f'{n.cpus:g} CPU/{n.gpus:g} GPU' for n in nodes)}. Add a node, e.g. "
+                f"`ray start --address={address} --num-cpus={DRIVER_CPUS + 1}`")
+    return VerlSlots(SlotPlan(nodes, available_nodes), config_of, address)
 
-    v, nodes = cfg.backend.verl, alive_nodes()
-    check(v, nodes, address)  # one line for a cluster too small for even a job alone
-    slots = plan_slots(v, nodes)
-    if not slots:
-        need = needs(v)
-        raise ClusterError(
-            f"the Ray cluster at {address} can never run these veRL runs: beside its workers' node(s) each run "
-            f"needs a node with {DRIVER_CPUS} free CPUs for its launcher and TaskRunner and {need.total_cpus + 1} "
-            f"CPUs in all; its nodes have: {', '.join(f'{n.cpus:g} CPU/{n.gpus:g} GPU' for n in nodes)}. Add a "
-            f"node, e.g. `ray start --address={address} --num-cpus={DRIVER_CPUS + 1}`")
-    if runs > len(slots):
-        print(f"note: {waiting_note(v, nodes, len(slots), runs)}", flush=True)
-    return [{"scheduling_strategy": NodeAffinitySchedulingStrategy(nodes[i].node_id, soft=False)} for i in slots]
+
+def _verl_on(cfg: Any, address: str | None) -> bool:
+    return address is not None and cfg.backend.name == "verl" and cfg.backend.verl.ray_address == address
+
+
+class VerlSlots:
+    """The scheduler's side of a :class:`~exgrpo.backends.verl.resources.SlotPlan`: a job's Ray
+    ``.options`` (pinned to the node the plan chose for its launcher) when it can start now."""
+
+    def __init__(self, plan: SlotPlan, config_of: Callable[[Any], Any], address: str) -> None:
+        self.plan, self.config_of, self.address = plan, config_of, address
+
+    def take(self, job: Any) -> tuple[dict[str, Any], Any] | None:
+        cfg = self.config_of(job)
+        if not _verl_on(cfg, self.address):
+            return {}, None
+        placed = self.plan.place(cfg.backend.verl, f"run {cfg.name} seed {cfg.seed}")
+        if placed is None:
+            return None
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        handle, node = placed
+        return {"scheduling_strategy": NodeAffinitySchedulingStrategy(self.plan.nodes[node].node_id, soft=False)}, handle
+
+    def give_back(self, handle: Any) -> None:
+        if handle is not None:
+            self.plan.release(handle)
+
+
+class _FixedSlots:
+    """Slots given as a list of Ray ``.options``: a job takes a free one."""
+
+    def __init__(self, options: list[dict[str, Any]]) -> None:
+        self.options, self.free = options, list(range(len(options)))
+
+    def take(self, job: Any) -> tuple[dict[str, Any], Any] | None:
+        if not self.free:
+            return None
+        slot = self.free.pop(0)
+        return self.options[slot], slot
+
+    def give_back(self, handle: Any) -> None:
+        self.free.append(handle)
 
 
 def run_as_slots_free(jobs: Iterable[Any], launch: Callable[[Any, dict[str, Any]], Any],
                       on_end: Callable[[Any, Any, BaseException | None], None], *,
-                      slots: list[dict[str, Any]] | None = None, limit: int | None = None,
+                      slots: VerlSlots | list[dict[str, Any]] | None = None, limit: int | None = None,
                       poll: Callable[[], None] = lambda: None) -> None:
     """The Ray scheduling loop of comparisons and sweeps: take the next job (``jobs`` is read lazily,
-    e.g. a sweep asking its study for the next trial) while a slot is free, ``launch(job, options)`` it
-    (a Ray ObjectRef; ``options``: its slot's Ray ``.options``, :func:`launch_slots`; {} without
-    slots), and as each one ends, ``on_end(job, result, error)`` (``error`` the exception a failed job
-    raised, its ``result`` None). At most ``limit`` jobs run at once (None: as many as the slots, or
-    all); ``poll()`` runs about every second (progress)."""
+    e.g. a sweep asking its study for the next trial), ``launch(job, options)`` it (a Ray ObjectRef;
+    ``options``: the Ray ``.options`` its slot gives, {} without slots) once ``slots`` has room for it
+    (:func:`launch_slots`, or a list of ``.options``; in order: a job that must wait holds back those
+    after it), and as each one ends, ``on_end(job, result, error)`` (``error`` the exception a failed
+    job raised, its ``result`` None). At most ``limit`` jobs run at once (None: as many as the slots,
+    or all); ``poll()`` runs about every second (progress, and a held job's next try)."""
+    import time
+
     import ray
 
+    schedule = _FixedSlots(slots) if isinstance(slots, list) else slots
     pending = iter(jobs)
-    free = list(range(len(slots))) if slots is not None else None
-    inflight: dict[Any, tuple[Any, int | None]] = {}
+    held: list[Any] = []
+    inflight: dict[Any, tuple[Any, Any]] = {}
 
     def fill() -> None:
-        while (free is None or free) and (limit is None or len(inflight) < limit):
-            job = next(pending, _NONE)
+        while (limit is None or len(inflight) < limit) and (not isinstance(schedule, _FixedSlots) or schedule.free):
+            job = held.pop() if held else next(pending, _NONE)
             if job is _NONE:
                 return
-            slot = free.pop(0) if free is not None else None
-            inflight[launch(job, slots[slot] if slots is not None and slot is not None else {})] = (job, slot)
+            taken = schedule.take(job) if schedule is not None else ({}, None)
+            if taken is None:  # no room now: tried again as runs end, or as other work frees the cluster
+                held.append(job)
+                return
+            options, handle = taken
+            inflight[launch(job, options)] = (job, handle)
 
     fill()
-    while inflight:
-        ready, _ = ray.wait(list(inflight), num_returns=1, timeout=1.0)
+    while inflight or held:
+        if inflight:
+            ready, _ = ray.wait(list(inflight), num_returns=1, timeout=1.0)
+        else:
+            ready = []
+            time.sleep(1.0)
         poll()
         for ref in ready:
-            job, slot = inflight.pop(ref)
-            if free is not None and slot is not None:
-                free.append(slot)
+            job, handle = inflight.pop(ref)
+            if schedule is not None:
+                schedule.give_back(handle)
             try:
                 result, error = ray.get(ref), None
             except Exception as e:  # noqa: BLE001 - the job failed (or its worker died): said through on_end

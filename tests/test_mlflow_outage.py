@@ -31,6 +31,19 @@ def server(tmp_path):
     srv.kill()
 
 
+def _end_record(uri: str, run_id: str) -> dict:
+    """What a finished run recorded at its end: artifacts (with the checkpoint's files), the tags and
+    metric names of its checkpoint, evaluation and model."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    run = client.get_run(run_id)
+    return {"artifacts": sorted(a.path for a in client.list_artifacts(run_id)),
+            "checkpoints": sorted(a.path for a in client.list_artifacts(run_id, "checkpoints")),
+            "tags": sorted(k for k in run.data.tags if k in ("checkpoint", "model_uri")),
+            "eval": sorted(k for k in run.data.metrics if k.startswith("eval/"))}
+
+
 def _history(uri: str, run_id: str, key: str) -> list[int]:
     from mlflow import MlflowClient
 
@@ -82,6 +95,9 @@ def test_mlflow_down_at_the_end_is_finished_by_exgrpo_sync(server, tmp_path, cap
     assert client.get_run(run.run_id).info.status == "FINISHED"
     assert _history(server.url, run.run_id, "batch/solved") == list(range(1, 31))
     assert not (run_dir / PENDING_FILE).exists()
+    end = _end_record(server.url, run.run_id)  # the checkpoint and evaluation of any finished run
+    assert end["checkpoints"] == ["checkpoints/step_0000030.pt"] and end["tags"] == ["checkpoint"], end
+    assert "eval/accuracy" in end["eval"], end
     assert cli.main(["sync", str(tmp_path / "runs")]) == 0  # idempotent: nothing left
     assert _history(server.url, run.run_id, "batch/solved") == list(range(1, 31))
 
@@ -192,5 +208,12 @@ def test_a_comparison_run_that_starts_during_an_outage_trains_and_is_delivered_b
         assert r.info.status == "FINISHED" and r.data.tags["mlflow.parentRunId"] == res.parent_run_id
         assert _history(server.url, r.info.run_id, "batch/solved") == [1, 2, 3, 4, 5]
         assert r.data.params  # the curated params, also for the run created by sync
+    # the run that sync delivered recorded its end as the other did: checkpoint, evaluation, model
+    recorded, delivered = (_end_record(server.url, _run_of(runs, o.arm)) for o in (first, second))
+    assert recorded == delivered and recorded["checkpoints"] and recorded["tags"] == ["checkpoint", "model_uri"]
     assert client.get_run(res.parent_run_id).info.status == "FINISHED"
     assert not list((tmp_path / "runs").rglob(PENDING_FILE))
+
+
+def _run_of(runs, arm: str) -> str:
+    return next(r.info.run_id for r in runs if r.data.tags["arm"] == arm)

@@ -271,7 +271,7 @@ def test_a_verl_comparison_starts_its_runs_as_the_cluster_hosts_them_whole(verl_
     # nodes of 1, 1 and 5 CPUs (1 GPU): one run's workers take the GPU node, so the other run waits, and
     # the comparison says so once (through the flow's log, on stderr)
     said = out.stdout + out.stderr
-    assert said.count("the cluster hosts 1 of these 2 veRL runs at a time, whole") == 1, said[-3000:]
+    assert said.count("waits until a running veRL run of this batch ends") == 1, said[-3000:]
     client = mlflow.MlflowClient(tracking)
     runs = client.search_runs([client.get_experiment_by_name("verl-cluster-cmp").experiment_id])
     children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]

@@ -185,3 +185,87 @@ def test_the_scheduling_loop_keeps_its_limit_and_its_slots_and_outlives_a_failed
         assert sum(s <= start < e for s, e in spans[:t]) <= 1
     assert {out[1] for _, out, err in ended if err is None} == {"a", "b"}
     ray.shutdown()
+
+
+def test_verl_runs_start_by_their_own_size_from_what_ray_reports_free(capsys):
+    """The veRL slot plan on a real local Ray of 12 CPUs and 2 (logical) GPUs, one node. Each tiny
+    veRL run takes 6 CPUs and 1 GPU (3 + 1 for its worker, 2 for its launcher and TaskRunner, 1 for
+    the reward and agent-loop workers); with 2 workers it takes 9 CPUs and 2 GPUs.
+    - An arm that no state of the cluster holds (3 workers: 3 GPUs) is refused in one line, before
+      any run starts, whichever arm comes first.
+    - Other work holding 7 CPUs: no run starts until it ends (planned from the nodes' totals, a run
+      started into 5 free CPUs and waited there holding its launcher's).
+    - Arms of different sizes: the 2-worker arm waits for the 1-worker run to end (planned from the
+      first arm's size, both started at once, 15 CPUs and 3 GPUs on a node of 12 and 2)."""
+    import time
+
+    import pytest
+    import ray
+
+    from exgrpo.cluster import ClusterError
+    from exgrpo.config import load_experiment
+    from exgrpo.launch import launch_slots, run_as_slots_free
+    from exgrpo.raylocal import init_local_ray
+
+    init_local_ray(12, num_gpus=2, include_dashboard=False)
+    try:
+        address = ray.get_runtime_context().gcs_address
+
+        def cfg(workers: int, seed: int = 0):
+            return load_experiment("experiments/verl-tiny-grpo.yaml", {
+                "backend.verl.ray_address": address, "backend.verl.workers_per_node": workers, "seed": seed})
+
+        with pytest.raises(ClusterError, match=r"can never run this veRL job: .*workers_per_node=3") as e:
+            launch_slots([cfg(1), cfg(3)], address)
+        assert "\n" not in str(e.value)
+
+        events: list[str] = []
+
+        @ray.remote(num_cpus=0)
+        def run(name: str) -> str:
+            time.sleep(0.5)
+            return name
+
+        def launch(job, options):
+            events.append(f"start {job[1]}")
+            assert options["scheduling_strategy"].node_id == ray.get_runtime_context().get_node_id()
+            return run.options(**options).remote(job[1])
+
+        def ended(job, out, err):
+            assert err is None and out == job[1]
+            events.append(f"end {job[1]}")
+
+        # a cluster shared with other work: 7 of its 12 CPUs held until the third poll
+        @ray.remote(num_cpus=7)
+        class Other:
+            def ready(self) -> bool:
+                return True
+
+        other = Other.remote()
+        ray.get(other.ready.remote())
+        polls = []
+
+        def poll():
+            polls.append(1)
+            if len(polls) == 3:
+                events.append("other work ends")
+                ray.kill(other)
+
+        jobs = [(cfg(1), "a"), (cfg(1, seed=1), "b")]
+        slots = launch_slots([c for c, _ in jobs], address, config_of=lambda job: job[0])
+        run_as_slots_free(jobs, launch, ended, slots=slots, poll=poll)
+        assert events[0] == "other work ends" and sorted(events[1:]) == ["end a", "end b", "start a", "start b"]
+        said = capsys.readouterr().out
+        assert said.count("note: ") == 1 and "run verl-tiny-grpo seed 0 waits until other work on the cluster" in said
+
+        # arms of different sizes: the larger one waits for the smaller one's end
+        events.clear()
+        jobs = [(cfg(1), "small"), (cfg(2), "large")]
+        run_as_slots_free(jobs, launch, ended, slots=launch_slots([c for c, _ in jobs], address,
+                                                                  config_of=lambda job: job[0]))
+        assert events == ["start small", "end small", "start large", "end large"]
+        said = capsys.readouterr().out
+        assert said.count("note: ") == 1 and "waits until a running veRL run of this batch ends" in said
+        assert "it needs 1 node(s) with 6 CPUs and 2 GPUs" in said and "free now: 6 CPU/1 GPU" in said
+    finally:
+        ray.shutdown()

@@ -4,6 +4,7 @@ resumes it to its end, resumes it once more (nothing to train), then shifts its 
 log-probs and trains one step more; each test reads what was recorded at its stage."""
 
 import contextlib
+import json
 import math
 import os
 import re
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 from exgrpo.atomic import torch_save_atomic
+from exgrpo.backends.verl.checkpoints import HOLD_AFTER_CHECKPOINT_ENV
 
 from verlutil import EXGRPO, _env, _rows, _train, _train_in_a_terminal
 
@@ -38,41 +40,49 @@ def _steps(run_dir):
 @pytest.fixture(scope="module")
 def killed_exgrpo_run(tmp_path_factory, exgrpo_cache):
     """experiments/verl-tiny-exgrpo.yaml through the CLI, killed for real (SIGKILL to `exgrpo train`
-    only, as `kill -9` does) after its first checkpoint; the processes it had started are watched
-    until they are gone (at most 120 s). Then a torn newer checkpoint is planted as if the kill had
-    hit the next save, a resume is refused for another config, the run resumes to the end (6 steps)
-    in a terminal, and is resumed once more after its end. Last, every stored behaviour log-prob of
-    its final checkpoint is lowered by DELTA and it trains a step 7. Returns what the tests look at,
-    read at each stage."""
+    only, as `kill -9` does) in the window between its second checkpoint (step 4) and that step's
+    metrics row: the job holds there (the trainer's fault-injection point), so the kill lands in it
+    for sure. The processes it had started are watched until they are gone (at most 120 s). Then a
+    torn newer checkpoint is planted as if the kill had hit the next save, a resume is refused for
+    another config, the run resumes to the end (6 steps) in a terminal, from step 2 (step 4 has no
+    row), and is resumed once more after its end. Last, every stored behaviour log-prob of its final
+    checkpoint is lowered by DELTA and it trains a step 7. Returns what the tests look at, read at
+    each stage."""
     import psutil
 
     out = tmp_path_factory.mktemp("verl-killed")
     cmd = [sys.executable, "-m", "exgrpo.cli", "train", EXGRPO, "--no-progress", "--output-dir", str(out), *KILL_RUN]
-    proc = subprocess.Popen(cmd, env=_env(exgrpo_cache), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(cmd, env={**_env(exgrpo_cache), HOLD_AFTER_CHECKPOINT_ENV: "4"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     run_dir = out / "verl-tiny-exgrpo" / "seed0"
     ckpts = run_dir / "checkpoints"
     tracker = ckpts / "latest_checkpointed_iteration.txt"  # veRL writes it once a step is whole
-    deadline = time.time() + 600
-    while time.time() < deadline and not tracker.exists() and proc.poll() is None:
+    log = run_dir / "verl.log"
+    deadline = time.time() + 900
+    while time.time() < deadline and proc.poll() is None and (
+            not log.is_file() or "holding after the checkpoint of step 4" not in log.read_text()):
         time.sleep(0.2)
-    assert tracker.exists(), "no checkpoint before the kill"
+    assert log.is_file() and "holding after the checkpoint of step 4" in log.read_text(), "no hold before the kill"
     started = psutil.Process(proc.pid).children(recursive=True)
     at_kill = int(tracker.read_text())
+    logged_at_kill = sorted(int(json.loads(x)["step"]) for x in (run_dir / "verl_metrics" / "attempt_000.jsonl")
+                            .read_text().splitlines() if "training/global_step" in x)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     gone, outlived = psutil.wait_procs(started, timeout=120)
     with contextlib.suppress(ProcessLookupError):  # whatever outlived it, so that the resume starts clean
         os.killpg(proc.pid, signal.SIGKILL)
     saved = int(tracker.read_text())
-    killed_at = torch.load(ckpts / f"global_step_{saved}" / "exgrpo_pool.pt", weights_only=True)
+    before = saved - 2  # the checkpoint before the unlogged one: what the resume must start from
+    killed_at = torch.load(ckpts / f"global_step_{before}" / "exgrpo_pool.pt", weights_only=True)
     torn = ckpts / f"global_step_{saved + 1}" / "actor"  # as if killed in the middle of the next save
     torn.mkdir(parents=True)
     tracker.write_text(str(saved + 1))
     # it resumes only with its own config (checked before anything starts)
     refused = _train(EXGRPO, out, exgrpo_cache, *KILL_RUN, "--resume", "--set=train.lr=0.1", check=False)
     resumed = _train_in_a_terminal(EXGRPO, out, exgrpo_cache, *KILL_RUN, "--resume")  # as a person resumes it
-    run = {"out": out, "run_dir": run_dir, "saved": saved, "killed_at": killed_at, "refused": refused,
+    run = {"out": out, "run_dir": run_dir, "saved": saved, "before": before, "logged_at_kill": logged_at_kill,
+           "killed_at": killed_at, "refused": refused,
            "resumed": resumed, "started": started, "checkpoint_at_kill": at_kill,
            "outlived": [f"{p.pid} {p.name()}" for p in outlived if p.is_running()],
            "log": (run_dir / "verl.log").read_text(), "checkpoints": _checkpoints(run_dir),
@@ -107,20 +117,24 @@ def test_nothing_of_a_verl_run_outlives_a_kill_9_of_the_command(killed_exgrpo_ru
 
 @pytest.mark.slow
 def test_verl_exgrpo_killed_then_resumed_keeps_its_pool(killed_exgrpo_run):
-    """A real SIGKILL, then `--resume`, past a torn newer checkpoint (skipped, with a note), keeping
-    the newest `train.keep_last` steps."""
+    """A real SIGKILL between step 4's checkpoint and its metrics row, then `--resume`, past a torn
+    newer checkpoint and past step 4 (no row: skipped, with a note) to step 2, with step 2's pool;
+    every step has its row in the end, and the newest `train.keep_last` steps stay."""
     run = killed_exgrpo_run
-    saved, killed_at, log, rows = run["saved"], run["killed_at"], run["log"], run["steps"]
+    saved, before, killed_at, log, rows = run["saved"], run["before"], run["killed_at"], run["log"], run["steps"]
+    assert saved == 4 and run["logged_at_kill"] == [1, 2, 3]  # killed inside the window
     assert run["refused"].returncode == 2 and "train.lr (1e-05 -> 0.1)" in run["refused"].stderr
     assert f"global_step_{saved + 1} is torn (no actor weights)" in log
-    assert f"exgrpo: resumed at step {saved} from " in log and " questions (" in log
+    assert f"global_step_{saved} has no metrics row (the run was killed before veRL logged the step)" in log
+    pool = killed_at["replay"]["pool"]
+    resumed = f"exgrpo: resumed at step {before} from "
+    assert resumed in log and f"restored with {len(pool['qid'])} questions (" in log
     shown = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", run["resumed"])  # the terminal says it too, above the bar
-    assert f"exgrpo: resumed at step {saved} from " in shown, shown[-2000:]
+    assert resumed in shown, shown[-2000:]
     assert run["checkpoints"] == ["global_step_4", "global_step_6"]
-    assert max(rows) == 6
-    resumed_step = min(s for s in rows if s > killed_at["step"])
-    # the pool carried over: nothing retired before the kill is forgotten
-    assert rows[resumed_step]["pool/retired"] >= len(killed_at["replay"]["pool"]["retired"])
+    assert sorted(rows) == [1, 2, 3, 4, 5, 6]  # step 4 trained again, and logged this time
+    # the pool carried over: nothing retired before the checkpoint is forgotten
+    assert rows[before + 1]["pool/retired"] >= len(killed_at["replay"]["pool"]["retired"])
 
 
 @pytest.mark.slow

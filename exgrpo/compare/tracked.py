@@ -353,7 +353,7 @@ class _StageTrainer:
         board = self._ray_board()
         remote = ray.remote(max_retries=0)(tracked_run_one)
         # every run at once, or veRL runs as the cluster hosts them whole, or --workers at a time
-        slots = launch_slots(todo[0][0], self.ray_address, len(todo)) if todo else None
+        slots = launch_slots([cfg for cfg, _ in todo], self.ray_address, config_of=lambda job: job[0])
         running: dict[tuple[str, int], bool] = {}  # (arm, seed) -> whether on_started has heard of it
 
         def launch(job: tuple[ExperimentConfig, str], options: dict[str, Any]) -> Any:

@@ -237,7 +237,7 @@ def run_sweep(
         announce(ray_address, tracker.client, parent)
         board = ray.remote(num_cpus=0)(ProgressBoard).remote()
         remote = ray.remote(num_cpus=task_cpus(base), max_retries=0)(run_trial)
-        slots = launch_slots(base, ray_address, min(todo, sc.study.parallel))  # veRL jobs on this cluster
+        slots = launch_slots([base], ray_address, config_of=lambda _trial: base)  # veRL jobs on this cluster
         sweep_json = sc.model_dump(mode="json")
         if isinstance(sc.base, str):
             sweep_json["base"] = str(Path(sc.base).resolve())

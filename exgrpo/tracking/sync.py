@@ -6,15 +6,18 @@ directory: the run id, the store, the final status and metrics. A run that could
 created (the store was down when it started) has no id yet; its marker carries what creates it
 (experiment, name, parent, tags, params, config), and :func:`sync_run` creates it first. :func:`sync_run` replays what
 MLflow lacks from ``metrics.jsonl`` (the local truth: every (metric, step) past the last step MLflow
-has for it), logs the final metrics and the metrics file, sets the final status (FINISHED, FAILED
-or KILLED: never RUNNING) and removes the marker. It is idempotent.
+has for it), logs the final metrics and the metrics file, records a finished run's end as any
+finished run records it (the marker's ``finish``: config, checkpoint and step, handed to the caller's
+``finish``, :func:`exgrpo.launch.record_finished`: the checkpoint artifact, the evaluation, the model),
+sets the final status (FINISHED, FAILED or KILLED: never RUNNING) and removes the marker. It is
+idempotent.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,13 +33,16 @@ PENDING_FILE = "mlflow_pending.json"
 def write_pending(run_dir: str | Path, tracking_uri: str, run_id: str | None, status: str,
                   final_metrics: Mapping[str, float] | None = None, error: str | None = None,
                   artifacts: Mapping[str, str] | None = None, tags: Mapping[str, str] | None = None,
-                  create: Mapping[str, Any] | None = None) -> Path:
+                  create: Mapping[str, Any] | None = None, finish: Mapping[str, Any] | None = None) -> Path:
     """Leave the marker that ``exgrpo sync`` completes; returns its path. ``artifacts``: file name in
     ``run_dir`` -> artifact directory ("" for the root); ``tags``: tags to set; ``create`` (with
-    ``run_id`` None): experiment, run_name, parent_run_id, tags, params and config of the run to create."""
+    ``run_id`` None): experiment, run_name, parent_run_id, tags, params and config of the run to create;
+    ``finish``: what records a finished training run's end (its config, checkpoint, step), for
+    :func:`sync_run`'s ``finish``."""
     record = {"tracking_uri": tracking_uri, "run_id": run_id, "status": status,
               "final_metrics": dict(final_metrics or {}), "error": error, "written": time.time(),
-              "artifacts": dict(artifacts or {}), "tags": dict(tags or {}), "create": dict(create or {})}
+              "artifacts": dict(artifacts or {}), "tags": dict(tags or {}), "create": dict(create or {}),
+              "finish": dict(finish or {})}
     return write_text_atomic(Path(run_dir) / PENDING_FILE, json.dumps(record, indent=1, default=str))
 
 
@@ -78,8 +84,13 @@ def _rows(metrics_file: Path) -> list[dict[str, Any]]:
     return read_metrics(metrics_file, up_to_step=float("inf"), warn=lambda _msg: None)
 
 
-def sync_run(run_dir: str | Path) -> Synced:
-    """Deliver what MLflow lacks of the run in ``run_dir`` (creating the run if it never was) and end it."""
+Finisher = Callable[[Tracker, str, Path, dict[str, Any]], None]
+"""``finish(tracker, run_id, run_dir, record)``: record a finished run's end from the marker's ``finish``."""
+
+
+def sync_run(run_dir: str | Path, finish: Finisher | None = None) -> Synced:
+    """Deliver what MLflow lacks of the run in ``run_dir`` (creating the run if it never was) and end it;
+    a finished training run's end (checkpoint, evaluation, model) is recorded by ``finish``."""
     from mlflow.entities import Metric
 
     run_dir = Path(run_dir)
@@ -109,6 +120,10 @@ def sync_run(run_dir: str | Path) -> Synced:
         client.set_tag(run_id, key, value)
     if record.get("error"):
         client.set_tag(run_id, "error", record["error"][:5000])
+    if record.get("finish") and finish is not None:
+        finish(tracker, run_id, run_dir, record["finish"])
+        record["finish"] = {}  # recorded: a sync that fails after this does not log the model twice
+        write_text_atomic(marker, json.dumps(record, indent=1, default=str))
     client.set_tag(run_id, "synced_after_outage", "true")
     experiment_id = client.get_run(run_id).info.experiment_id
     client.set_terminated(run_id, record["status"])

@@ -24,7 +24,8 @@ from exgrpo.raylocal import LOCAL_SYSTEM_CONFIG, agent_port_any, enable_token_au
 
 
 FORWARDED_ENV = ("VERL_PLATFORM", "VERL_ENGINE_DEVICE", "EXGRPO_SEED", "PYTHONPATH", "VERL_FILE_LOGGER_PATH",
-                 "EXGRPO_BIND_LOOPBACK", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND")
+                 "EXGRPO_BIND_LOOPBACK", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND",
+                 "EXGRPO_FAULT_HOLD_AFTER_CHECKPOINT")
 """Variables passed on to veRL's Ray workers (with every ``MLFLOW_*``: the run and store to report to)."""
 
 LAUNCHER_ENV = "EXGRPO_LAUNCHER_PID"
@@ -77,6 +78,7 @@ class ExGRPOTaskRunner:
             else:
                 trainer.init_workers()
                 trainer.fit()
+                trainer.prune_checkpoints()  # the last step's row is written: the step before it may go
         finally:
             if live is not None and not live.stop():
                 print("exgrpo live metrics: MLflow did not take every step; metrics.jsonl has them all "

@@ -18,6 +18,7 @@ run could start.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from exgrpo.cluster import ClusterError, NodeResources
@@ -54,38 +55,105 @@ DRIVER_NODE_ENV = "EXGRPO_DRIVER_NODE"
 """The Ray node id the job's TaskRunner is placed on (the launcher's node), when a plan chose it."""
 
 
-def plan_slots(v: VerlSettings, nodes: list[NodeResources]) -> list[int]:
-    """How many jobs of ``backend.verl`` the ``nodes`` hold at once, whole, as the node (an index of
-    ``nodes``) each one's launcher and TaskRunner go to (:data:`DRIVER_CPUS`). Each job takes its
-    bundles on ``nnodes`` distinct nodes (the GPU nodes with the fewest GPUs to spare first), its
-    launcher's node (one with no GPU to spare first, so GPU nodes keep their CPUs for bundles) and the
-    rest of its :data:`EXTRA_CPUS` anywhere. An empty list: the cluster cannot hold even one."""
+def place(v: VerlSettings, free: list[list[float]]) -> tuple[int, list[list[float]]] | None:
+    """Where one job of ``backend.verl`` goes in ``free`` (``[cpus, gpus]`` per node): the node its
+    launcher and TaskRunner go to (:data:`DRIVER_CPUS`), and what it takes of each node; None when it
+    does not fit. Its bundles go on ``nnodes`` distinct nodes (the GPU nodes with the fewest GPUs to
+    spare first), its launcher's node is one with no GPU to spare first (so GPU nodes keep their CPUs
+    for bundles), and the rest of its :data:`EXTRA_CPUS` go anywhere."""
     need = needs(v)
+    left = [f[:] for f in free]
+    fits = sorted((i for i, (c, g) in enumerate(left) if c >= need.cpus_per_node and g >= need.gpus_per_node),
+                  key=lambda i: (left[i][1], left[i][0]))
+    if len(fits) < need.nodes:
+        return None
+    for i in fits[:need.nodes]:
+        left[i][0] -= need.cpus_per_node
+        left[i][1] -= need.gpus_per_node
+    spare_first = sorted(range(len(left)), key=lambda i: (left[i][1] > 0, -left[i][0]))
+    drivers = [i for i in spare_first if left[i][0] >= DRIVER_CPUS]
+    if not drivers:
+        return None
+    left[drivers[0]][0] -= DRIVER_CPUS
+    rest = need.extra_cpus + 1 - DRIVER_CPUS  # the reward / agent-loop workers; +1: the launcher
+    for i in spare_first:
+        take = min(rest, int(left[i][0]))
+        left[i][0] -= take
+        rest -= take
+    if rest > 0:
+        return None
+    return drivers[0], [[f[0] - x[0], f[1] - x[1]] for f, x in zip(free, left, strict=True)]
+
+
+def plan_slots(v: VerlSettings, nodes: list[NodeResources]) -> list[int]:
+    """How many jobs of ``backend.verl`` the ``nodes`` hold at once, whole (:func:`place`, one after
+    the other), as the node (an index of ``nodes``) each one's launcher and TaskRunner go to. An
+    empty list: the cluster cannot hold even one."""
     free = [[n.cpus, n.gpus] for n in nodes]
     slots: list[int] = []
-    while True:
-        left = [f[:] for f in free]
-        fits = sorted((i for i, (c, g) in enumerate(left) if c >= need.cpus_per_node and g >= need.gpus_per_node),
-                      key=lambda i: (left[i][1], left[i][0]))
-        if len(fits) < need.nodes:
-            return slots
-        for i in fits[:need.nodes]:
-            left[i][0] -= need.cpus_per_node
-            left[i][1] -= need.gpus_per_node
-        spare_first = sorted(range(len(left)), key=lambda i: (left[i][1] > 0, -left[i][0]))
-        drivers = [i for i in spare_first if left[i][0] >= DRIVER_CPUS]
-        if not drivers:
-            return slots
-        left[drivers[0]][0] -= DRIVER_CPUS
-        rest = need.extra_cpus + 1 - DRIVER_CPUS  # the reward / agent-loop workers; +1: the launcher
-        for i in spare_first:
-            take = min(rest, int(left[i][0]))
-            left[i][0] -= take
-            rest -= take
-        if rest > 0:
-            return slots
-        free = left
-        slots.append(drivers[0])
+    while (placed := place(v, free)) is not None:
+        driver, took = placed
+        free = [[f[0] - t[0], f[1] - t[1]] for f, t in zip(free, took, strict=True)]
+        slots.append(driver)
+    return slots
+
+
+class SlotPlan:
+    """veRL runs of a comparison or sweep started one by one as the cluster can host each whole, each
+    by its own ``backend.verl`` (arms may differ), from what Ray reports free (a cluster shared with
+    other work): :meth:`place` says where a run goes now, or None when it must wait; :meth:`release`
+    gives its share back when it ends.
+
+    Ray reports a started run's resources only as its job takes them, seconds later, so the plan keeps
+    its own ledger: what is free for the next run is, per node, the lesser of what Ray reports free
+    and what was free when none of these runs was running less what the running ones take."""
+
+    def __init__(self, nodes: list[NodeResources], available: Callable[[], list[NodeResources]],
+                 say: Callable[[str], None] = print) -> None:
+        self.nodes, self.available, self.say = nodes, available, say
+        self.running: dict[int, list[list[float]]] = {}
+        self._base: dict[str, NodeResources] = {}
+        self._said: set[str] = set()
+        self._next = 0
+
+    def free(self) -> list[list[float]]:
+        """``[cpus, gpus]`` per node that the next run may take."""
+        now = {n.node_id: n for n in self.available()}
+        if not self.running:  # none of ours runs: Ray's numbers are the whole truth
+            self._base = now
+        free = []
+        for i, node in enumerate(self.nodes):
+            base, cur = self._base.get(node.node_id), now.get(node.node_id)
+            if base is None or cur is None:  # a node that left (or joined since): nothing to plan on
+                free.append([0.0, 0.0])
+                continue
+            ours = [sum(t[i][k] for t in self.running.values()) for k in (0, 1)]
+            free.append([min(base.cpus - ours[0], cur.cpus), min(base.gpus - ours[1], cur.gpus)])
+        return free
+
+    def place(self, v: VerlSettings, name: str = "a run") -> tuple[int, int] | None:
+        """``(handle, node index of its launcher)`` of a run of ``backend.verl`` started now, or None
+        when what is free cannot hold it whole (said once per reason)."""
+        free = self.free()
+        placed = place(v, free)
+        if placed is None:
+            have = ", ".join(f"{c:g} CPU/{g:g} GPU" for c, g in free)
+            need = needs(v)
+            what = (f"{need.nodes} node(s) with {need.cpus_per_node} CPUs and {need.gpus_per_node} GPUs for its "
+                    f"workers and {need.extra_cpus + 1} CPUs beside them")
+            why = ("until a running veRL run of this batch ends" if self.running
+                   else "until other work on the cluster frees room")
+            if not self._said:  # once: a run just ended may still hold its share for a moment
+                self._said.add(why)
+                self.say(f"note: {name} waits {why}: it needs {what}; free now: {have}")
+            return None
+        driver, took = placed
+        self._next += 1
+        self.running[self._next] = took
+        return self._next, driver
+
+    def release(self, handle: int) -> None:
+        self.running.pop(handle, None)
 
 
 def waiting_note(v: VerlSettings, nodes: list[NodeResources], at_once: int, runs: int) -> str:

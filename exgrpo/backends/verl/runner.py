@@ -112,7 +112,7 @@ def prepare(cfg: ExperimentConfig, resume: bool = False, progress: bool = False,
 def ended_at(run_dir: Path, max_steps: int | None) -> int | None:
     """The step a run already ended at: its newest intact checkpoint, if at or past ``max_steps``
     (a run bounded by epochs is left to the job, which knows its length)."""
-    step = newest_intact(run_dir / "checkpoints") if max_steps else None
+    step = newest_intact(run_dir / "checkpoints", run_dir / RAW_METRICS) if max_steps else None
     return step if step is not None and step >= max_steps else None
 
 

@@ -24,6 +24,7 @@ The step is veRL's own ``fit``; the replay core enters through five hooks, in st
 from __future__ import annotations
 
 import json
+import os
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,8 @@ from verl import DataProto
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
 from exgrpo.atomic import torch_save_atomic
-from exgrpo.backends.verl.checkpoints import POOL_FILE, prune, repair_tracker
+from exgrpo.backends.verl.checkpoints import POOL_FILE, hold_after_checkpoint, prune, repair_tracker
+from exgrpo.backends.verl.live import FILE_LOGGER_ENV
 from exgrpo.backends.verl.loss import CLIP_FIELD, OFF_POLICY_FIELD, SUMS_PREFIX, ActorLossSettings, exgrpo_actor_loss
 from exgrpo.backends.verl.overrides import VERL_LOSS_AGG
 from exgrpo.config import ExperimentConfig
@@ -317,7 +319,20 @@ class ExGRPORayTrainer(RayPPOTrainer):
         path.parent.mkdir(parents=True, exist_ok=True)
         torch_save_atomic(state, path)
         super()._save_checkpoint()
-        prune(Path(self.config.trainer.default_local_dir), self.exgrpo.train.keep_last, self.global_steps)
+        self.prune_checkpoints()
+        hold_after_checkpoint(self.global_steps)
+
+    def _metrics_dir(self) -> Path | None:
+        """veRL's metric logs of every attempt (the file logger's directory): a checkpoint whose step
+        has no row there is not resumed from (:mod:`exgrpo.backends.verl.checkpoints`)."""
+        path = os.environ.get(FILE_LOGGER_ENV)
+        return Path(path).parent if path else None
+
+    def prune_checkpoints(self) -> None:
+        """Only the newest ``train.keep_last`` logged steps stay (and the one just saved): called after
+        each save, and once the run's last row is written."""
+        prune(Path(self.config.trainer.default_local_dir), self.exgrpo.train.keep_last, self.global_steps,
+              self._metrics_dir())
 
     def ended_at(self) -> int | None:
         """The step a resumed run already ended at (its newest intact checkpoint at or past the last
@@ -325,12 +340,12 @@ class ExGRPORayTrainer(RayPPOTrainer):
         after training a step, so it would train one step past the end of a finished run."""
         if self.config.trainer.resume_mode != "auto":
             return None
-        step = repair_tracker(Path(self.config.trainer.default_local_dir))
+        step = repair_tracker(Path(self.config.trainer.default_local_dir), metrics_dir=self._metrics_dir())
         return step if step is not None and step >= self.total_training_steps else None
 
     def _load_checkpoint(self):
-        if self.config.trainer.resume_mode == "auto":  # a torn newest step is skipped, with a note
-            repair_tracker(Path(self.config.trainer.default_local_dir))
+        if self.config.trainer.resume_mode == "auto":  # a torn or unlogged newest step is skipped, with a note
+            repair_tracker(Path(self.config.trainer.default_local_dir), metrics_dir=self._metrics_dir())
         result = super()._load_checkpoint()
         if self.global_steps:
             path = self._pool_path(self.global_steps)
