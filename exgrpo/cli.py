@@ -334,7 +334,12 @@ def _cmd_runs(args: argparse.Namespace) -> int:
 def _cmd_ui(args: argparse.Namespace) -> int:
     from exgrpo.ui import main as ui_main
 
-    return ui_main(args.host, args.prefect_port, args.mlflow_port, args.optuna_port, args.tracking_uri, args.storage)
+    try:
+        return ui_main(args.host, args.prefect_port, args.mlflow_port, args.optuna_port, args.tracking_uri,
+                       args.storage)
+    except RuntimeError as e:  # a missing tool or app, a port in use, a service that would not start
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
 
 def _cmd_dashboard(args: argparse.Namespace) -> int:

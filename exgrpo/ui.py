@@ -22,7 +22,11 @@ from pathlib import Path
 from exgrpo.prefect_home import announce_server, prefect_home, use_prefect_home, withdraw_server
 from exgrpo.sqlite_wal import sqlite_file
 from exgrpo.sweep import resolve_storage
-from exgrpo.tracking.mlflow_tracking import artifact_root, experiment_url, project_root, resolve_tracking_uri
+from exgrpo.tracking.mlflow_tracking import artifact_root, project_root, resolve_tracking_uri, ui_link
+
+MLFLOW_APP = "exgrpo"
+"""``mlflow server --app-name``: MLflow's server with the page that opens the training runs
+(:mod:`exgrpo.tracking.mlflow_app`, registered under the ``mlflow.app`` entry points in pyproject.toml)."""
 
 
 @dataclass
@@ -62,6 +66,17 @@ def _ready(url: str) -> bool:
         return False
 
 
+def _mlflow_app() -> list[str]:
+    """The ``--app-name`` flag, once the installed project registers the app (an install older than
+    the app has no such entry point, and ``mlflow server`` would exit on it)."""
+    from importlib.metadata import entry_points
+
+    if not any(ep.name == MLFLOW_APP for ep in entry_points(group="mlflow.app")):
+        raise RuntimeError(f"the MLflow app `{MLFLOW_APP}` is not registered in this environment (an install older "
+                           "than pyproject.toml): reinstall the project, `pip install --no-deps -e .`")
+    return ["--app-name", MLFLOW_APP]
+
+
 def services(host: str = "127.0.0.1", prefect_port: int = 4200, mlflow_port: int = 5000, optuna_port: int = 8080,
              tracking_uri: str | None = None, storage: str | None = None) -> list[Service]:
     """The commands (not started)."""
@@ -73,12 +88,12 @@ def services(host: str = "127.0.0.1", prefect_port: int = 4200, mlflow_port: int
         db.parent.mkdir(parents=True, exist_ok=True)
         out.append(Service("mlflow", f"http://{host}:{mlflow_port}", f"http://{host}:{mlflow_port}/health", [
             _exe("mlflow"), "server", "--host", host, "--port", str(mlflow_port), "--backend-store-uri", uri,
-            "--artifacts-destination", str(db.parent / "artifacts"), "--workers", "1"]))
+            "--artifacts-destination", str(db.parent / "artifacts"), "--workers", "1", *_mlflow_app()]))
     elif "://" in uri and not uri.startswith(("http://", "https://", "file:")):  # a database (team mode: PostgreSQL)
         dest = artifact_root(uri) or project_root() / "mlruns" / "artifacts"
         out.append(Service("mlflow", f"http://{host}:{mlflow_port}", f"http://{host}:{mlflow_port}/health", [
             _exe("mlflow"), "server", "--host", host, "--port", str(mlflow_port), "--backend-store-uri", uri,
-            "--artifacts-destination", str(dest), "--workers", "1"]))
+            "--artifacts-destination", str(dest), "--workers", "1", *_mlflow_app()]))
     storage = resolve_storage(storage)
     out.append(Service("optuna-dashboard", f"http://{host}:{optuna_port}", f"http://{host}:{optuna_port}/api/studies",
                        [_exe("optuna-dashboard"), storage, "--host", host, "--port", str(optuna_port),
@@ -176,13 +191,13 @@ def main(host: str = "127.0.0.1", prefect_port: int = 4200, mlflow_port: int = 5
         announce_server(home, api, mlflow, resolve_tracking_uri(tracking_uri) if mlflow else None)
         print(f"ready in {time.monotonic() - t0:.1f} s:")
         for s in svcs:
-            print(f"  {s.name:17s} {experiment_url(None, s.url) if s.name == 'mlflow' else s.url}")
+            print(f"  {s.name:17s} {ui_link(s.url, '/experiments') if s.name == 'mlflow' else s.url}")
         print(f"\nPrefect home: {home} (`exgrpo compare` and `sweep` run their flows on this server while it runs)")
         print(f"export PREFECT_API_URL={api}   # for `prefect deploy`, `prefect worker start` (prefect.yaml)")
         if any(s.name == "mlflow" for s in svcs):
-            print(f"MLflow store: {resolve_tracking_uri(tracking_uri)} (the UI reads the same file). MLflow opens an "
-                  "experiment on GenAI traces unless \"Model training\" is chosen at the top of its sidebar (the links "
-                  "the project prints open the runs)")
+            print(f"MLflow store: {resolve_tracking_uri(tracking_uri)} (the UI reads the same file). The links the "
+                  "project prints open MLflow on \"Model training\" and keep it there in that browser; opened any other "
+                  "way, MLflow shows GenAI traces until \"Model training\" is chosen once at the top of its sidebar")
         print("Ctrl-C stops all.", flush=True)
         while all(s.proc.poll() is None for s in svcs):
             time.sleep(1)

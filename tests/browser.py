@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -60,3 +61,105 @@ def app_dom(exe: str, url: str, tmp: Path, expect: str, tries: int = 3, wait_ms:
         if expect in dom:
             break
     return dom
+
+
+def find_chromedriver() -> str:
+    """chromedriver (Debian's ``chromium-driver``, installed with Chromium by
+    ``scripts/setup-chromium.sh``), or skip (fail under ``EXGRPO_REQUIRE_BROWSER``)."""
+    exe = os.environ.get("EXGRPO_CHROMEDRIVER") or shutil.which("chromedriver") or "/usr/bin/chromedriver"
+    if not os.access(exe, os.X_OK):
+        if _require_browser():
+            pytest.fail(f"EXGRPO_REQUIRE_BROWSER is set but chromedriver is not installed ({exe} not executable): "
+                        "run scripts/setup-chromium.sh")
+        pytest.skip(f"chromedriver not installed ({exe} not executable): run scripts/setup-chromium.sh")
+    return exe
+
+
+class Browser:
+    """Chromium driven as a user drives it (W3C WebDriver over HTTP to chromedriver: open a page,
+    click what it shows), in a fresh profile; every host but 127.0.0.1 unresolvable."""
+
+    def __init__(self, chromium: str, tmp: Path, patience: float = 240.0) -> None:
+        import requests
+
+        from netutil import free_port
+
+        self.patience = patience  # a busy shared machine: a bound on waiting, not a time limit under test
+        self.http = requests.Session()
+        port = free_port()
+        self.driver = subprocess.Popen([find_chromedriver(), f"--port={port}"], stdout=subprocess.DEVNULL,
+                                       stderr=subprocess.DEVNULL, start_new_session=True)
+        self.base = f"http://127.0.0.1:{port}"
+        self._until(lambda: self._ready(), "chromedriver to start")
+        profile = tempfile.mkdtemp(prefix="chromium-", dir=tmp)
+        args = ["--headless=new", "--window-size=1600,1000", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                "--disable-dev-shm-usage", "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
+                f"--user-data-dir={profile}"]
+        caps = {"capabilities": {"alwaysMatch": {"browserName": "chrome", "pageLoadStrategy": "normal",
+                                                 "goog:chromeOptions": {"binary": chromium, "args": args}}}}
+        self.session = f"{self.base}/session/" + self._call("post", f"{self.base}/session", caps)["sessionId"]
+        self._call("post", f"{self.session}/timeouts", {"pageLoad": int(patience * 1000), "script": 30000})
+
+    def _ready(self) -> bool:
+        try:
+            return bool(self.http.get(f"{self.base}/status", timeout=5).json()["value"]["ready"])
+        except Exception:  # not listening yet
+            return False
+
+    def _call(self, method: str, url: str, body: dict | None = None):
+        r = self.http.request(method, url, json=body, timeout=self.patience)
+        value = r.json().get("value")
+        if r.status_code != 200:
+            raise RuntimeError(f"webdriver {method.upper()} {url}: {r.status_code} {value}")
+        return value
+
+    def _until(self, check, what: str):
+        deadline = time.monotonic() + self.patience
+        while time.monotonic() < deadline:
+            got = check()
+            if got:
+                return got
+            time.sleep(0.5)
+        raise AssertionError(f"waited {self.patience:.0f} s for {what}")
+
+    def open(self, url: str) -> None:
+        self._call("post", f"{self.session}/url", {"url": url})
+
+    @property
+    def url(self) -> str:
+        return self._call("get", f"{self.session}/url")
+
+    def dom(self) -> str:
+        return self._call("get", f"{self.session}/source")
+
+    def text(self) -> str:
+        """What the page shows (its body's rendered text)."""
+        return self._call("post", f"{self.session}/execute/sync",
+                          {"script": "return document.body ? document.body.innerText : ''", "args": []})
+
+    def wait_text(self, *texts: str) -> str:
+        """The page's text once it shows one of ``texts``."""
+        return self._until(lambda: t if any(x in (t := self.text()) for x in texts) else None,
+                           f"one of {texts} on {self.url}")
+
+    def click(self, xpath: str) -> None:
+        """Click the first element at ``xpath`` once the page has one, as a user's click does."""
+        def find():
+            found = self._call("post", f"{self.session}/elements", {"using": "xpath", "value": xpath})
+            return found[0] if found else None
+
+        element = next(iter(self._until(find, f"{xpath} on {self.url}").values()))
+        self._call("post", f"{self.session}/element/{element}/click", {})
+
+    def close(self) -> None:
+        try:
+            self._call("delete", self.session)
+        except Exception:  # chromedriver already gone: its process is ended below
+            pass
+        self.driver.terminate()
+        try:
+            self.driver.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.driver.kill()
+            self.driver.wait(timeout=10)

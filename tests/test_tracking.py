@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import time
@@ -305,25 +306,46 @@ def test_importing_exgrpo_turns_mlflow_telemetry_off():
     assert out.stdout.strip().splitlines()[-1] == "False"
 
 
+def test_the_open_page_writes_the_choice_where_mlflows_ui_reads_it():
+    """MLflow's bundled UI reads the sidebar's "GenAI | Model training" choice through its
+    ``useLocalStorage({key: "mlflow.workflowType", version: 1})``, kept as JSON under
+    ``<key>_v<version>``; the page of ``--app-name exgrpo`` writes that key (an MLflow whose UI moves it
+    fails here, where the browser test would skip without Chromium)."""
+    import mlflow.server
+
+    from exgrpo.tracking.mlflow_app import PAGE, TRAINING_VIEW, WORKFLOW_STORAGE_KEY
+
+    bundle = "".join(p.read_text() for p in (Path(mlflow.server.__file__).parent / "js/build/static/js").glob("main.*.js"))
+    assert 'key:"mlflow.workflowType",version:1,' in bundle
+    assert re.search(r"\((\w),(\w)\)=>`\$\{\1\}_v\$\{\2\}`", bundle), "the hook's key format changed"
+    assert re.search(r"JSON\.stringify\(\w\);try\{localStorage\.setItem", bundle), "the hook no longer stores JSON"
+    assert WORKFLOW_STORAGE_KEY == "mlflow.workflowType_v1" and TRAINING_VIEW == "machine_learning"
+    assert 'localStorage.setItem("mlflow.workflowType_v1", "\\"machine_learning\\"")' in PAGE
+
+
 def test_mlflow_links_point_at_the_ui_that_serves_the_store(tmp_path, monkeypatch):
     """`exgrpo ui --mlflow-port 30009` (or on another store): the links printed for that store (a
     comparison's parent, the Prefect link artifact, train's mlflow_url: all run_url) point at its UI;
     where nothing serves the store, the line names the command that would."""
     from exgrpo.paths import UI_SERVER_FILE
     from exgrpo.prefect_home import announce_server, withdraw_server
-    from exgrpo.tracking.mlflow_tracking import resolve_tracking_uri, run_url, ui_note
+    from exgrpo.tracking.mlflow_tracking import experiment_url, resolve_tracking_uri, run_url, ui_note
 
     home = tmp_path / "home"
     monkeypatch.setenv("PREFECT_HOME", str(home))
     monkeypatch.delenv("EXGRPO_MLFLOW_UI", raising=False)
     store = resolve_tracking_uri(f"sqlite:///{tmp_path}/elsewhere.db")
-    assert run_url("1", "r", store).startswith("http://127.0.0.1:5000/#/experiments/1/runs/r")
+    assert run_url("1", "r", store) == "http://127.0.0.1:5000/exgrpo/open#/experiments/1/runs/r?workflowType=machine_learning"
     assert ui_note(store) == f" (nothing serves this store now: `exgrpo ui --tracking-uri {store}` does)"
     announce_server(home, "http://127.0.0.1:4200/api", "http://127.0.0.1:30009", store)
-    assert run_url("1", "r", store).startswith("http://127.0.0.1:30009/#/experiments/1/runs/r")
+    assert run_url("1", "r", store).startswith("http://127.0.0.1:30009/exgrpo/open#/experiments/1/runs/r")
     assert ui_note(store) == " (served by the running `exgrpo ui`)"
     other = resolve_tracking_uri(f"sqlite:///{tmp_path}/other.db")
     assert run_url("1", "r", other).startswith("http://127.0.0.1:5000/")  # not the store that UI serves
+    # a tracking server is its own UI: the page is there when that server is this `exgrpo ui`'s MLflow
+    assert run_url("1", "r", "http://127.0.0.1:30009/") == \
+        "http://127.0.0.1:30009/exgrpo/open#/experiments/1/runs/r?workflowType=machine_learning"
+    assert experiment_url("1", "http://10.0.0.9:5000") == "http://10.0.0.9:5000/#/experiments/1/runs?workflowType=machine_learning"
     withdraw_server(home)
     assert run_url("1", "r", store).startswith("http://127.0.0.1:5000/")
     # a record whose process is gone, its pid now another process's (it started later), points nowhere

@@ -25,7 +25,7 @@ requests = pytest.importorskip("requests")
 pytest.importorskip("prefect")
 pytest.importorskip("mlflow")
 
-from browser import app_dom, find_chromium  # noqa: E402
+from browser import Browser, app_dom, find_chromium  # noqa: E402
 from netutil import free_port  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -127,14 +127,30 @@ def _printed_link(ui) -> str:
     return url
 
 
-def test_mlflow_links_open_on_the_training_runs(ui, chromium, tmp_path):
+def test_mlflow_links_open_on_the_training_runs_and_the_clicks_after_stay_there(ui, chromium, tmp_path):
+    """A fresh browser profile opens the printed link, clicks a child run in the parent's "Child runs",
+    then the experiment in the breadcrumb: each page is MLflow's "Model training" view (a plain
+    ``?workflowType=machine_learning`` link holds for its first page only; the next click was GenAI's
+    empty traces overview)."""
     link = _printed_link(ui)
-    assert link.startswith(f"{ui.mlflow}/#/experiments/") and link.endswith("?workflowType=machine_learning")
+    assert link.startswith(f"{ui.mlflow}/exgrpo/open#/experiments/") and link.endswith("?workflowType=machine_learning")
     experiments = re.search(r"mlflow\s+(\S+)", ui.out).group(1)
-    assert experiments == f"{ui.mlflow}/#/experiments?workflowType=machine_learning"
-    experiment = link.split("/runs/")[0] + "/runs?workflowType=machine_learning"
-    page = app_dom(chromium, experiment, tmp_path, expect="compare-ui-cmp")
-    assert "compare-ui-cmp" in page and "Detect Issues" not in page and "Training runs" not in page
+    assert experiments == f"{ui.mlflow}/exgrpo/open#/experiments?workflowType=machine_learning"
+    experiment_id = link.split("#/experiments/")[1].split("/")[0]
+    browser = Browser(chromium, tmp_path)
+    try:
+        browser.open(link)
+        browser.wait_text("Child runs")
+        browser.click("//a[normalize-space()='grpo-seed0']")  # in the parent's "Child runs"
+        child = browser.wait_text("Parent run")
+        assert "grpo-seed0" in child and "Model metrics" in child
+        assert "Observability" not in child and "Evaluations" not in child, child[:800]  # GenAI's sidebar, tabs
+        browser.click(f"//a[@href='#/experiments/{experiment_id}']")  # the experiment, in the breadcrumb
+        runs = browser.wait_text("Run Name", "Detect Issues")  # the runs table, or GenAI's traces overview
+        assert "compare-ui-cmp" in runs and "/overview" not in browser.url
+        assert "Detect Issues" not in runs and "Observability" not in runs, runs[:800]
+    finally:
+        browser.close()
 
 
 def test_the_parent_runs_description_is_a_table_mlflow_shows_whole(ui, chromium, tmp_path):

@@ -163,6 +163,13 @@ switch at the top of its sidebar (kept per browser), else GenAI (the traces "Ove
 experiment's ``mlflow.experimentKind`` tag and the server's settings do not enter into it, so every
 link the project prints carries this query."""
 
+OPEN_PATH = "/exgrpo/open"
+"""The page that ``mlflow server --app-name exgrpo`` (what ``exgrpo ui`` runs,
+:mod:`exgrpo.tracking.mlflow_app`) adds to MLflow's UI: it makes the browser keep "Model training",
+as a click on the sidebar's switch would, and opens the MLflow route in its hash. Without it the
+link's :data:`RUNS_VIEW` holds for the first page only, and the next click (the experiment, a child
+run) is on GenAI again."""
+
 
 DEFAULT_UI = "http://127.0.0.1:5000"
 """Where ``exgrpo ui`` serves MLflow unless told otherwise."""
@@ -174,14 +181,22 @@ def _serving_ui(uri: str) -> str | None:
     return str(record["mlflow_url"]) if record and record.get("mlflow_url") and record.get("mlflow_store") == uri else None
 
 
+def _ui(tracking_uri: str | None) -> tuple[str, bool]:
+    """(the MLflow UI of the store, whether it has :data:`OPEN_PATH`): the tracking server itself (has
+    it when a running ``exgrpo ui`` serves that address); else ``EXGRPO_MLFLOW_UI``, else the UI a running
+    ``exgrpo ui`` serves for this store, else where ``exgrpo ui`` would serve it: each one ``exgrpo ui``'s."""
+    uri = resolve_tracking_uri(tracking_uri)
+    if uri.startswith(("http://", "https://")):
+        record = running_ui() or {}
+        return uri.rstrip("/"), str(record.get("mlflow_url") or "").rstrip("/") == uri.rstrip("/")
+    return (os.environ.get("EXGRPO_MLFLOW_UI") or _serving_ui(uri) or DEFAULT_UI).rstrip("/"), True
+
+
 def ui_base(tracking_uri: str | None = None) -> str:
     """The MLflow UI of the store: the tracking server itself; else ``EXGRPO_MLFLOW_UI``; else the UI
     a running ``exgrpo ui`` serves for this store; else where ``exgrpo ui`` would serve it
     (http://127.0.0.1:5000)."""
-    uri = resolve_tracking_uri(tracking_uri)
-    if uri.startswith(("http://", "https://")):
-        return uri.rstrip("/")
-    return (os.environ.get("EXGRPO_MLFLOW_UI") or _serving_ui(uri) or DEFAULT_UI).rstrip("/")
+    return _ui(tracking_uri)[0]
 
 
 def ui_note(tracking_uri: str | None = None) -> str:
@@ -196,16 +211,24 @@ def ui_note(tracking_uri: str | None = None) -> str:
     return f" (nothing serves this store now: `exgrpo ui{store}` does)"
 
 
+def ui_link(base: str, route: str, through_page: bool = True) -> str:
+    """A link to MLflow ``route`` (``/experiments/...``) at the UI ``base``, in the training-runs view:
+    through :data:`OPEN_PATH` when that UI is ``exgrpo ui``'s (``through_page``), which keeps the view
+    for the clicks that follow; else MLflow's own link, whose view holds for its first page."""
+    return f"{base.rstrip('/')}{OPEN_PATH if through_page else '/'}#{route}?{RUNS_VIEW}"
+
+
 def run_url(experiment_id: str, run_id: str, tracking_uri: str | None = None) -> str:
-    """Link to a run's page in the MLflow UI, in its training-runs view (:data:`RUNS_VIEW`)."""
-    return f"{ui_base(tracking_uri)}/#/experiments/{experiment_id}/runs/{run_id}?{RUNS_VIEW}"
+    """Link to a run's page in the MLflow UI, in its training-runs view (:func:`ui_link`)."""
+    base, through_page = _ui(tracking_uri)
+    return ui_link(base, f"/experiments/{experiment_id}/runs/{run_id}", through_page)
 
 
 def experiment_url(experiment_id: str | None = None, tracking_uri: str | None = None) -> str:
     """Link to an experiment's runs in the MLflow UI (no id: the list of experiments), in the
-    training-runs view (:data:`RUNS_VIEW`)."""
-    where = f"/experiments/{experiment_id}/runs" if experiment_id else "/experiments"
-    return f"{ui_base(tracking_uri)}/#{where}?{RUNS_VIEW}"
+    training-runs view (:func:`ui_link`)."""
+    base, through_page = _ui(tracking_uri)
+    return ui_link(base, f"/experiments/{experiment_id}/runs" if experiment_id else "/experiments", through_page)
 
 
 # --------------------------------------------------------------------------------------------
