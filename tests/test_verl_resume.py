@@ -62,7 +62,11 @@ def killed_exgrpo_run(tmp_path_factory, exgrpo_cache):
     while time.time() < deadline and proc.poll() is None and (
             not log.is_file() or "holding after the checkpoint of step 4" not in log.read_text()):
         time.sleep(0.2)
-    assert log.is_file() and "holding after the checkpoint of step 4" in log.read_text(), "no hold before the kill"
+    if not (log.is_file() and "holding after the checkpoint of step 4" in log.read_text()):
+        with contextlib.suppress(ProcessLookupError):  # a failed wait leaves no run behind
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        pytest.fail(f"no hold before the kill (exit {proc.returncode}); see {log}")
     started = psutil.Process(proc.pid).children(recursive=True)
     at_kill = int(tracker.read_text())
     logged_at_kill = sorted(int(json.loads(x)["step"]) for x in (run_dir / "verl_metrics" / "attempt_000.jsonl")
