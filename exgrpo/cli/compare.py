@@ -51,6 +51,8 @@ def add_parser(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """``exgrpo compare``: the arms over seeds, through the Prefect flow or (``--no-prefect``) here; the
+    table, the sequential test's decisions, the figures. Exit 1 when a run failed, the others reported."""
     from exgrpo.config import ConfigError, load_compare, parse_set
 
     overrides = parse_set(args.set)

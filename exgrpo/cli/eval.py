@@ -44,6 +44,7 @@ def add_parser(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """``exgrpo eval``: the checkpoint's scores printed, written with ``--json``, logged to its run."""
     from exgrpo.evaluation.runner import EvalSettings, format_scores, score_checkpoint
 
     settings = EvalSettings(n=args.n, temperature=args.temperature, top_p=args.top_p,
