@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +165,104 @@ def _log_steps_before_resume(logger: MLflowStepLogger, history: list[dict[str, f
             logger(int(row["step"]), row)
 
 
+@dataclass
+class _Record:
+    """The MLflow run a tracked run writes into, filled in as :func:`_open_record` gets it: ``resume``
+    is the launcher's decision once taken (the caller's request until then)."""
+
+    resume: bool
+    exp_id: str = ""
+    run_id: str = ""
+    continued: str | None = None
+    """The run continued (a resumed run whose record is still good), else None."""
+    reopened: bool = False
+    """``continued`` had finished before (a run resumed past its end)."""
+
+
+def _open_record(rec: _Record, cfg: ExperimentConfig, tracker: Tracker, exp_name: str, run_name: str,
+                 tags: dict[str, str], parent_run_id: str | None, extra_params: Iterable[str]) -> None:
+    """Start or continue the run's record, in this order: the experiment, the orphan a killed run left
+    RUNNING ended, the run directory decided (resume, or an earlier run moved aside) before this run's
+    record goes in, the run continued or started, its id written beside the run."""
+    run_dir = cfg.run_dir()
+    rec.exp_id = tracker.experiment_id(exp_name)
+    if (killed := end_if_orphaned(run_dir, tracker.client)) is not None:
+        print(f"note: {killed}", flush=True)
+    rec.resume = prepare_run_dir(cfg, rec.resume)
+    if rec.resume:
+        rec.continued = continuable(run_dir, tracker.client, tracker.uri,
+                                    param_values(curated_params(cfg, extra_params)))
+        rec.reopened = rec.continued is not None and finished_before(tracker.client, rec.continued)
+    if rec.continued is not None:
+        rec.run_id = tracker.continue_run(rec.continued, tags, parent_run_id)
+    else:
+        rec.run_id = tracker.start_run(exp_name, run_name, tags, parent_run_id)
+    write_record(run_dir, tracker.uri, rec.run_id)
+
+
+def _system_metrics_monitor(run_id: str, uri: str) -> Any:
+    """MLflow's sampler of CPU and memory (``system/*``) into the run, started."""
+    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+    monitor = SystemMetricsMonitor(run_id, sampling_interval=2, tracking_uri=uri)
+    monitor.start()
+    return monitor
+
+
+def _train_logged(cfg: ExperimentConfig, tracker: Tracker, rec: _Record, callbacks: list[Any], *,
+                  force_resume: bool, progress: bool) -> tuple[Any, set[int], bool]:
+    """Train with every step in the run: logged from here, or by the job itself (a backend that reports
+    to MLflow), those that did not arrive logged after, loudly; a resumed run also gets the steps
+    trained before the resume that it lacks. Returns the backend's result, the steps trained in this
+    call, and whether the logged steps reached the store."""
+    client, run_id, resume = tracker.client, rec.run_id, rec.resume
+    logger = MLflowStepLogger(client, run_id, every=cfg.train.log_every_steps)
+    live = get_backend(cfg.backend.name).reports_to_mlflow  # the job logs its steps by itself
+    seen: set[int] = set()  # steps trained in this call (a resumed run's earlier steps are not)
+
+    def saw(step: int, _row: dict[str, float]) -> None:
+        seen.add(int(step))
+
+    try:
+        result = train(cfg, callbacks=[*callbacks, saw] if live else [logger, saw, *callbacks], resume=resume,
+                       force_resume=force_resume, progress=progress, mlflow_run=MLflowRun(tracker.uri, run_id) if live else None)
+        if live:  # the job logged its steps; those that did not arrive are logged now, loudly
+            trained = [r for r in result.history if not resume or int(r["step"]) in seen]
+            backfill_steps(client, run_id, trained, logger)
+        if resume:
+            arrived = {m.step for m in client.get_metric_history(run_id, "batch/solved")} if rec.continued else set()
+            _log_steps_before_resume(logger, result.history, seen, arrived)
+    finally:
+        delivered = logger.flush(force=True)
+    return result, seen, delivered
+
+
+def _end_failed(tracker: Tracker, cfg: ExperimentConfig, run_id: str, e: BaseException, monitor: Any) -> None:
+    """End the run of a training that raised ``e``: KILLED (pruned; tag ``pruned=true``) or FAILED (tag
+    ``error``); when the store is down too, a marker beside the run lets ``exgrpo sync`` end it."""
+    status = _status_for(e)
+    try:
+        if status == "KILLED":
+            tracker.client.set_tag(run_id, "pruned", "true")
+        else:
+            tracker.client.set_tag(run_id, "error", f"{type(e).__name__}: {e}"[:5000])
+        tracker.end_run(run_id, status)
+    except Exception:  # noqa: BLE001 - the store is down too: the run is ended by `exgrpo sync`
+        run_dir = cfg.run_dir()
+        if run_dir.is_dir():
+            write_pending(run_dir, tracker.uri, run_id, status, error=f"{type(e).__name__}: {e}")
+    finally:
+        if monitor is not None:
+            monitor.finish()
+
+
+def _end_finished(tracker: Tracker, run: TrackedRun, monitor: Any) -> TrackedRun:
+    if monitor is not None:
+        monitor.finish()
+    tracker.end_run(run.run_id, "FINISHED")
+    return run
+
+
 def tracked_train(
     cfg: ExperimentConfig,
     *,
@@ -199,32 +298,19 @@ def tracked_train(
     exp_name = experiment or cfg.name
     run_name = run_name or f"{arm or algo_tag(cfg)}-seed{cfg.seed}"
     tags = run_tags(cfg, arm, study, tags)
-    run_dir = cfg.run_dir()
-    continued, reopened = None, False
+    rec = _Record(resume)
     try:
-        exp_id = tracker.experiment_id(exp_name)
-        if (killed := end_if_orphaned(run_dir, tracker.client)) is not None:
-            print(f"note: {killed}", flush=True)
-        resume = prepare_run_dir(cfg, resume)  # before this run's record goes in
-        if resume:
-            continued = continuable(run_dir, tracker.client, tracker.uri, param_values(curated_params(cfg, extra_params)))
-            reopened = continued is not None and finished_before(tracker.client, continued)
-        if continued is not None:
-            run_id = tracker.continue_run(continued, tags, parent_run_id)
-        else:
-            run_id = tracker.start_run(exp_name, run_name, tags, parent_run_id)
-        write_record(run_dir, tracker.uri, run_id)
+        _open_record(rec, cfg, tracker, exp_name, run_name, tags, parent_run_id, extra_params)
     except Exception:
         if not defer_if_unreachable or _reachable(tracker.uri):
             raise
         creation = {"experiment": exp_name, "run_name": run_name, "parent_run_id": parent_run_id,
                     "tags": {**code_version_tags(), **tags},
                     "params": curated_params(cfg, extra_params), "config": cfg.model_dump(mode="json")}
-        return _train_unrecorded(cfg, tracker.uri, creation, list(callbacks), resume=resume,
+        return _train_unrecorded(cfg, tracker.uri, creation, list(callbacks), resume=rec.resume,
                                  force_resume=force_resume, progress=progress, log_checkpoint=log_checkpoint,
                                  log_model=log_model)
-    client = tracker.client
-    monitor = None
+    run_id, monitor = rec.run_id, None
     if system_metrics is None:
         system_metrics = os.environ.get("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", "").lower() in ("true", "1")
     try:
@@ -232,33 +318,12 @@ def tracked_train(
             on_start(run_id)
         tracker.log_identity(run_id, curated_params(cfg, extra_params), cfg.model_dump(mode="json"))
         if system_metrics:
-            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
-
-            monitor = SystemMetricsMonitor(run_id, sampling_interval=2, tracking_uri=tracker.uri)
-            monitor.start()
-        logger = MLflowStepLogger(client, run_id, every=cfg.train.log_every_steps)
-        live = get_backend(cfg.backend.name).reports_to_mlflow  # the job logs its steps by itself
-        seen: set[int] = set()  # steps trained in this call (a resumed run's earlier steps are not)
-
-        def saw(step: int, _row: dict[str, float]) -> None:
-            seen.add(int(step))
-
-        try:
-            result = train(cfg, callbacks=[*callbacks, saw] if live else [logger, saw, *callbacks], resume=resume,
-                           force_resume=force_resume, progress=progress, mlflow_run=MLflowRun(tracker.uri, run_id) if live else None)
-            if live:  # the job logged its steps; those that did not arrive are logged now, loudly
-                trained = [r for r in result.history if not resume or int(r["step"]) in seen]
-                backfill_steps(client, run_id, trained, logger)
-            if resume:
-                arrived = {m.step for m in client.get_metric_history(run_id, "batch/solved")} if continued else set()
-                _log_steps_before_resume(logger, result.history, seen, arrived)
-        finally:
-            delivered = logger.flush(force=True)
-        if reopened and not seen:  # a finished run reused as it is: its record is whole already
-            if monitor is not None:
-                monitor.finish()
-            tracker.end_run(run_id, "FINISHED")
-            return TrackedRun(result, run_id, exp_id, tracker.uri)
+            monitor = _system_metrics_monitor(run_id, tracker.uri)
+        result, seen, delivered = _train_logged(cfg, tracker, rec, list(callbacks), force_resume=force_resume,
+                                                progress=progress)
+        run = TrackedRun(result, run_id, rec.exp_id, tracker.uri)
+        if rec.reopened and not seen:  # a finished run reused as it is: its record is whole already
+            return _end_finished(tracker, run, monitor)
         final = _final_metrics(result)
         if not delivered and result.run_dir:  # the server is down at the end: leave it to `exgrpo sync`
             marker = write_pending(result.run_dir, tracker.uri, run_id, "FINISHED", final, finish=finish_record(
@@ -267,30 +332,14 @@ def tracked_train(
                   f"`exgrpo sync {marker.parent}`", flush=True)
             if monitor is not None:
                 monitor.finish()
-            return TrackedRun(result, run_id, exp_id, tracker.uri, synced=False)
+            return TrackedRun(result, run_id, rec.exp_id, tracker.uri, synced=False)
         step = int(result.final_metrics.get("step", 0))
         tracker.log_metrics(run_id, final, step=step)
         record_finished(tracker, run_id, cfg, result, step, log_checkpoint=log_checkpoint, log_model=log_model)
     except BaseException as e:
-        status = _status_for(e)
-        try:
-            if status == "KILLED":
-                client.set_tag(run_id, "pruned", "true")
-            else:
-                client.set_tag(run_id, "error", f"{type(e).__name__}: {e}"[:5000])
-            tracker.end_run(run_id, status)
-        except Exception:  # noqa: BLE001 - the store is down too: the run is ended by `exgrpo sync`
-            run_dir = cfg.run_dir()
-            if run_dir.is_dir():
-                write_pending(run_dir, tracker.uri, run_id, status, error=f"{type(e).__name__}: {e}")
-        finally:
-            if monitor is not None:
-                monitor.finish()
+        _end_failed(tracker, cfg, run_id, e, monitor)
         raise
-    if monitor is not None:
-        monitor.finish()
-    tracker.end_run(run_id, "FINISHED")
-    return TrackedRun(result, run_id, exp_id, tracker.uri)
+    return _end_finished(tracker, run, monitor)
 
 
 def launch_run(cfg: ExperimentConfig, *, tracking_uri: str | None = None, ray_address: str | None = None,

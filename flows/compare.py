@@ -65,6 +65,80 @@ def run_record(arm: str, seed: int, final: float | None = None, error: str | Non
     return final
 
 
+class _Reporter:
+    """What the flow run shows while a comparison trains: the MLflow link once the parent run exists,
+    a progress artifact that advances with runs and steps, one task run per (arm, seed) spanning its
+    training, and an artifact of the sequential test's decisions per stage."""
+
+    def __init__(self, cc: Any, adaptive: bool, log: Any) -> None:
+        self.cc, self.log = cc, log
+        a = cc.adaptive
+        seeds_each = a.seeds_per_stage * a.max_stages if adaptive else len(cc.seeds)
+        self.total = len(cc.arms) * seeds_each  # adaptive: the most it can take
+        self.progress = create_progress_artifact(0.0, key=_key(cc.name, "progress"), description=(
+            f"runs finished of {self.total} ({', '.join(cc.arms)} x {seeds_each} seeds{', at most' if adaptive else ''})"))
+        self.finished: list[Any] = []
+        self.shown = {"percent": 0.0, "when": 0.0}
+        self.spans: dict[tuple[str, int], Any] = {}  # (arm, seed) -> its task run, Running since the run started
+
+    def started(self, run_id: str, url: str) -> None:  # the MLflow link from the first minute, not only at the end
+        create_link_artifact(url, link_text=f"MLflow: compare {self.cc.name} (runs appear as they start)",
+                             key=_key(self.cc.name, "mlflow"))
+
+    def run_started(self, arm: str, seed: int) -> None:
+        self.spans[(arm, seed)] = start_span(arm, seed)
+
+    def done(self, o: Any) -> None:
+        cc, total, shown = self.cc, self.total, self.shown
+        self.finished.append(o)
+        shown["percent"] = max(shown["percent"], 100.0 * len(self.finished) / total)
+        update_progress_artifact(self.progress, shown["percent"],
+                                 description=f"{len(self.finished)} of {total} runs finished; last: {o.arm} seed {o.seed}")
+        self.log.info("%s seed %d: final %s = %.4f (mlflow run %s)", o.arm, o.seed, cc.metric, o.final, o.run_id)
+        if not end_span(self.spans.pop((o.arm, o.seed), None), Completed(message=f"final {cc.metric} = {o.final:.4f}")):
+            run_record(o.arm, o.seed, final=o.final)
+
+    def failed(self, arm: str, seed: int, error: str) -> None:  # a failed task run in the UI, the flow goes on
+        if not end_span(self.spans.pop((arm, seed), None), Failed(message=error)):
+            run_record(arm, seed, error=error, return_state=True)
+
+    def stepped(self, fraction: float) -> None:  # the artifact advances with the runs' steps (at most every 5 s)
+        now, shown = time.monotonic(), self.shown
+        if 100.0 * fraction > shown["percent"] + 0.5 and now - shown["when"] >= 5.0:
+            shown.update(percent=100.0 * fraction, when=now)
+            update_progress_artifact(self.progress, shown["percent"], description=(
+                f"{len(self.finished)} of {self.total} runs finished; steps {shown['percent']:.0f}% done"))
+
+    def stage(self, state: Any) -> None:  # the sequential test's decisions so far, one artifact updated per stage
+        from exgrpo.compare.adaptive import format_decisions
+
+        cc = self.cc
+        self.log.info("stage %d tested: %s", state.stages_done,
+                      "; ".join(f"{p.arm} vs {p.other}: {p.decision}" for p in state.pairs))
+        create_markdown_artifact(f"# {cc.name}: sequential test after stage {state.stages_done}\n\n"
+                                 f"{format_decisions(state, cc)}\n", key=_key(cc.name, "adaptive"),
+                                 description=f"AdaStop's decisions after stage {state.stages_done}")
+
+
+def _publish(cc: Any, res: Any, adaptive: bool) -> dict[str, Any]:
+    """The comparison's table and its runs' links as artifacts; the flow's return value."""
+    links = "\n".join(f"- [{o.arm} seed {o.seed}]({res.child_url(o)}): {o.final:.4f}"
+                      for o in sorted(res.outcomes, key=lambda o: (o.arm, o.seed)))
+    key = _key(cc.name, "comparison")
+    over = "adaptive seeds" if adaptive else f"{len(cc.seeds)} seeds"
+    create_markdown_artifact(
+        f"# {cc.name}: {', '.join(cc.arms)} over {over}\n\n{res.table}\n\n"
+        f"MLflow parent run: [{res.parent_run_id}]({res.url})\n\n## Runs\n{links}\n",
+        key=key, description=f"{cc.metric}: mean ± 95% CI and paired difference vs {cc.baseline}",
+    )
+    create_table_artifact(res.table_rows(), key=_key(cc.name, "comparison-table"),
+                          description=f"final {cc.metric} per arm")
+    return {"parent_run_id": res.parent_run_id, "experiment_id": res.experiment_id, "table": res.table,
+            "rows": res.table_rows(), "runs": {f"{o.arm}/seed{o.seed}": o.run_id for o in res.outcomes},
+            "outcomes": [dataclasses.asdict(o) for o in res.outcomes],
+            "adaptive": None if res.adaptive is None else res.adaptive.to_dict()}
+
+
 @flow(name="compare", log_prints=True)
 def compare_flow(
     config: str = "experiments/toy.yaml",
@@ -100,78 +174,19 @@ def compare_flow(
     else:
         log.info("comparing %s over seeds %s (%d runs, executor=%s%s)", list(cc.arms), cc.seeds,
                  len(cc.arms) * len(cc.seeds), executor, ", resuming runs with checkpoints" if resume else "")
-
-    seeds_each = a.seeds_per_stage * a.max_stages if adaptive else len(cc.seeds)
-    total = len(cc.arms) * seeds_each  # adaptive: the most it can take
-    progress = create_progress_artifact(0.0, key=_key(cc.name, "progress"), description=(
-        f"runs finished of {total} ({', '.join(cc.arms)} x {seeds_each} seeds{', at most' if adaptive else ''})"))
-    finished = []
-
-    def started(run_id: str, url: str) -> None:  # the MLflow link from the first minute, not only at the end
-        create_link_artifact(url, link_text=f"MLflow: compare {cc.name} (runs appear as they start)",
-                             key=_key(cc.name, "mlflow"))
-
-    shown = {"percent": 0.0, "when": 0.0}
-
-    spans: dict[tuple[str, int], Any] = {}  # (arm, seed) -> its task run, Running since the run started
-
-    def run_started(arm: str, seed: int) -> None:
-        spans[(arm, seed)] = start_span(arm, seed)
-
-    def done(o):
-        finished.append(o)
-        shown["percent"] = max(shown["percent"], 100.0 * len(finished) / total)
-        update_progress_artifact(progress, shown["percent"],
-                                 description=f"{len(finished)} of {total} runs finished; last: {o.arm} seed {o.seed}")
-        log.info("%s seed %d: final %s = %.4f (mlflow run %s)", o.arm, o.seed, cc.metric, o.final, o.run_id)
-        if not end_span(spans.pop((o.arm, o.seed), None), Completed(message=f"final {cc.metric} = {o.final:.4f}")):
-            run_record(o.arm, o.seed, final=o.final)
-
-    def failed(arm: str, seed: int, error: str) -> None:  # a failed task run in the UI, the flow goes on
-        if not end_span(spans.pop((arm, seed), None), Failed(message=error)):
-            run_record(arm, seed, error=error, return_state=True)
-
-    def stepped(fraction: float) -> None:  # the artifact advances with the runs' steps (at most every 5 s)
-        now = time.monotonic()
-        if 100.0 * fraction > shown["percent"] + 0.5 and now - shown["when"] >= 5.0:
-            shown.update(percent=100.0 * fraction, when=now)
-            update_progress_artifact(progress, shown["percent"],
-                                     description=f"{len(finished)} of {total} runs finished; steps {shown['percent']:.0f}% done")
-
-    def stage(state) -> None:  # the sequential test's decisions so far, one artifact updated per stage
-        from exgrpo.compare.adaptive import format_decisions
-
-        log.info("stage %d tested: %s", state.stages_done,
-                 "; ".join(f"{p.arm} vs {p.other}: {p.decision}" for p in state.pairs))
-        create_markdown_artifact(f"# {cc.name}: sequential test after stage {state.stages_done}\n\n"
-                                 f"{format_decisions(state, cc)}\n", key=_key(cc.name, "adaptive"),
-                                 description=f"AdaStop's decisions after stage {state.stages_done}")
-
+    shows = _Reporter(cc, adaptive, log)
     try:
         res = run_tracked_compare(cc, tracking_uri=tracking_uri, executor=executor, workers=workers,
-                                  ray_address=ray_address, on_done=done, on_parent=started, on_progress=stepped,
-                                  on_failed=failed, on_started=run_started, resume=resume, adaptive=adaptive,
-                                  on_stage=stage)
+                                  ray_address=ray_address, on_done=shows.done, on_parent=shows.started,
+                                  on_progress=shows.stepped, on_failed=shows.failed, on_started=shows.run_started,
+                                  resume=resume, adaptive=adaptive, on_stage=shows.stage)
     except user_errors() as e:
         return failed_run(e)
     if adaptive:  # the test decided before the most seeds it could take: the comparison is done
-        update_progress_artifact(progress, 100.0, description=f"{len(finished)} runs finished (at most {total}); "
-                                 f"every pair decided after stage {res.adaptive.stages_done}")
-    links = "\n".join(f"- [{o.arm} seed {o.seed}]({res.child_url(o)}): {o.final:.4f}"
-                      for o in sorted(res.outcomes, key=lambda o: (o.arm, o.seed)))
-    key = _key(cc.name, "comparison")
-    over = "adaptive seeds" if adaptive else f"{len(cc.seeds)} seeds"
-    create_markdown_artifact(
-        f"# {cc.name}: {', '.join(cc.arms)} over {over}\n\n{res.table}\n\n"
-        f"MLflow parent run: [{res.parent_run_id}]({res.url})\n\n## Runs\n{links}\n",
-        key=key, description=f"{cc.metric}: mean ± 95% CI and paired difference vs {cc.baseline}",
-    )
-    create_table_artifact(res.table_rows(), key=_key(cc.name, "comparison-table"),
-                          description=f"final {cc.metric} per arm")
-    return {"parent_run_id": res.parent_run_id, "experiment_id": res.experiment_id, "table": res.table,
-            "rows": res.table_rows(), "runs": {f"{o.arm}/seed{o.seed}": o.run_id for o in res.outcomes},
-            "outcomes": [dataclasses.asdict(o) for o in res.outcomes],
-            "adaptive": None if res.adaptive is None else res.adaptive.to_dict()}
+        update_progress_artifact(shows.progress, 100.0, description=(
+            f"{len(shows.finished)} runs finished (at most {shows.total}); "
+            f"every pair decided after stage {res.adaptive.stages_done}"))
+    return _publish(cc, res, adaptive)
 
 
 if __name__ == "__main__":

@@ -77,15 +77,6 @@ def test_a_path_that_is_not_a_directory_is_refused_in_one_line(tmp_path):
         assert "llama, qwen2" in line and "smollm2" in line
 
 
-def test_a_directory_without_config_json_is_refused_in_one_line(tmp_path):
-    d = _model_dir(tmp_path, config=None)
-    with pytest.raises(ConfigError) as err:
-        check_model_dir(str(d))
-    (line,) = str(err.value).splitlines()
-    assert line.startswith(f"policy.path={d}: no config.json, so no model family;")
-    assert "supported: llama, qwen2" in line
-
-
 @pytest.mark.parametrize("config", [
     {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]},
     {"model_type": "mistral", "architectures": ["MistralForCausalLM"]},
@@ -102,29 +93,21 @@ def test_another_family_is_refused_naming_the_family_found_and_those_supported(t
     assert "backend.verl.model_path" in line  # where another family can still be trained
 
 
-def test_a_model_without_its_tokenizer_is_refused_in_one_line(tmp_path):
-    d = _model_dir(tmp_path, config=LLAMA, tokenizer=False)
+@pytest.mark.parametrize(("files", "starts", "also"), [
+    ({"config": None}, "no config.json, so no model family;", "supported: llama, qwen2"),
+    ({"config": LLAMA, "tokenizer": False}, "the llama model has no tokenizer beside it (tokenizer.json",
+     "save_pretrained"),
+    ({"config": LLAMA, "template": False}, "its tokenizer has no chat template", None),
+    ({"config": LLAMA, "weights": False}, "no weights (model.safetensors", None),
+], ids=["no-config", "no-tokenizer", "no-chat-template", "no-weights"])
+def test_a_directory_missing_a_file_the_engine_reads_is_refused_in_one_line(tmp_path, files, starts, also):
+    d = _model_dir(tmp_path, **files)
     with pytest.raises(ConfigError) as err:
         check_model_dir(str(d))
     (line,) = str(err.value).splitlines()
-    assert line.startswith(f"policy.path={d}: the llama model has no tokenizer beside it (tokenizer.json")
-    assert "save_pretrained" in line
-
-
-def test_a_tokenizer_without_a_chat_template_is_refused_in_one_line(tmp_path):
-    d = _model_dir(tmp_path, config=LLAMA, template=False)
-    with pytest.raises(ConfigError) as err:
-        check_model_dir(str(d))
-    (line,) = str(err.value).splitlines()
-    assert line.startswith(f"policy.path={d}: its tokenizer has no chat template")
-
-
-def test_a_model_without_weights_is_refused_in_one_line(tmp_path):
-    d = _model_dir(tmp_path, config=LLAMA, weights=False)
-    with pytest.raises(ConfigError) as err:
-        check_model_dir(str(d))
-    (line,) = str(err.value).splitlines()
-    assert line.startswith(f"policy.path={d}: no weights (model.safetensors")
+    assert line.startswith(f"policy.path={d}: {starts}")
+    if also is not None:
+        assert also in line
 
 
 def test_a_good_directory_and_the_packaged_name_pass(tmp_path):

@@ -15,6 +15,7 @@ the sweep's schedules happen to make due during the test.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -26,6 +27,8 @@ from pathlib import Path
 
 import pytest
 from netutil import free_port
+
+from exgrpo.prefect_home import UI_SERVER_FILE, announce_server, use_prefect_home, withdraw_server
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -305,3 +308,32 @@ def test_a_train_verl_deployment_run_on_a_worker_is_evaluated_by_the_triggered_d
     assert validated.step == 3
     assert client.get_run(mrun.info.run_id).data.metrics["eval/accuracy"] == pytest.approx(validated.value,
                                                                                           abs=1 / 64 + 1e-9)
+
+
+# ------------------------------------------------------------------ the project's Prefect home and a running UI
+def test_flows_run_on_the_server_of_a_running_exgrpo_ui(tmp_path, deployed):
+    api = deployed.api  # the e2e tier's server, as `exgrpo ui`'s answers
+    home = tmp_path / "home"
+    announce_server(home, api)
+    env = {"PREFECT_HOME": str(home)}
+    use_prefect_home(env)
+    assert env["PREFECT_API_URL"] == api
+    user = {"PREFECT_HOME": str(home), "PREFECT_API_URL": "http://127.0.0.1:1/api"}
+    use_prefect_home(user)
+    assert user["PREFECT_API_URL"] == "http://127.0.0.1:1/api"  # the user's own server wins
+    withdraw_server(home)
+    assert not (home / UI_SERVER_FILE).exists()
+    env = {"PREFECT_HOME": str(home)}
+    use_prefect_home(env)
+    assert "PREFECT_API_URL" not in env
+
+
+def test_a_record_left_by_a_killed_ui_is_ignored(tmp_path, deployed):
+    api = deployed.api  # a server that answers: the record is ignored for its dead process alone
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    (tmp_path / UI_SERVER_FILE).write_text(json.dumps({"api_url": api, "pid": proc.pid}))
+    env = {"PREFECT_HOME": str(tmp_path)}
+    use_prefect_home(env)
+    assert "PREFECT_API_URL" not in env
+

@@ -170,17 +170,8 @@ def run_tracked_compare(
     if ray_address is None:  # the runs share this machine's cache: its warm starts first, said in a line
         prepare_warm_starts(cfg for cfg, _ in jobs(cc))
     base = cc.base_config()
-    experiment = base.name
-    exp_id = tracker.experiment_id(experiment)
-    where = Path(base.output_dir).resolve() / base.name  # the comparison's directory: its parent run's record
-    if (killed := end_if_orphaned(where, tracker.client)) is not None:
-        print(f"note: {killed}", flush=True)
-    parent = tracker.start_run(experiment, run_name or f"compare-{base.name}", {
-        "kind": "compare", "arms": ",".join(cc.arms), "baseline": cc.baseline, "tier": str(base.tier.value),
-        "task": str(getattr(base.task, "kind", "")), "model": model_tag(base), "metric": cc.metric,
-        "resumed": str(resume).lower(), "adaptive": str(adaptive).lower(),
-    })
-    write_record(where, tracker.uri, parent)
+    exp_id = tracker.experiment_id(base.name)
+    parent = _start_parent(tracker, cc, base, run_name, resume, adaptive)
     if on_parent is not None:
         on_parent(parent, run_url(exp_id, parent, tracker.uri))
     status = "FAILED"
@@ -192,46 +183,12 @@ def run_tracked_compare(
             failures.append(f"{arm} seed {seed}: {error}")
             on_failed and on_failed(arm, seed, error)
 
-        train_stage = _StageTrainer(cc, tracker, parent, experiment, executor, workers, ray_address, resume,
+        train_stage = _StageTrainer(cc, tracker, parent, base.name, executor, workers, ray_address, resume,
                                     on_done, on_progress, failed_run, on_started)
-        state = None
-        if adaptive:
-            def stage_done(st: SequentialState) -> None:
-                _log_stage(tracker, parent, st, cc)
-                on_stage and on_stage(st)
-
-            try:
-                outcomes, state = run_adaptive(cc, train_stage, on_stage=stage_done)
-            except StageIncomplete as e:  # the failures are listed below; the statistics cover what finished
-                outcomes, state = e.outcomes, e.state
-        else:
-            outcomes = train_stage(cc)
-        rows = summarize(outcomes, list(cc.arms), cc.baseline) if outcomes else []
-        horizon = max((o.curve_steps[-1] for o in outcomes if o.curve_steps), default=None)
-        table = format_table(rows, cc.metric, cc.baseline, horizon) + pending_note(outcomes)
-        if state is not None:
-            table += "\n\n## Sequential test (adaptive seeds)\n\n" + format_decisions(state, cc)
-        metrics = _summary_metrics(rows, cc.baseline)
-        result = TrackedComparison(parent, exp_id, tracker.uri, cc.metric, cc.baseline, outcomes, rows, table, failures,
-                                   adaptive=state)
-        try:
-            tracker.log_metrics(parent, {k: v for k, v in metrics.items() if _finite(v)})
-            tracker.client.log_text(parent, table + "\n", "comparison.md")
-            tracker.client.set_tag(parent, "mlflow.note.content", result.description)  # the run's description in the MLflow UI
-            tracker.client.log_dict(parent, [o.__dict__ for o in outcomes], "outcomes.json")
-            if failures:
-                tracker.client.set_tag(parent, "error", "; ".join(failures)[:5000])
-        except Exception as e:  # noqa: BLE001 - MLflow went away: the statistics wait on disk for `exgrpo sync`
-            result.summary_error = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
-            where = _save_locally(base, table, outcomes)
-            write_pending(where, tracker.uri, parent, "FAILED" if failures else "FINISHED",
-                          {k: v for k, v in metrics.items() if _finite(v)}, "; ".join(failures)[:5000] or None,
-                          artifacts={"comparison.md": "", "outcomes.json": ""},
-                          tags={"mlflow.note.content": result.description})
+        outcomes, state = _train_all(cc, train_stage, tracker, parent, adaptive, on_stage)
+        result = _comparison(cc, tracker, parent, exp_id, outcomes, state, failures)
+        if not _summarise_on_parent(tracker, result, base, failures):
             status = None  # the marker ends the parent run
-            print(f"note: MLflow is unreachable ({result.summary_error}); the comparison's table and outcomes are "
-                  f"in {where}; `exgrpo sync {where}` puts them on parent run {parent} once MLflow is back",
-                  flush=True)
         if failures:
             raise RuntimeError(f"{len(failures)} of {train_stage.launched} runs failed: " + "; ".join(failures))
         if status is not None:
@@ -240,6 +197,79 @@ def run_tracked_compare(
     finally:
         if status is not None:
             tracker.end_run(parent, status)
+
+
+def _start_parent(tracker: Tracker, cc: CompareConfig, base: ExperimentConfig, run_name: str | None, resume: bool,
+                  adaptive: bool) -> str:
+    """The comparison's parent run, started, its id recorded in the comparison's directory (where a
+    killed comparison's parent, left RUNNING, is ended first)."""
+    where = Path(base.output_dir).resolve() / base.name  # the comparison's directory: its parent run's record
+    if (killed := end_if_orphaned(where, tracker.client)) is not None:
+        print(f"note: {killed}", flush=True)
+    parent = tracker.start_run(base.name, run_name or f"compare-{base.name}", {
+        "kind": "compare", "arms": ",".join(cc.arms), "baseline": cc.baseline, "tier": str(base.tier.value),
+        "task": str(getattr(base.task, "kind", "")), "model": model_tag(base), "metric": cc.metric,
+        "resumed": str(resume).lower(), "adaptive": str(adaptive).lower(),
+    })
+    write_record(where, tracker.uri, parent)
+    return parent
+
+
+def _train_all(cc: CompareConfig, train_stage: _StageTrainer, tracker: Tracker, parent: str, adaptive: bool,
+               on_stage: Callable[[SequentialState], None] | None,
+               ) -> tuple[list[RunOutcome], SequentialState | None]:
+    """Every run of the comparison, or, adaptive, stage after stage until the test decides (each
+    stage's decisions on the parent run and to ``on_stage``): the outcomes and the test's state."""
+    if not adaptive:
+        return train_stage(cc), None
+
+    def stage_done(st: SequentialState) -> None:
+        _log_stage(tracker, parent, st, cc)
+        on_stage and on_stage(st)
+
+    try:
+        return run_adaptive(cc, train_stage, on_stage=stage_done)
+    except StageIncomplete as e:  # the failures are listed by the caller; the statistics cover what finished
+        return e.outcomes, e.state
+
+
+def _comparison(cc: CompareConfig, tracker: Tracker, parent: str, exp_id: str, outcomes: list[RunOutcome],
+                state: SequentialState | None, failures: list[str]) -> TrackedComparison:
+    """The statistics of the outcomes, and their table (with the sequential test's decisions)."""
+    rows = summarize(outcomes, list(cc.arms), cc.baseline) if outcomes else []
+    horizon = max((o.curve_steps[-1] for o in outcomes if o.curve_steps), default=None)
+    table = format_table(rows, cc.metric, cc.baseline, horizon) + pending_note(outcomes)
+    if state is not None:
+        table += "\n\n## Sequential test (adaptive seeds)\n\n" + format_decisions(state, cc)
+    return TrackedComparison(parent, exp_id, tracker.uri, cc.metric, cc.baseline, outcomes, rows, table, failures,
+                             adaptive=state)
+
+
+def _summarise_on_parent(tracker: Tracker, result: TrackedComparison, base: ExperimentConfig,
+                         failures: list[str]) -> bool:
+    """The statistics on the parent run: metrics, the table, the description, the outcomes, the
+    failures. False when MLflow went away: they wait on disk, with a marker that ``exgrpo sync``
+    delivers and that ends the parent run (``result.summary_error`` says why)."""
+    parent, outcomes = result.parent_run_id, result.outcomes
+    metrics = {k: v for k, v in _summary_metrics(result.rows, result.baseline).items() if _finite(v)}
+    try:
+        tracker.log_metrics(parent, metrics)
+        tracker.client.log_text(parent, result.table + "\n", "comparison.md")
+        tracker.client.set_tag(parent, "mlflow.note.content", result.description)  # the run's description in the MLflow UI
+        tracker.client.log_dict(parent, [o.__dict__ for o in outcomes], "outcomes.json")
+        if failures:
+            tracker.client.set_tag(parent, "error", "; ".join(failures)[:5000])
+        return True
+    except Exception as e:  # noqa: BLE001 - MLflow went away: the statistics wait on disk for `exgrpo sync`
+        result.summary_error = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+        where = _save_locally(base, result.table, outcomes)
+        write_pending(where, tracker.uri, parent, "FAILED" if failures else "FINISHED", metrics,
+                      "; ".join(failures)[:5000] or None, artifacts={"comparison.md": "", "outcomes.json": ""},
+                      tags={"mlflow.note.content": result.description})
+        print(f"note: MLflow is unreachable ({result.summary_error}); the comparison's table and outcomes are "
+              f"in {where}; `exgrpo sync {where}` puts them on parent run {parent} once MLflow is back",
+              flush=True)
+        return False
 
 
 def _log_setup(tracker: Tracker, parent: str, cc: CompareConfig, adaptive: bool) -> None:

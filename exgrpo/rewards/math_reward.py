@@ -125,6 +125,29 @@ class _PoolHolder:
             _kill_pool(pool, grace_s=grace_s)
 
 
+def _harvest(in_flight: dict[Future[str], tuple[int, float]], statuses: list[RewardStatus | None],
+             pending: deque[int]) -> list[int]:
+    """Take the finished futures out of ``in_flight``: each item's status into ``statuses`` (a cancelled
+    one back to the front of ``pending``). Returns the items whose worker pool broke under them."""
+    broken: list[int] = []
+    for fut in [f for f in in_flight if f.done()]:
+        i, _ = in_flight.pop(fut)
+        if fut.cancelled():  # not expected; grade it again
+            pending.appendleft(i)
+            continue
+        exc = fut.exception()
+        if exc is None:
+            try:
+                statuses[i] = RewardStatus(fut.result())
+            except ValueError:
+                statuses[i] = RewardStatus.ERROR
+        elif isinstance(exc, BrokenProcessPool):
+            broken.append(i)
+        else:
+            statuses[i] = RewardStatus.ERROR
+    return broken
+
+
 class MathVerifier:
     """Batch binary math reward using math-verify, safe against hostile responses.
 
@@ -398,23 +421,7 @@ class MathVerifier:
             next_deadline = min(d for _, d in in_flight.values())
             wait(list(in_flight), timeout=max(0.0, next_deadline - time.monotonic()), return_when=FIRST_COMPLETED)
 
-            broken: list[int] = []
-            for fut in [f for f in in_flight if f.done()]:
-                i, _ = in_flight.pop(fut)
-                if fut.cancelled():  # not expected; grade it again
-                    pending.appendleft(i)
-                    continue
-                exc = fut.exception()
-                if exc is None:
-                    try:
-                        statuses[i] = RewardStatus(fut.result())
-                    except ValueError:
-                        statuses[i] = RewardStatus.ERROR
-                elif isinstance(exc, BrokenProcessPool):
-                    broken.append(i)
-                else:
-                    statuses[i] = RewardStatus.ERROR
-
+            broken = _harvest(in_flight, statuses, pending)
             now = time.monotonic()
             expired = [f for f, (_, d) in in_flight.items() if d <= now]
             for fut in expired:

@@ -40,24 +40,22 @@ def worker_storage(url: str) -> Any:
                                       skip_table_creation=True)
 
 
-def run_trial(payload: dict[str, Any]) -> dict[str, Any]:
-    """Train one trial with MLflow logging and Optuna pruning; never raises (the outcome says)."""
+def _load_trial(payload: dict[str, Any], sc: SweepConfig) -> Any:
+    """The trial the driver asked for, in this worker's connection to the study's storage."""
     import optuna
 
-    t0 = time.perf_counter()
-    sc = SweepConfig.model_validate(payload["sweep"])
-    number, params = payload["number"], payload["params"]
-    out: dict[str, Any] = {"number": number, "state": "FAIL", "value": None, "error": None, "run_id": None}
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.load_study(study_name=sc.study.name, storage=worker_storage(payload["storage"]),
+                              pruner=make_pruner(sc.study))
+    return optuna.trial.Trial(study, payload["trial_id"])
+
+
+def _pruning(trial: Any, sc: SweepConfig) -> Any:
+    """The step callback that reports to the trial and prunes it: the study's metric at each
+    evaluation, or (the wilcoxon pruner) each evaluation's held-out result per question."""
+    import optuna
+
     metric = sc.study.metric
-    try:
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-        study = optuna.load_study(study_name=sc.study.name, storage=worker_storage(payload["storage"]),
-                                  pruner=make_pruner(sc.study))
-        trial = optuna.trial.Trial(study, payload["trial_id"])
-    except Exception as e:  # storage unreachable from the worker
-        out["error"] = f"{type(e).__name__}: {e}"
-        out["traceback"] = traceback.format_exc()
-        return out
 
     def prune_cb(step: int, metrics: dict[str, float]) -> None:
         if metric in metrics:
@@ -80,6 +78,38 @@ def run_trial(payload: dict[str, Any]) -> dict[str, Any]:
                 raise optuna.TrialPruned(f"pruned at step {step}: held-out results per question are worse than "
                                          f"the best trial's (Wilcoxon signed-rank, p < {sc.study.pruner_p_threshold})")
 
+    return PerQuestion() if sc.study.pruner == "wilcoxon" else prune_cb
+
+
+def _record_unstarted(payload: dict[str, Any], sc: SweepConfig, tags: dict[str, Any], error: str) -> str:
+    """A FAILED MLflow run for a trial that failed before training (e.g. an invalid combination), so
+    every trial is one run: its params and its error."""
+    number = payload["number"]
+    tr = Tracker(payload["tracking_uri"], check=False)
+    rid = tr.start_run(payload["experiment"], f"trial-{number:04d}",
+                       run_tags(base_config(sc), f"trial-{number:04d}", sc.study.name, tags), payload["parent_run_id"])
+    tr.log_params(rid, {k: v for k, v in payload["params"].items()})
+    tr.client.set_tag(rid, "error", error[:5000])
+    tr.end_run(rid, "FAILED")
+    return rid
+
+
+def run_trial(payload: dict[str, Any]) -> dict[str, Any]:
+    """Train one trial with MLflow logging and Optuna pruning; never raises (the outcome says)."""
+    import optuna
+
+    t0 = time.perf_counter()
+    sc = SweepConfig.model_validate(payload["sweep"])
+    number, params = payload["number"], payload["params"]
+    out: dict[str, Any] = {"number": number, "state": "FAIL", "value": None, "error": None, "run_id": None}
+    metric = sc.study.metric
+    try:
+        trial = _load_trial(payload, sc)
+    except Exception as e:  # storage unreachable from the worker
+        out["error"] = f"{type(e).__name__}: {e}"
+        out["traceback"] = traceback.format_exc()
+        return out
+
     def on_start(run_id: str) -> None:
         out["run_id"] = run_id
         trial.set_user_attr("mlflow_run_id", run_id)
@@ -89,7 +119,7 @@ def run_trial(payload: dict[str, Any]) -> dict[str, Any]:
     tags = {"trial_number": number, "kind": "trial"}
     try:
         cfg = trial_config(sc, params, number)
-        callbacks = [PerQuestion() if sc.study.pruner == "wilcoxon" else prune_cb]
+        callbacks = [_pruning(trial, sc)]
         if payload.get("progress_board") is not None:
             callbacks.append(ProgressReporter(payload["progress_board"], f"trial {number}", cfg.train.max_steps))
         run = tracked_train(cfg, tracking_uri=payload["tracking_uri"], experiment=payload["experiment"],
@@ -108,15 +138,7 @@ def run_trial(payload: dict[str, Any]) -> dict[str, Any]:
         out.update(state="FAIL", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
         if out["run_id"] is None:  # failed before training (e.g. an invalid combination): still one run
             try:
-                tr = Tracker(payload["tracking_uri"], check=False)
-                base = base_config(sc)
-                rid = tr.start_run(payload["experiment"], f"trial-{number:04d}",
-                                   run_tags(base, f"trial-{number:04d}", sc.study.name, tags),
-                                   payload["parent_run_id"])
-                tr.log_params(rid, {k: v for k, v in params.items()})
-                tr.client.set_tag(rid, "error", out["error"][:5000])
-                tr.end_run(rid, "FAILED")
-                out["run_id"] = rid
+                out["run_id"] = _record_unstarted(payload, sc, tags, out["error"])
             except Exception:
                 pass
     out["seconds"] = time.perf_counter() - t0
@@ -182,7 +204,6 @@ def run_sweep(
 ) -> SweepResult:
     """Run (or resume) the study until it has ``n_trials`` (default ``study.n_trials``) finished trials."""
     import optuna
-    import ray
     from optuna.trial import TrialState
 
     ray_address = cluster_address(ray_address)
@@ -193,31 +214,8 @@ def run_sweep(
     exp_id = tracker.experiment_id(experiment)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study, url, _ = open_study(sc, storage)
-
-    # the parent run of the study (reused on resume)
-    parent = study.user_attrs.get("mlflow_parent_run_id")
-    if parent is not None:
-        try:
-            tracker.client.get_run(parent)
-            tracker.client.update_run(parent, status="RUNNING")
-        except Exception:
-            parent = None
-    if parent is None:
-        parent = tracker.start_run(experiment, f"study-{sc.study.name}", {
-            "kind": "sweep", "study": sc.study.name, "tier": str(base.tier.value),
-            "budget_steps": str(sc.budget_steps), "sampler": sc.study.sampler, "pruner": sc.study.pruner,
-        })
-        tracker.log_params(parent, {"study.name": sc.study.name, "study.direction": sc.study.direction,
-                                    "study.metric": sc.study.metric, "study.sampler": sc.study.sampler,
-                                    "study.pruner": sc.study.pruner, "budget_steps": sc.budget_steps,
-                                    "optuna.storage": url})
-        tracker.client.log_dict(parent, json.loads(space_signature(sc)), "sweep/space.json")
-        study.set_user_attr("mlflow_parent_run_id", parent)
-
-    # trials left RUNNING by a killed driver are failed (one driver per study)
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        optuna.trial.Trial(study, t._trial_id).set_user_attr("error", "interrupted: the sweep process ended first")
-        safe_tell(study, t.number, state=TrialState.FAIL)
+    parent = _parent_run(tracker, sc, base, study, experiment, url)
+    _fail_interrupted(study)
 
     finished = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
     target = n_trials or sc.study.n_trials
@@ -225,46 +223,8 @@ def run_sweep(
         target = min(target, math.prod(len(v.grid()) for v in sc.space.values()))
     todo = max(0, target - len(study.get_trials(deepcopy=False, states=finished)))
     result = SweepResult(sc.study.name, url, parent, exp_id, tracker.uri)
-    dists = {k: v.distribution() for k, v in sc.space.items()}
     if todo:
-        try:
-            ensure_ray(ray_address)
-        except Exception as e:  # e.g. a cluster that refuses us: the parent run must not stay RUNNING
-            tracker.client.set_tag(parent, "error", str(e)[:5000])
-            tracker.end_run(parent, "FAILED")
-            raise
-
-        announce(ray_address, tracker.client, parent)
-        board = ray.remote(num_cpus=0)(ProgressBoard).remote()
-        remote = ray.remote(num_cpus=task_cpus(base), max_retries=0)(run_trial)
-        slots = launch_slots([base], ray_address, config_of=lambda _trial: base)  # veRL jobs on this cluster
-        sweep_json = sc.model_dump(mode="json")
-        if isinstance(sc.base, str):
-            sweep_json["base"] = str(Path(sc.base).resolve())
-
-        def trials() -> Iterator[Any]:  # asked of the study only as a slot frees: TPE sees every result so far
-            for _ in range(todo):
-                yield study.ask(dists)
-
-        def launch(trial: Any, options: dict[str, Any]) -> Any:  # veRL trials: each on the node its plan chose
-            payload = {"sweep": sweep_json, "number": trial.number, "trial_id": trial._trial_id,
-                       "params": dict(trial.params), "storage": url, "tracking_uri": tracker.uri,
-                       "experiment": experiment, "parent_run_id": parent, "progress_board": board}
-            return remote.options(**options).remote(payload)
-
-        def ended(trial: Any, out: dict[str, Any] | None, error: BaseException | None) -> None:
-            if error is not None:  # the worker died (OOM, killed): still a FAIL, the study goes on
-                out = {"number": trial.number, "state": "FAIL", "value": None, "run_id": None,
-                       "error": f"{type(error).__name__}: {error}"}
-            out["params"] = dict(trial.params)
-            printer.finished(f"trial {trial.number} ({out['state']})")
-            _tell(study, trial, out)
-            result.outcomes.append(out)
-            if on_trial is not None:
-                on_trial(out)
-
-        with progress_display(board, todo) as printer:
-            run_as_slots_free(trials(), launch, ended, slots=slots, limit=sc.study.parallel, poll=printer.poll)
+        _run_trials(sc, base, study, todo, tracker, parent, experiment, url, ray_address, result, on_trial)
 
     # the study's outcome (from Optuna's storage), then its summary on the parent run
     trials = study.get_trials(deepcopy=False)
@@ -281,6 +241,87 @@ def run_sweep(
               f"summary is not on parent run {parent}. Run the same sweep command again once MLflow is back: "
               "it runs no new trial and writes the summary", flush=True)
     return result
+
+
+def _parent_run(tracker: Tracker, sc: SweepConfig, base: Any, study: Any, experiment: str, url: str) -> str:
+    """The study's parent run: the one the study names, RUNNING again (a resumed study), or a new one
+    with the study's settings and space, named in the study."""
+    parent = study.user_attrs.get("mlflow_parent_run_id")
+    if parent is not None:
+        try:
+            tracker.client.get_run(parent)
+            tracker.client.update_run(parent, status="RUNNING")
+            return parent
+        except Exception:
+            pass
+    parent = tracker.start_run(experiment, f"study-{sc.study.name}", {
+        "kind": "sweep", "study": sc.study.name, "tier": str(base.tier.value),
+        "budget_steps": str(sc.budget_steps), "sampler": sc.study.sampler, "pruner": sc.study.pruner,
+    })
+    tracker.log_params(parent, {"study.name": sc.study.name, "study.direction": sc.study.direction,
+                                "study.metric": sc.study.metric, "study.sampler": sc.study.sampler,
+                                "study.pruner": sc.study.pruner, "budget_steps": sc.budget_steps,
+                                "optuna.storage": url})
+    tracker.client.log_dict(parent, json.loads(space_signature(sc)), "sweep/space.json")
+    study.set_user_attr("mlflow_parent_run_id", parent)
+    return parent
+
+
+def _fail_interrupted(study: Any) -> None:
+    """Trials left RUNNING by a killed driver are failed (one driver per study)."""
+    import optuna
+    from optuna.trial import TrialState
+
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        optuna.trial.Trial(study, t._trial_id).set_user_attr("error", "interrupted: the sweep process ended first")
+        safe_tell(study, t.number, state=TrialState.FAIL)
+
+
+def _run_trials(sc: SweepConfig, base: Any, study: Any, todo: int, tracker: Tracker, parent: str, experiment: str,
+                url: str, ray_address: str | None, result: SweepResult, on_trial: Any) -> None:
+    """``todo`` trials as Ray tasks, asked of the study as slots free, each told to the study and
+    added to ``result.outcomes`` as it ends (then ``on_trial(outcome)``)."""
+    import ray
+
+    dists = {k: v.distribution() for k, v in sc.space.items()}
+    try:
+        ensure_ray(ray_address)
+    except Exception as e:  # e.g. a cluster that refuses us: the parent run must not stay RUNNING
+        tracker.client.set_tag(parent, "error", str(e)[:5000])
+        tracker.end_run(parent, "FAILED")
+        raise
+
+    announce(ray_address, tracker.client, parent)
+    board = ray.remote(num_cpus=0)(ProgressBoard).remote()
+    remote = ray.remote(num_cpus=task_cpus(base), max_retries=0)(run_trial)
+    slots = launch_slots([base], ray_address, config_of=lambda _trial: base)  # veRL jobs on this cluster
+    sweep_json = sc.model_dump(mode="json")
+    if isinstance(sc.base, str):
+        sweep_json["base"] = str(Path(sc.base).resolve())
+
+    def trials() -> Iterator[Any]:  # asked of the study only as a slot frees: TPE sees every result so far
+        for _ in range(todo):
+            yield study.ask(dists)
+
+    def launch(trial: Any, options: dict[str, Any]) -> Any:  # veRL trials: each on the node its plan chose
+        payload = {"sweep": sweep_json, "number": trial.number, "trial_id": trial._trial_id,
+                   "params": dict(trial.params), "storage": url, "tracking_uri": tracker.uri,
+                   "experiment": experiment, "parent_run_id": parent, "progress_board": board}
+        return remote.options(**options).remote(payload)
+
+    def ended(trial: Any, out: dict[str, Any] | None, error: BaseException | None) -> None:
+        if error is not None:  # the worker died (OOM, killed): still a FAIL, the study goes on
+            out = {"number": trial.number, "state": "FAIL", "value": None, "run_id": None,
+                   "error": f"{type(error).__name__}: {error}"}
+        out["params"] = dict(trial.params)
+        printer.finished(f"trial {trial.number} ({out['state']})")
+        _tell(study, trial, out)
+        result.outcomes.append(out)
+        if on_trial is not None:
+            on_trial(out)
+
+    with progress_display(board, todo) as printer:
+        run_as_slots_free(trials(), launch, ended, slots=slots, limit=sc.study.parallel, poll=printer.poll)
 
 
 def _summarise_on_parent(tracker: Any, parent: str, study: Any, result: SweepResult, n_trials: int) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from exgrpo.backends.verl.resources import needs
 from exgrpo.config import ExperimentConfig, LossAggregation
@@ -38,16 +39,28 @@ class RunPaths:
 
 
 def hydra_overrides(cfg: ExperimentConfig, paths: RunPaths) -> list[str]:
-    """The ``key=value`` overrides of veRL's ``ppo_trainer`` config for ``cfg``."""
-    v, algo, train, pol = cfg.backend.verl, cfg.algorithm, cfg.train, cfg.policy
-    k = algo.group_size
+    """The ``key=value`` overrides of veRL's ``ppo_trainer`` config for ``cfg``: the data and model, the
+    actor, the rollout, the algorithm and reward, the trainer, then the Ray, precision and rollout
+    server settings, and the config's own ``extra_overrides`` last (they win)."""
+    v = cfg.backend.verl
+    out = [*_data_and_model(cfg, paths), *_actor(cfg), *_rollout(cfg), *_algorithm_and_reward(cfg, paths),
+           *_trainer(cfg, paths), *_ray_init(v)]
+    # the actor's compute dtype: veRL's FSDP computes in bf16 unless told otherwise, whatever
+    # fsdp_config.dtype (the storage dtype) says; its log-probs enter the importance weights
+    param = {"float32": "fp32", "bfloat16": "bf16"}[actor_dtype(v)]
+    out.append(f"+actor_rollout_ref.actor.fsdp_config.mixed_precision="
+               f"{{param_dtype:{param},reduce_dtype:fp32,buffer_dtype:fp32}}")
+    if v.rollout == "vllm" and v.device == "cpu":
+        out += vllm_cpu_overrides(v, cfg.policy.max_new_tokens)
+    if v.rollout == "hf":
+        out += _hf_rollout(cfg)
+    return out + list(v.extra_overrides)
+
+
+def _data_and_model(cfg: ExperimentConfig, paths: RunPaths) -> list[str]:
+    v, train, pol = cfg.backend.verl, cfg.train, cfg.policy
     cpu = v.device == "cpu"
-    mini_batch = train.batch_size // train.mini_batches  # questions per optimiser step
-    micro = v.micro_batch_size_per_worker
-    steps = train.max_steps
-    total_epochs = train.epochs
-    eval_every = train.eval_every_steps or -1
-    out = [
+    return [
         # data
         f"data.train_files={paths.train_files}",
         f"data.val_files={paths.val_files}",
@@ -62,7 +75,15 @@ def hydra_overrides(cfg: ExperimentConfig, paths: RunPaths) -> list[str]:
         f"actor_rollout_ref.model.use_remove_padding={not cpu}",
         f"actor_rollout_ref.model.enable_gradient_checkpointing={not cpu}",
         f"++actor_rollout_ref.model.override_config.attn_implementation={'sdpa' if cpu else 'flash_attention_2'}",
-        # actor
+    ]
+
+
+def _actor(cfg: ExperimentConfig) -> list[str]:
+    v, algo, train, pol = cfg.backend.verl, cfg.algorithm, cfg.train, cfg.policy
+    cpu = v.device == "cpu"
+    mini_batch = train.batch_size // train.mini_batches  # questions per optimiser step
+    micro = v.micro_batch_size_per_worker
+    return [
         f"actor_rollout_ref.actor.strategy={'fsdp2' if cpu else 'fsdp'}",
         f"actor_rollout_ref.actor.optim.lr={train.lr}",
         f"actor_rollout_ref.actor.optim.weight_decay={train.weight_decay if train.optimizer == 'adamw' else 0.0}",
@@ -84,10 +105,17 @@ def hydra_overrides(cfg: ExperimentConfig, paths: RunPaths) -> list[str]:
         f"actor_rollout_ref.actor.fsdp_config.dtype={'float32' if cpu else 'bfloat16'}",
         f"actor_rollout_ref.actor.fsdp_config.seed={cfg.seed}",
         f"actor_rollout_ref.actor.data_loader_seed={cfg.seed}",
-        # rollout
+    ]
+
+
+def _rollout(cfg: ExperimentConfig) -> list[str]:
+    v, pol = cfg.backend.verl, cfg.policy
+    cpu = v.device == "cpu"
+    micro = v.micro_batch_size_per_worker
+    return [
         f"actor_rollout_ref.rollout.name={v.rollout}",
         "actor_rollout_ref.rollout.mode=async",
-        f"actor_rollout_ref.rollout.n={k}",
+        f"actor_rollout_ref.rollout.n={cfg.algorithm.group_size}",
         f"actor_rollout_ref.rollout.temperature={pol.temperature}",
         f"actor_rollout_ref.rollout.top_p={pol.top_p}",
         f"actor_rollout_ref.rollout.tensor_model_parallel_size={v.rollout_tensor_parallel}",
@@ -97,9 +125,15 @@ def hydra_overrides(cfg: ExperimentConfig, paths: RunPaths) -> list[str]:
         f"actor_rollout_ref.rollout.seed={cfg.seed}",
         f"actor_rollout_ref.rollout.dtype={'float32' if cpu else 'bfloat16'}",
         f"actor_rollout_ref.rollout.agent.num_workers={1 if cpu else 8}",
-        # algorithm: GRPO advantages; the ExGRPO loss is installed on the actor (loss.py)
+    ]
+
+
+def _algorithm_and_reward(cfg: ExperimentConfig, paths: RunPaths) -> list[str]:
+    """GRPO advantages (the ExGRPO loss is installed on the actor, loss.py); the task's own grader."""
+    cpu = cfg.backend.verl.device == "cpu"
+    return [
         "algorithm.adv_estimator=grpo",
-        f"algorithm.norm_adv_by_std_in_grpo={algo.advantage_std_norm}",
+        f"algorithm.norm_adv_by_std_in_grpo={cfg.algorithm.advantage_std_norm}",
         "algorithm.use_kl_in_reward=False",
         # reward: the task's own grader
         f"reward.custom_reward_function.path={paths.reward_fn}",
@@ -107,49 +141,57 @@ def hydra_overrides(cfg: ExperimentConfig, paths: RunPaths) -> list[str]:
         f"+reward.custom_reward_function.reward_kwargs.answer_format={cfg.task.answer_format.value}",
         f"+reward.custom_reward_function.reward_kwargs.max_answer_chars={cfg.task.max_answer_chars}",
         f"reward.num_workers={1 if cpu else 8}",
-        # trainer
+    ]
+
+
+def _trainer(cfg: ExperimentConfig, paths: RunPaths) -> list[str]:
+    v, train = cfg.backend.verl, cfg.train
+    steps = train.max_steps
+    return [
         "trainer.use_v1=False",
         f"trainer.device={v.device}",
         f"trainer.n_gpus_per_node={v.workers_per_node}",
         f"trainer.nnodes={v.nnodes}",
-        f"trainer.total_epochs={total_epochs}",
+        f"trainer.total_epochs={train.epochs}",
         f"trainer.total_training_steps={steps if steps else 'null'}",
         f"trainer.project_name={cfg.name}",
         f"trainer.experiment_name={cfg.name}-seed{cfg.seed}",
         "trainer.logger=[console]",
         f"trainer.default_local_dir={paths.checkpoints}",
         f"trainer.save_freq={train.checkpoint_every or -1}",
-        f"trainer.test_freq={eval_every}",
+        f"trainer.test_freq={train.eval_every_steps or -1}",
         f"trainer.val_before_train={train.eval_before_train}",
         "trainer.resume_mode=auto",
         "trainer.balance_batch=False",
     ]
-    if cpu:
+
+
+def _ray_init(v: Any) -> list[str]:
+    """The job's Ray: on CPU its own local one (sized for the run) unless a cluster is named; on GPUs the
+    named cluster, or veRL's default."""
+    if v.device == "cpu":
         n_cpus = v.num_cpus or max(4, needs(v).total_cpus)
-        out += [
+        return [
             "+ray_kwargs.ray_init.address=local" if v.ray_address is None else f"+ray_kwargs.ray_init.address={v.ray_address}",
             f"ray_kwargs.ray_init.num_cpus={n_cpus if v.ray_address is None else 'null'}",
             f"+ray_kwargs.ray_init.num_gpus={v.workers_per_node if v.ray_address is None else 'null'}",
             "+ray_kwargs.ray_init.include_dashboard=False",
         ]
+    if v.ray_address is not None:
+        return [f"+ray_kwargs.ray_init.address={v.ray_address}", "ray_kwargs.ray_init.num_cpus=null"]
+    return []
 
-    elif v.ray_address is not None:
-        out += [f"+ray_kwargs.ray_init.address={v.ray_address}", "ray_kwargs.ray_init.num_cpus=null"]
-    # the actor's compute dtype: veRL's FSDP computes in bf16 unless told otherwise, whatever
-    # fsdp_config.dtype (the storage dtype) says; its log-probs enter the importance weights
-    param = {"float32": "fp32", "bfloat16": "bf16"}[actor_dtype(v)]
-    out.append(f"+actor_rollout_ref.actor.fsdp_config.mixed_precision="
-               f"{{param_dtype:{param},reduce_dtype:fp32,buffer_dtype:fp32}}")
-    if v.rollout == "vllm" and cpu:
-        out += vllm_cpu_overrides(v, pol.max_new_tokens)
-    if v.rollout == "hf":  # our hf rollout server: the native engine's decoder, and how it batches
-        custom = {"reproducible": str(v.reproducible).lower()}
-        if hasattr(pol, "decoder"):
-            custom |= {"decoder": pol.decoder.value, "prepack_weights": str(pol.prepack_weights).lower()}
-        out.append("+actor_rollout_ref.rollout.custom={" + ",".join(f"{k}:{x}" for k, x in custom.items()) + "}")
-        if v.reproducible:  # veRL then names each request by its row in the step's batch (det-<row>)
-            out.append("actor_rollout_ref.rollout.full_determinism=True")
-    return out + list(v.extra_overrides)
+
+def _hf_rollout(cfg: ExperimentConfig) -> list[str]:
+    """Our hf rollout server: the native engine's decoder, and how it batches."""
+    v, pol = cfg.backend.verl, cfg.policy
+    custom = {"reproducible": str(v.reproducible).lower()}
+    if hasattr(pol, "decoder"):
+        custom |= {"decoder": pol.decoder.value, "prepack_weights": str(pol.prepack_weights).lower()}
+    out = ["+actor_rollout_ref.rollout.custom={" + ",".join(f"{k}:{x}" for k, x in custom.items()) + "}"]
+    if v.reproducible:  # veRL then names each request by its row in the step's batch (det-<row>)
+        out.append("actor_rollout_ref.rollout.full_determinism=True")
+    return out
 
 
 def actor_dtype(v) -> str:

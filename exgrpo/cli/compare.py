@@ -1,0 +1,147 @@
+"""``exgrpo compare``: train every arm of a comparison over seeds and print its statistics.
+
+Through the Prefect compare flow (MLflow parent and child runs, runs as Ray tasks), or in local
+processes with ``--no-prefect``. Standard library only at import time (``exgrpo --help`` stays light):
+the command imports what it runs when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from exgrpo.cli.common import RAY_ADDRESS_HELP, FlowMissing, load_flow
+
+if TYPE_CHECKING:  # annotations only
+    from exgrpo.config import CompareConfig
+
+
+def add_parser(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
+    """The ``compare`` subcommand's arguments."""
+    c = sub.add_parser("compare", help="compare algorithms (arms) over seeds",
+                       description="Train every arm of a comparison YAML over several seeds and print, per arm, "
+                       "the final metric as mean ± 95% CI and the paired difference against the baseline arm. "
+                       "Runs the Prefect compare flow (MLflow parent + child runs) unless --no-prefect.")
+    c.add_argument("config", help="comparison YAML with base: and arms: (e.g. experiments/toy.yaml)")
+    c.add_argument("--seeds", help="use seeds 0..N-1 (N), A..B (A-B) or a,b,c (default: the file's seeds)")
+    c.add_argument("--arms", help="run only these arms, a,b,c, the baseline among them (default: every arm of the file)")
+    c.add_argument("--resume", action="store_true",
+                   help="runs with checkpoints continue from them, finished ones are reused: a killed comparison "
+                   "goes on; more --seeds or a larger train.max_steps trains only what is new")
+    c.add_argument("--adaptive", action="store_true",
+                   help="add seeds in stages until AdaStop's sequential test decides every pair, with the family-wise "
+                   "error held (the file's adaptive: section; default: the file's fixed seeds)")
+    c.add_argument("--workers", type=int, help="runs trained at once (default: as many as the cores, or the Ray "
+                   "cluster, hold at train.threads each)")
+    c.add_argument("--set", action="append", metavar="FIELD=VALUE",
+                   help="override a base config field (repeatable; default: none, the file's values)")
+    c.add_argument("--output-dir", help="root of run directories (default: runs/)")
+    c.add_argument("--json", help="also write per-run outcomes to this JSON file (default: not written)")
+    c.add_argument("--report", help="comparison figure path (default OUTPUT_DIR/NAME/comparison.png)")
+    c.add_argument("--no-progress", action="store_true", help="no progress bar")
+    c.add_argument("--tracking-uri", help="MLflow store (default: MLFLOW_TRACKING_URI, else <project>/mlruns/mlflow.db)")
+    c.add_argument("--ray-address", help=RAY_ADDRESS_HELP)
+    c.add_argument("--no-prefect", action="store_true",
+                   help="run in local processes without Prefect and MLflow (default: the Prefect compare flow on "
+                        "its local API, runs as Ray tasks, recorded in MLflow)")
+    c.set_defaults(fn=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """``exgrpo compare``: the arms over seeds, through the Prefect flow or (``--no-prefect``) here; the
+    table, the sequential test's decisions, the figures. Exit 1 when a run failed, the others reported."""
+    from exgrpo.config import ConfigError, load_compare, parse_set
+
+    overrides = parse_set(args.set)
+    if args.output_dir is not None:
+        overrides["output_dir"] = str(Path(args.output_dir).resolve())
+    cc = load_compare(args.config, overrides)  # fails here, before any work, on bad input
+    if args.adaptive and args.seeds is not None:
+        raise ConfigError(f"--seeds {args.seeds}: an adaptive comparison chooses its seeds stage by stage; set the "
+                          "first with --set adaptive.first_seed=N (and adaptive.seeds_per_stage, adaptive.max_stages)")
+    cc = cc.select(args.arms, args.seeds)
+    from exgrpo.cluster import check_cluster, cluster_address
+    from exgrpo.compare import RunOutcome, format_table, summarize
+    from exgrpo.report import comparison_figure, mechanism_figure
+    from exgrpo.tracking import TrackingError
+
+    if args.no_prefect and cluster_address(args.ray_address) is not None:
+        raise ConfigError("--ray-address (or RAY_ADDRESS) runs on Ray, --no-prefect in local processes: drop one")
+    check_cluster(cluster_address(args.ray_address), args.tracking_uri)  # before Prefect starts
+    decisions, failed = None, []
+    if args.no_prefect:
+        outcomes, failed, decisions = _compare_locally(cc, args)
+    else:
+        try:
+            flow = load_flow("compare", "compare_flow")
+            out = flow(config=str(args.config), seeds=args.seeds, arms=args.arms, overrides=overrides,
+                       tracking_uri=args.tracking_uri, executor="ray", workers=args.workers, resume=args.resume,
+                       ray_address=args.ray_address, adaptive=args.adaptive)
+        except (TrackingError, FlowMissing) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        outcomes = [RunOutcome(**o) for o in out["outcomes"]]
+        if out.get("adaptive") is not None:
+            from exgrpo.compare.adaptive import decide, finals_of, format_decisions
+
+            decisions = format_decisions(decide(cc, finals_of(outcomes)), cc)
+        from exgrpo.tracking.mlflow_tracking import run_url, ui_note
+
+        print(f"MLflow parent run: {run_url(out['experiment_id'], out['parent_run_id'], args.tracking_uri)}"
+              f"{ui_note(args.tracking_uri)}\nits report: `exgrpo dashboard --run-id {out['parent_run_id']}`")
+    rows = summarize(outcomes, list(cc.arms), cc.baseline)
+    horizon = max((o.curve_steps[-1] for o in outcomes if o.curve_steps), default=None)
+    print(format_table(rows, cc.metric, cc.baseline, horizon))
+    if decisions is not None:
+        print(f"\nSequential test (adaptive seeds):\n{decisions}")
+    report = Path(args.report or cc.base_config().output_dir / cc.name / "comparison.png")
+    print(f"report: {comparison_figure(outcomes, list(cc.arms), cc.metric, report)}")
+    print(f"why: {mechanism_figure(outcomes, list(cc.arms), report.with_name(report.stem + '-mechanism.png'))}")
+    if args.json:
+        Path(args.json).write_text(json.dumps([o.__dict__ for o in outcomes], indent=2))
+    if failed:
+        print(f"error: {len(failed)} run(s) failed, the statistics cover the others: {'; '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _compare_locally(cc: CompareConfig, args: argparse.Namespace) -> tuple[list, list[str], str | None]:
+    """``exgrpo compare --no-prefect``: the runs in local processes (all seeds, or stages of them with
+    ``--adaptive``) under a progress bar. Returns the outcomes, the failed runs (one line each) and
+    the sequential test's table (None without ``--adaptive``)."""
+    from rich.progress import Progress
+
+    from exgrpo.compare import jobs, prepare_warm_starts, run_local
+    from exgrpo.compare.adaptive import StageIncomplete, format_decisions, run_adaptive
+    from exgrpo.progress import console
+
+    each = cc.adaptive.seeds_per_stage * cc.adaptive.max_stages if args.adaptive else len(cc.seeds)
+    failed: list[str] = []
+    with Progress(console=console, disable=args.no_progress) as bar:
+        task = bar.add_task(f"{len(cc.arms)} arms x {'at most ' if args.adaptive else ''}{each} seeds",
+                            total=len(cc.arms) * each)
+
+        def done(o):
+            bar.console.print(f"  {o.arm:>12s} seed {o.seed}: final {cc.metric} = {o.final:.4f}")
+            bar.advance(task)
+
+        def run_stage(sub):
+            return run_local(sub, workers=args.workers, on_done=done, resume=args.resume,
+                             on_failed=lambda arm, seed, error: failed.append(f"{arm} seed {seed}: {error}"))
+
+        prepare_warm_starts((cfg for cfg, _ in jobs(cc)), say=bar.console.print, progress=not args.no_progress)
+        if not args.adaptive:
+            return run_stage(cc), failed, None
+
+        def stage(state):
+            bar.console.print(f"stage {state.stages_done}: " + "; ".join(
+                f"{p.arm} vs {p.other} {p.decision}" for p in state.pairs))
+
+        try:
+            outcomes, state = run_adaptive(cc, run_stage, on_stage=stage)
+        except StageIncomplete as e:  # the failed runs are listed by the caller
+            outcomes, state = e.outcomes, e.state
+        return outcomes, failed, format_decisions(state, cc)
