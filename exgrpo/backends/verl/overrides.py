@@ -142,13 +142,14 @@ def hydra_overrides(cfg: ExperimentConfig, paths: RunPaths) -> list[str]:
                f"{{param_dtype:{param},reduce_dtype:fp32,buffer_dtype:fp32}}")
     if v.rollout == "vllm" and cpu:
         out += vllm_cpu_overrides(v, pol.max_new_tokens)
-    if v.rollout == "hf":  # our hf rollout server: the native engine's decoder, and how it batches
-        custom = {"reproducible": str(v.reproducible).lower()}
-        if hasattr(pol, "decoder"):
-            custom |= {"decoder": pol.decoder.value, "prepack_weights": str(pol.prepack_weights).lower()}
-        out.append("+actor_rollout_ref.rollout.custom={" + ",".join(f"{k}:{x}" for k, x in custom.items()) + "}")
-        if v.reproducible:  # veRL then names each request by its row in the step's batch (det-<row>)
-            out.append("actor_rollout_ref.rollout.full_determinism=True")
+    # the rollout server's own settings: whether it seeds each request by its row (hf and vllm) and,
+    # for our hf server, the native engine's decoder
+    custom = {"reproducible": str(v.reproducible).lower()}
+    if v.rollout == "hf" and hasattr(pol, "decoder"):
+        custom |= {"decoder": pol.decoder.value, "prepack_weights": str(pol.prepack_weights).lower()}
+    out.append("+actor_rollout_ref.rollout.custom={" + ",".join(f"{k}:{x}" for k, x in custom.items()) + "}")
+    if v.reproducible:  # veRL then names each request by its row in the step's batch (det-<row>)
+        out.append("actor_rollout_ref.rollout.full_determinism=True")
     return out + list(v.extra_overrides)
 
 
