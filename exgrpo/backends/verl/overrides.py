@@ -52,8 +52,7 @@ def hydra_overrides(cfg: ExperimentConfig, paths: RunPaths) -> list[str]:
                f"{{param_dtype:{param},reduce_dtype:fp32,buffer_dtype:fp32}}")
     if v.rollout == "vllm" and v.device == "cpu":
         out += vllm_cpu_overrides(v, cfg.policy.max_new_tokens)
-    if v.rollout == "hf":
-        out += _hf_rollout(cfg)
+    out += _rollout_server(cfg)
     return out + list(v.extra_overrides)
 
 
@@ -182,11 +181,12 @@ def _ray_init(v: Any) -> list[str]:
     return []
 
 
-def _hf_rollout(cfg: ExperimentConfig) -> list[str]:
-    """Our hf rollout server: the native engine's decoder, and how it batches."""
+def _rollout_server(cfg: ExperimentConfig) -> list[str]:
+    """The rollout server's own settings: whether it seeds each request by its row (hf and vllm) and,
+    for our hf server, the native engine's decoder and how it batches."""
     v, pol = cfg.backend.verl, cfg.policy
     custom = {"reproducible": str(v.reproducible).lower()}
-    if hasattr(pol, "decoder"):
+    if v.rollout == "hf" and hasattr(pol, "decoder"):
         custom |= {"decoder": pol.decoder.value, "prepack_weights": str(pol.prepack_weights).lower()}
     out = ["+actor_rollout_ref.rollout.custom={" + ",".join(f"{k}:{x}" for k, x in custom.items()) + "}"]
     if v.reproducible:  # veRL then names each request by its row in the step's batch (det-<row>)

