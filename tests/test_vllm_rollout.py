@@ -135,7 +135,8 @@ def vllm_grpo_run(tmp_path_factory, exgrpo_cache, tiny_hf_model):
     ``policy.path``, and the parquets that tests/test_your_model_and_data.py trains on natively, given as
     ``task.path``/``task.val_path`` (:data:`USER_CONFIG`): 3 steps, validated and checkpointed at step 3.
     exgrpo does not rebuild such a model, so its final checkpoint is merged into an HF directory and
-    scored by vLLM. Weights sync in 1 MB buckets, so a tensor travels in chunks over several buckets.
+    scored by vLLM. Weights sync in 13 MB buckets: the embedding (12.6 MB) and the layers fill the first,
+    so the tied head travels in a later bucket than its embedding (vllm_cpu.tied_aliases_across_buckets).
     -> (MLflow client, run, run directory)."""
     import asyncio
 
@@ -159,7 +160,7 @@ def vllm_grpo_run(tmp_path_factory, exgrpo_cache, tiny_hf_model):
         try:
             out = asyncio.run(train_flow(config=str(config), tracking_uri=uri, overrides={
                 "output_dir": str(tmp / "runs"), "backend.verl.rollout": "vllm", "backend.verl.python": str(JOB_PY),
-                "backend.verl.launch": "ray_job", "backend.verl.extra_overrides": [f"{BUCKET_MB}=1"]}))
+                "backend.verl.launch": "ray_job", "backend.verl.extra_overrides": [f"{BUCKET_MB}=13"]}))
         finally:
             ray.shutdown()
     client = mlflow.MlflowClient(uri)

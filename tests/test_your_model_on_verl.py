@@ -41,6 +41,18 @@ def test_a_file_tasks_prompt_bound_must_fit_verls(tmp_path):
     assert _verl(**{"policy.path": "/m", "task.max_prompt_length": 64, "task.require_think": True}).task.require_think
 
 
+def test_a_micro_batch_that_does_not_divide_a_workers_mini_batch_is_refused_before_the_run():
+    """veRL would stop at the first step's log-probs: 4 questions x 2 rollouts in 2 mini-batches are 4
+    sequences a mini-batch, which micro-batches of 16 do not divide."""
+    small = {"policy.path": "/m", "train.batch_size": 4, "algorithm.group_size": 2, "train.mini_batches": 2}
+    with pytest.raises(ConfigError) as err:
+        _verl(**small)
+    assert str(err.value).splitlines()[-1].strip() == (
+        "backend.verl.micro_batch_size_per_worker=16 must divide the 4 sequences of a mini-batch on one worker "
+        "(train.batch_size / train.mini_batches x algorithm.group_size / workers); set it to 4")
+    _verl(**small, **{"backend.verl.micro_batch_size_per_worker": 4})
+
+
 def test_verl_takes_any_family_from_policy_path_but_not_a_path_without_a_model(tmp_path):
     from exgrpo.policies.inputs import check_inputs
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 from pydantic import Field
@@ -131,3 +132,10 @@ def check_verl_support(cfg: Any) -> None:
     if mini * cfg.train.mini_batches != cfg.train.batch_size:
         raise ValueError(f"train.batch_size={cfg.train.batch_size} must be divisible by train.mini_batches="
                          f"{cfg.train.mini_batches} on the veRL backend")
+    rows = mini * cfg.algorithm.group_size // (v.workers_per_node * v.nnodes)
+    if rows % v.micro_batch_size_per_worker:
+        # veRL splits each worker's share of a mini-batch (and of the log-prob batch) into micro-batches and
+        # stops mid-step on a remainder
+        raise ValueError(f"backend.verl.micro_batch_size_per_worker={v.micro_batch_size_per_worker} must divide the "
+                         f"{rows} sequences of a mini-batch on one worker (train.batch_size / train.mini_batches x "
+                         f"algorithm.group_size / workers); set it to {math.gcd(rows, v.micro_batch_size_per_worker)}")
