@@ -3,7 +3,7 @@
     prefect deployment run 'evaluate/evaluate' --param checkpoint=runs/toy/seed0/checkpoints/step_0000100.pt
 
 A checkpoint is a native ``step_*.pt`` or a veRL run's ``global_step_N/`` (its FSDP shards merged:
-:mod:`exgrpo.backends.verl.actor_weights`); a veRL run of an external HF model (``backend.verl.model_path``)
+:mod:`exgrpo.backends.verl.actor_weights`); a veRL run of an external HF model (``policy.path`` or ``backend.verl.model_path``)
 is merged into an HF directory and scored by the job environment's vLLM (:mod:`exgrpo.evaluation.hf_eval`). The evaluate deployment also runs by itself when a run of
 the train or train-verl deployment completes (a
 deployment trigger in prefect.yaml on Prefect's ``prefect.flow-run.Completed`` event): it is given
@@ -66,7 +66,7 @@ async def evaluate_flow(checkpoint: str | None = None, run_id: str | None = None
 
     tracker = Tracker(tracking_uri)
     # a registered checkpoint (e.g. a sweep's models:/exgrpo-<study>@champion) is downloaded for the evaluation only;
-    # an external HF model's (backend.verl.model_path) is scored by the job environment's vLLM
+    # an external HF model's (policy.path or backend.verl.model_path) is scored by the job environment's vLLM
     with checkpoint_at(checkpoint, tracking_uri) as path:
         cfg, step, metrics = as_in_training(str(path))
     if run_id is None:

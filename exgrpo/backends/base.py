@@ -43,7 +43,7 @@ class TrainResult:
 @dataclass
 class HFCheckpoint:
     """A checkpoint of an HF model exgrpo does not rebuild as one of its policies (a veRL run of
-    ``backend.verl.model_path``): evaluated from an HF model directory with vLLM."""
+    ``policy.path`` or ``backend.verl.model_path``): evaluated from an HF model directory with vLLM."""
 
     config: str
     """The config of the run that wrote it, as JSON."""

@@ -19,7 +19,7 @@ def add_parser(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
                        description="Score a checkpoint: avg@n and unbiased pass@k per benchmark, each with its "
                        "sampling settings. 'val' is the run's own held-out split; gsm8k, math500, arith, ... come "
                        "from the benchmark registry (LM tiers only). A veRL checkpoint of an external HF model "
-                       "(backend.verl.model_path) is merged into an HF directory and scored with the job environment's "
+                       "(policy.path, or backend.verl.model_path) is merged into an HF directory and scored with the job environment's "
                        "vLLM. The scores go to the run's MLflow record as eval/<benchmark>/<metric>.")
     e.add_argument("--checkpoint", required=True,
                    help="a runs/<name>/seed<k>/checkpoints/step_*.pt file, a veRL run's checkpoints/global_step_N "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 from pydantic import Field
@@ -36,7 +37,8 @@ class VerlSettings(_Strict):
     nnodes: int = Field(1, ge=1)
     """Nodes (veRL's trainer.nnodes)."""
     model_path: str | None = None
-    """HF model directory or hub id; None: the tiny LM of policy.model, exported with its tokenizer."""
+    """HF model directory or hub id for policy.kind=lm (None: the tiny LM of policy.model, exported with its
+    tokenizer); with policy.kind=hf veRL trains policy.path, and another value here is refused."""
     train_files: str | None = None
     """Training parquet (veRL RLHFDataset layout); None: built from the task section (task.kind=file: from its
     task.path, the one place a file run's data is named)."""
@@ -80,14 +82,28 @@ class BackendConfig(_Strict):
         return {n for n, f in type(self).model_fields.items() if isinstance(f.default, _Strict) and n != self.name}
 
 
+def verl_model(cfg: Any) -> str | None:
+    """The Hugging Face model a veRL run of ExperimentConfig ``cfg`` trains, as the config names it:
+    ``policy.path`` of an hf policy (a directory or a packaged model's name), else ``backend.verl.model_path``;
+    None: the tiny LM of ``policy.model``, which the run exports itself."""
+    if isinstance(cfg.policy, HFPolicyConfig):
+        return cfg.policy.path
+    return cfg.backend.verl.model_path
+
+
+def verl_model_field(cfg: Any) -> str:
+    """The config field that names :func:`verl_model` (for error messages)."""
+    return "policy.path" if isinstance(cfg.policy, HFPolicyConfig) else "backend.verl.model_path"
+
+
 def check_verl_support(cfg: Any) -> None:
     """What the veRL backend supports of an ExperimentConfig ``cfg``: ValueError, one line that says what
     to change, otherwise."""
     v = cfg.backend.verl
-    if v.model_path is None and isinstance(cfg.policy, HFPolicyConfig):
-        raise ValueError(f"backend.name=verl trains backend.verl.model_path, which is not set (policy.path="
-                         f"{cfg.policy.path} is the native trainer's model); set it to the HF model directory")
-    if v.model_path is None and not (isinstance(cfg.policy, LMPolicyConfig) and cfg.policy.model.arch == "llama"):
+    if isinstance(cfg.policy, HFPolicyConfig) and v.model_path not in (None, cfg.policy.path):
+        raise ValueError(f"backend.verl.model_path={v.model_path} conflicts with policy.path={cfg.policy.path}, the "
+                         "model a veRL run of policy.kind=hf trains; drop backend.verl.model_path")
+    if verl_model(cfg) is None and not (isinstance(cfg.policy, LMPolicyConfig) and cfg.policy.model.arch == "llama"):
         # veRL's agent loop treats model_type qwen2 as ChatML (it needs <|im_end|>); the char vocabulary has none
         raise ValueError("backend.name=verl with the built-in tiny LM needs policy.model.arch=llama "
                          "(or set backend.verl.model_path to an HF model)")
@@ -95,9 +111,10 @@ def check_verl_support(cfg: Any) -> None:
         if v.train_files is not None or v.val_files is not None:
             raise ValueError("task.path (task.kind=file) is the veRL run's data; drop backend.verl.train_files/"
                              "val_files, which would name a second source")
-        if cfg.task.max_prompt_length is not None or cfg.task.require_think:
-            raise ValueError("task.max_prompt_length and task.require_think apply on backend.name=native only; on "
-                             "veRL unset them (backend.verl.max_prompt_length bounds the prompts)")
+        if (cfg.task.max_prompt_length or 0) > v.max_prompt_length:
+            raise ValueError(f"task.max_prompt_length={cfg.task.max_prompt_length} is over backend.verl.max_prompt_length="
+                             f"{v.max_prompt_length}, veRL's bound on every prompt it reads; raise backend.verl."
+                             f"max_prompt_length to {cfg.task.max_prompt_length} or lower task.max_prompt_length")
     elif v.train_files is None and not isinstance(cfg.task, TextArithmeticTaskConfig):
         raise ValueError(f"backend.name=verl builds data for task.kind=text_arithmetic or file; got "
                          f"{cfg.task.kind!r}: set task.kind=file and task.path, or backend.verl.train_files/val_files")
@@ -116,3 +133,10 @@ def check_verl_support(cfg: Any) -> None:
     if mini * cfg.train.mini_batches != cfg.train.batch_size:
         raise ValueError(f"train.batch_size={cfg.train.batch_size} must be divisible by train.mini_batches="
                          f"{cfg.train.mini_batches} on the veRL backend")
+    rows = mini * cfg.algorithm.group_size // (v.workers_per_node * v.nnodes)
+    if rows % v.micro_batch_size_per_worker:
+        # veRL splits each worker's share of a mini-batch (and of the log-prob batch) into micro-batches and
+        # stops mid-step on a remainder
+        raise ValueError(f"backend.verl.micro_batch_size_per_worker={v.micro_batch_size_per_worker} must divide the "
+                         f"{rows} sequences of a mini-batch on one worker (train.batch_size / train.mini_batches x "
+                         f"algorithm.group_size / workers); set it to {math.gcd(rows, v.micro_batch_size_per_worker)}")

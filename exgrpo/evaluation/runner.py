@@ -174,7 +174,7 @@ class Evaluation:
 def score_checkpoint(path: str | Path, spec: str = "val", settings: EvalSettings = EvalSettings(),
                      workers: int = 2, python: str | None = None, log: Path | None = None) -> Evaluation:
     """:func:`evaluate_checkpoint` with the step and config. A checkpoint of an external HF model (a
-    veRL run of ``backend.verl.model_path``) is merged into an HF directory and generated from with the
+    veRL run of ``policy.path`` or ``backend.verl.model_path``) is merged into an HF directory and generated from with the
     job environment's vLLM (``python``: its interpreter; :mod:`exgrpo.evaluation.hf_eval`)."""
     found = hf_checkpoint(Path(path))
     if found is not None:

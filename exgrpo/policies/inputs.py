@@ -5,15 +5,15 @@ weights), so ``exgrpo train`` refuses bad input at once and ``exgrpo doctor`` re
 from __future__ import annotations
 
 from exgrpo.config import ExperimentConfig, FileTaskConfig, HFPolicyConfig
-from exgrpo.policies.lm.hf_model import check_model_dir
+from exgrpo.policies.lm.hf_model import check_any_family_dir, check_model_dir
 from exgrpo.tasks.rlhf_file import check_task_files
 
 
 def check_inputs(cfg: ExperimentConfig) -> None:
     """ConfigError, one line naming the field, for the first local input of ``cfg`` that cannot be used.
-    veRL trains ``backend.verl.model_path`` (any family it runs), so only the native trainer's model is
-    held to the engine's families here."""
-    if isinstance(cfg.policy, HFPolicyConfig) and cfg.backend.name == "native":
-        check_model_dir(cfg.policy.path)
+    veRL trains ``policy.path`` whatever its family, so only the native trainer's model is held to the
+    engine's families here."""
+    if isinstance(cfg.policy, HFPolicyConfig):
+        (check_model_dir if cfg.backend.name == "native" else check_any_family_dir)(cfg.policy.path)
     if isinstance(cfg.task, FileTaskConfig):
         check_task_files(cfg.task)

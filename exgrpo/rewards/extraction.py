@@ -57,6 +57,13 @@ _NUMBER_RE: Final = re.compile(
 )
 
 
+def after_think(text: str) -> str | None:
+    """What a ``require_think`` grader grades: the text after the first ``</think>``, None without one
+    (graded 0), as the reference's ``reward_fn_math_verify`` (version 3) does."""
+    _, sep, tail = text.partition("</think>")
+    return tail if sep else None
+
+
 def sanitize(text: str) -> str:
     """Remove characters that break LaTeX/sympy parsers but carry no meaning.
 

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from exgrpo.config.tasks import FileTaskConfig
+from exgrpo.rewards.extraction import after_think
 from exgrpo.rewards.math_reward import MathVerifier
 from exgrpo.tasks.rlhf_file import DataFileError, FileQuestion, read_questions
 from exgrpo.tasks.tokenizers import chat_prompt_ids
@@ -149,10 +150,7 @@ class OpenR1Task:
     def gradable_text(self, text: str) -> str | None:
         """What is graded: the text, or with ``require_think`` the part after the first ``</think>``
         (None without one)."""
-        if not self.cfg.require_think:
-            return text
-        _, sep, tail = text.partition("</think>")
-        return tail if sep else None
+        return after_think(text) if self.cfg.require_think else text
 
     def score_texts(self, qids: Sequence[int], texts: Sequence[str]) -> list[float]:
         """Binary math-verify rewards of response texts against the golds."""

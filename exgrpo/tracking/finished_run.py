@@ -40,7 +40,7 @@ def log_finished_run(tracker: Any, run_id: str, cfg: ExperimentConfig, result: A
     """Record the finished run ``result`` (a TrainResult of any backend) on MLflow run ``run_id``.
     The caller evaluates: ``load_policy(file)`` rebuilds the final policy from its checkpoint file (a
     ``CheckpointPolicy``: its ``task`` and ``policy``), ``evaluate(loaded)`` gives its ``eval/*`` metrics.
-    The final policy of an external HF model (a veRL run of ``backend.verl.model_path``) is its merged HF
+    The final policy of an external HF model (a veRL run of ``policy.path`` or ``backend.verl.model_path``) is its merged HF
     directory: ``evaluate_model_dir(directory)`` gives its ``eval/*``; it is tagged ``hf_model``, and neither
     logged as an artifact nor as an MLflow model (a paper-tier model is gigabytes)."""
     client = tracker.client
@@ -51,7 +51,7 @@ def log_finished_run(tracker: Any, run_id: str, cfg: ExperimentConfig, result: A
     if result.checkpoint is None:
         return
     policy_file = policy_checkpoint(Path(result.checkpoint))
-    if policy_file.is_dir():  # an external HF model (veRL's model_path): scored from its HF directory, not rebuilt
+    if policy_file.is_dir():  # an external HF model (a veRL run's policy.path or model_path): scored from its HF directory, not rebuilt
         client.set_tag(run_id, "checkpoint", str(result.checkpoint))
         client.set_tag(run_id, "hf_model", str(policy_file))
         if evaluate_model_dir is not None:

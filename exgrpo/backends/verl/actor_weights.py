@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from exgrpo.backends.verl.prepared import SPEC_FILE
+from exgrpo.backends.verl.prepared import SPEC_FILE, spec_model
 
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
@@ -90,10 +90,11 @@ def policy_state(step_dir: str | Path) -> dict[str, Any]:
     if not spec.is_file():
         raise FileNotFoundError(f"{step_dir}: the run's {SPEC_FILE} is not at {spec} (the config of the run that "
                                 "wrote this checkpoint)")
-    config = json.loads(spec.read_text())["config"]  # the run's ExperimentConfig, as JSON
-    external = config["backend"]["verl"].get("model_path")
+    saved = json.loads(spec.read_text())
+    config = saved["config"]  # the run's ExperimentConfig, as JSON
+    external = spec_model(saved)
     if external:
-        raise ValueError(f"{step_dir} holds the actor of {external} (backend.verl.model_path), which exgrpo does not "
+        raise ValueError(f"{step_dir} holds the actor of {external} (an external HF model), which exgrpo does not "
                          "rebuild as a policy; `exgrpo eval --checkpoint` scores it with vLLM from its HF directory")
     return {
         "config": json.dumps(config),

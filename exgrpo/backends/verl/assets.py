@@ -12,7 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from exgrpo.atomic import directory_atomic
-from exgrpo.config import ConfigError, ExperimentConfig, FileTaskConfig, LMPolicyConfig, TextArithmeticTaskConfig
+from exgrpo.config import (ConfigError, ExperimentConfig, FileTaskConfig, HFPolicyConfig, LMPolicyConfig,
+                           TextArithmeticTaskConfig)
+from exgrpo.config.backend import verl_model, verl_model_field
 
 DATA_SOURCE = "exgrpo/text_arithmetic"
 """``data_source`` of our task's rows; :mod:`exgrpo.backends.verl.reward` grades it with the task's grader."""
@@ -65,16 +67,26 @@ def check_model_context(cfg: ExperimentConfig) -> None:
     """A vLLM rollout's model must hold the longest prompt plus the longest response: veRL sizes vLLM's
     context from the model's config, and on cuda a shorter one cuts every response there without a word.
     ConfigError in one line otherwise (a model whose config is not found here is left to veRL)."""
-    v = cfg.backend.verl
-    if v.rollout != "vllm" or v.model_path is None:
+    v, model = cfg.backend.verl, verl_model(cfg)
+    if v.rollout != "vllm" or model is None:
         return
     need = v.max_prompt_length + cfg.policy.max_new_tokens
-    have = model_positions(v.model_path)
+    have = model_positions(model)
     if have is not None and have < need:
         raise ConfigError(
-            f"backend.verl.model_path={v.model_path}: the model holds {have} positions (max_position_embeddings "
+            f"{verl_model_field(cfg)}={model}: the model holds {have} positions (max_position_embeddings "
             f"in its config.json), fewer than backend.verl.max_prompt_length + policy.max_new_tokens = {need}; "
             "extend its context (rope_theta and max_position_embeddings, docs/gpu.md) or lower policy.max_new_tokens")
+
+
+def model_dir(cfg: ExperimentConfig, progress: bool = False) -> str:
+    """The model directory (or hub id) veRL trains: ``policy.path`` of an hf policy (a packaged model made
+    once), ``backend.verl.model_path``, or the tiny LM exported (:func:`export_model`)."""
+    if isinstance(cfg.policy, HFPolicyConfig):
+        from exgrpo.policies.lm.hf_model import any_family_dir
+
+        return str(any_family_dir(cfg.policy.path, progress=progress))
+    return cfg.backend.verl.model_path or str(export_model(cfg, progress=progress))
 
 
 def export_model(cfg: ExperimentConfig, progress: bool = False) -> Path:
@@ -97,7 +109,7 @@ def export_model(cfg: ExperimentConfig, progress: bool = False) -> Path:
     return out
 
 
-def _text_arithmetic_rows(cfg: ExperimentConfig) -> dict[str, list[dict]]:
+def _text_arithmetic_rows(cfg: ExperimentConfig, model: str) -> dict[str, list[dict]]:
     from exgrpo.tasks.text_arithmetic import TextArithmetic  # torch: as above
 
     task = TextArithmetic(cfg.task)
@@ -110,13 +122,19 @@ def _text_arithmetic_rows(cfg: ExperimentConfig) -> dict[str, list[dict]]:
     } for i, q in enumerate(ids)] for split, ids in (("train", task.train_ids), ("val", task.val_ids))}
 
 
-def _file_rows(cfg: ExperimentConfig) -> dict[str, list[dict]]:
+def _file_rows(cfg: ExperimentConfig, model: str) -> dict[str, list[dict]]:
     """The file task's questions as the native task splits them (``task.val_path``, or ``task.n_val`` of
-    ``task.path``), system messages dropped when it drops them; the file's own ``extra_info.index`` is
-    kept as ``extra_info.source_index``."""
+    ``task.path``), system messages dropped when it drops them, and with ``task.max_prompt_length`` those
+    whose prompt in ``model``'s chat template is longer left out, as the native task leaves them out; the
+    file's own ``extra_info.index`` is kept as ``extra_info.source_index``."""
     from exgrpo.tasks.openr1 import OpenR1Task  # torch: as above
 
-    task = OpenR1Task(cfg.task)
+    tokenizer = None
+    if cfg.task.max_prompt_length is not None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model, local_files_only=True)
+    task = OpenR1Task(cfg.task, tokenizer=tokenizer)
     return {split: [{
         "data_source": task.data_sources[q],
         "prompt": task.messages[q],
@@ -126,15 +144,16 @@ def _file_rows(cfg: ExperimentConfig) -> dict[str, list[dict]]:
     } for i, q in enumerate(ids)] for split, ids in (("train", task.train_ids), ("val", task.val_ids))}
 
 
-DATASETS: dict[type, Callable[[ExperimentConfig], dict[str, list[dict]]]] = {
+DATASETS: dict[type, Callable[[ExperimentConfig, str], dict[str, list[dict]]]] = {
     TextArithmeticTaskConfig: _text_arithmetic_rows,
     FileTaskConfig: _file_rows,
 }
 """Task config -> its train and val rows in veRL's layout (the tasks whose data a veRL run builds)."""
 
 
-def write_dataset(cfg: ExperimentConfig, directory: Path) -> tuple[Path, Path]:
-    """Train and validation parquet files of the task in veRL's layout. ``extra_info.index`` is the
+def write_dataset(cfg: ExperimentConfig, directory: Path, model: str) -> tuple[Path, Path]:
+    """Train and validation parquet files of the task in veRL's layout (``model``: the directory veRL
+    trains, whose tokenizer counts a prompt's tokens). ``extra_info.index`` is the
     row of the file (the replay pool's key: the sampler yields rows), ``extra_info.qid`` the task's
     question id."""
     import pandas as pd
@@ -145,7 +164,7 @@ def write_dataset(cfg: ExperimentConfig, directory: Path) -> tuple[Path, Path]:
         raise ValueError(f"backend.name=verl builds data for task.kind={kinds}, got {cfg.task.kind!r}")
     directory.mkdir(parents=True, exist_ok=True)
     paths = []
-    for split, rows in build(cfg).items():
+    for split, rows in build(cfg, model).items():
         path = directory / f"{split}.parquet"
         tmp = path.with_suffix(".parquet.tmp")
         pd.DataFrame(rows).to_parquet(tmp, index=False)

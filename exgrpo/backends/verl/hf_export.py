@@ -1,4 +1,5 @@
-"""A veRL checkpoint of an external HF model (``backend.verl.model_path``) as an HF model directory.
+"""A veRL checkpoint of an external HF model (``policy.path`` of an hf policy, or ``backend.verl.model_path``)
+as an HF model directory.
 
 exgrpo does not rebuild such a model as one of its policies, so its checkpoint is evaluated as
 the paper evaluates: with vLLM, from an HF directory. :func:`export` merges the actor's FSDP shards
@@ -6,7 +7,7 @@ the paper evaluates: with vLLM, from an HF directory. :func:`export` merges the 
 ``model_merger`` unpickles) into ``<checkpoints>/verl_global_step_N_hf/``, once, atomically:
 
 * ``model.safetensors``, the config, generation config and tokenizer (veRL's ``actor/huggingface/``,
-  else the run's ``model_path``): what vLLM and transformers load;
+  else the directory the run trained): what vLLM and transformers load;
 * ``verl_run.json``: the run's spec (our config and veRL's overrides) and the step;
 * ``val.parquet``: the run's validation split, so that the directory evaluates by itself (e.g. a
   registered copy downloaded from MLflow on another machine).
@@ -22,7 +23,7 @@ from typing import Any
 
 from exgrpo.atomic import directory_atomic
 from exgrpo.backends.base import HFCheckpoint
-from exgrpo.backends.verl.prepared import SPEC_FILE
+from exgrpo.backends.verl.prepared import SPEC_FILE, spec_model
 
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
@@ -32,12 +33,12 @@ VAL_FILE = "val.parquet"
 
 
 def external_model(step_dir: Path) -> str | None:
-    """The ``backend.verl.model_path`` of the run whose checkpoint ``step_dir`` is, None for the tiny LM
-    (or when the run's spec is not beside it)."""
+    """The external model the run whose checkpoint ``step_dir`` is trained, None for the tiny LM (or when
+    the run's spec is not beside it)."""
     spec = Path(step_dir).parent.parent / SPEC_FILE
     if not spec.is_file():
         return None
-    return json.loads(spec.read_text())["config"]["backend"]["verl"].get("model_path")
+    return spec_model(json.loads(spec.read_text()))
 
 
 def why_incomplete(step_dir: Path) -> str | None:
@@ -79,7 +80,7 @@ def export(step_dir: Path) -> Path:
     overrides = _spec_overrides(spec)
     source = step_dir / "actor" / "huggingface"
     if not (source / "config.json").is_file():
-        source = Path(spec["config"]["backend"]["verl"]["model_path"])
+        source = Path(spec_model(spec))
     with directory_atomic(out) as tmp:
         # clones: a tied head and embedding may share storage, which safetensors refuses to write twice
         weights = {k: v.detach().clone().contiguous() for k, v in actor_state_dict(step_dir).items()}
@@ -103,7 +104,7 @@ def _grader(config: dict[str, Any]):
     from exgrpo.backends.verl.reward import compute_score
 
     task = config["task"]
-    kwargs = {"answer_format": task.get("answer_format", "boxed")}
+    kwargs = {"answer_format": task.get("answer_format", "boxed"), "require_think": bool(task.get("require_think"))}
     if task.get("max_answer_chars"):
         kwargs["max_answer_chars"] = task["max_answer_chars"]
     return lambda data_source, text, gold: compute_score(data_source, text, gold, **kwargs)

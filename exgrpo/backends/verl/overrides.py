@@ -139,6 +139,7 @@ def _algorithm_and_reward(cfg: ExperimentConfig, paths: RunPaths) -> list[str]:
         "reward.custom_reward_function.name=compute_score",
         f"+reward.custom_reward_function.reward_kwargs.answer_format={cfg.task.answer_format.value}",
         f"+reward.custom_reward_function.reward_kwargs.max_answer_chars={cfg.task.max_answer_chars}",
+        f"+reward.custom_reward_function.reward_kwargs.require_think={getattr(cfg.task, 'require_think', False)}",
         f"reward.num_workers={1 if cpu else 8}",
     ]
 

@@ -8,7 +8,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SPEC_FILE = "verl_run.json"
-"""The run's spec in its run directory: our config and the veRL overrides derived from it."""
+"""The run's spec in its run directory: our config, the veRL overrides derived from it, and the directory
+of the external model it trains (``external_model``)."""
+
+
+def spec_model(spec: dict) -> str | None:
+    """The external HF model a run's spec says it trains (the directory veRL loaded), None for the tiny LM.
+    A spec written before ``external_model`` was recorded names it in ``backend.verl.model_path``."""
+    return spec.get("external_model") or spec["config"]["backend"]["verl"].get("model_path")
 JOB_ERROR = "exgrpo: error: "
 """Prefix of the one line a job prints when it diagnosed its own failure (the runner reports just that)."""
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from exgrpo.backends.verl.assets import DATA_SOURCE
 from exgrpo.config.options import AnswerFormat
-from exgrpo.rewards.extraction import DEFAULT_MAX_ANSWER_CHARS
+from exgrpo.rewards.extraction import DEFAULT_MAX_ANSWER_CHARS, after_think
 from exgrpo.rewards.math_reward import MathVerifier
 
 
@@ -17,13 +17,19 @@ def compute_score(
     extra_info: Any = None,
     answer_format: str = "boxed",
     max_answer_chars: int = DEFAULT_MAX_ANSWER_CHARS,
+    require_think: bool = False,
     **kwargs: Any,
 ) -> float:
     """1.0 when the response's graded answer equals the gold answer, else 0.
 
-    Our task's rows use the tiny-lm rule (one boxed integer); others are graded by math-verify.
-    ``answer_format`` and ``max_answer_chars`` come from the task config (``reward_kwargs``).
+    Our task's rows use the tiny-lm rule (one boxed integer); others are graded by math-verify, with
+    ``require_think`` only what follows ``</think>`` (0 without it), as the native file task grades.
+    ``answer_format``, ``max_answer_chars`` and ``require_think`` come from the task config (``reward_kwargs``).
     """
+    if require_think:
+        solution_str = after_think(solution_str)
+        if solution_str is None:
+            return 0.0
     if data_source == DATA_SOURCE:
         from exgrpo.tasks.text_arithmetic import extract_final_integer  # torch: only for this task's rows
 

@@ -27,7 +27,7 @@ from exgrpo.backends.verl.jobs import local_job_server, run_ray_job
 from exgrpo.backends.verl.live import FILE_LOGGER_ENV, LOOPBACK_ENV, RUN_ID_ENV, StepFeed, TRACKING_URI_ENV, verl_row
 from exgrpo.backends.verl.prepared import SPEC_FILE, PreparedRun, VerlRunError, diagnosed, last_error
 from exgrpo.config import ConfigError, ExperimentConfig
-from exgrpo.config.backend import VerlSettings
+from exgrpo.config.backend import VerlSettings, verl_model
 from exgrpo.progress import StepProgress, console, is_watched
 from exgrpo.backends.verl import assets
 from exgrpo.backends.verl.checkpoints import newest_intact
@@ -63,11 +63,11 @@ def prepare(cfg: ExperimentConfig, resume: bool = False, progress: bool = False,
         refuse_earlier_run(run_dir)  # a fresh run never mixes with an earlier run's checkpoints
     run_dir.mkdir(parents=True, exist_ok=True)
     v = cfg.backend.verl
-    model = v.model_path or str(assets.export_model(cfg, progress=progress))
+    model = assets.model_dir(cfg, progress=progress)
     if v.train_files:
         train_files, val_files = v.train_files, v.val_files or v.train_files
     else:
-        train, val = assets.write_dataset(cfg, run_dir / "data")
+        train, val = assets.write_dataset(cfg, run_dir / "data", model)
         train_files, val_files = str(train), str(val)
     reward_fn = Path(__file__).with_name("reward.py")
     paths = RunPaths(model, train_files, val_files, ckpt, reward_fn)
@@ -75,7 +75,8 @@ def prepare(cfg: ExperimentConfig, resume: bool = False, progress: bool = False,
     if cfg.backend.verl.device == "cpu" and cfg.backend.verl.ray_address is None:
         ray_tmp = tempfile.mkdtemp(prefix="exgrpo-ray-")  # short: Ray's socket paths must fit 107 chars
         overrides += [f"+ray_kwargs.ray_init._temp_dir={ray_tmp}"]
-    spec = {"config": json.loads(cfg.model_dump_json()), "overrides": overrides}
+    spec = {"config": json.loads(cfg.model_dump_json()), "overrides": overrides,
+            "external_model": model if verl_model(cfg) is not None else None}
     write_text_atomic(run_dir / SPEC_FILE, json.dumps(spec, indent=1))
     raw = run_dir / RAW_METRICS
     raw.mkdir(exist_ok=True)

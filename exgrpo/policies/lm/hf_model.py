@@ -24,7 +24,7 @@ from typing import Any, Final
 from exgrpo.config import ConfigError, HFPolicyConfig
 from exgrpo.config.policies import PACKAGED_MODELS
 
-__all__ = ["FAMILIES", "PACKAGED", "check_model_dir", "hf_policy", "load_hf_model", "model_dir"]
+__all__ = ["FAMILIES", "PACKAGED", "any_family_dir", "check_any_family_dir", "check_model_dir", "hf_policy", "load_hf_model", "model_dir"]
 
 FAMILIES: Final[dict[str, str]] = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 """``config.json`` ``model_type`` -> its causal-LM class: the families the native engine runs."""
@@ -81,8 +81,7 @@ def check_model_dir(path: str) -> Path | None:
     if family not in FAMILIES:
         arch = ", ".join(config.get("architectures") or ["no architectures"]) if isinstance(config, dict) else "?"
         raise ConfigError(f"{where}: model family {family!r} ({arch}) is not one the native engine runs; supported: "
-                          f"{_supported()} (veRL trains any Hugging Face model: backend.name=verl with "
-                          "backend.verl.model_path)")
+                          f"{_supported()} (veRL trains any Hugging Face model from policy.path: backend.name=verl)")
     if not any((d / f).is_file() for f in TOKENIZER_FILES):
         raise ConfigError(f"{where}: the {family} model has no tokenizer beside it ({', '.join(TOKENIZER_FILES)}); "
                           "save the tokenizer it was trained with into the directory (tokenizer.save_pretrained)")
@@ -92,6 +91,28 @@ def check_model_dir(path: str) -> Path | None:
     if not any((d / f).is_file() for f in WEIGHT_FILES):
         raise ConfigError(f"{where}: no weights ({', '.join(WEIGHT_FILES)})")
     return d
+
+
+def check_any_family_dir(path: str) -> Path | None:
+    """The model directory ``path`` names for veRL, which trains any family, checked from its files; None
+    for a packaged model. ConfigError, one line, for a path that is not a directory with a config.json, a
+    tokenizer and weights."""
+    if path in PACKAGED:
+        return None
+    d = Path(path).expanduser()
+    missing = [what for what, files in (("config.json", ("config.json",)), ("tokenizer", TOKENIZER_FILES),
+                                        ("weights", WEIGHT_FILES)) if not any((d / f).is_file() for f in files)]
+    if not d.is_dir() or missing:
+        found = "not a directory" if not d.is_dir() else f"no {', no '.join(missing)}"
+        raise ConfigError(f"{FIELD}={path}: {found}; give a Hugging Face model directory written by save_pretrained "
+                          f"(with its tokenizer), or a packaged model ({', '.join(PACKAGED)})")
+    return d.resolve()
+
+
+def any_family_dir(path: str, progress: bool = False) -> Path:
+    """:func:`check_any_family_dir`'s directory, or the packaged model's (made once)."""
+    d = check_any_family_dir(path)
+    return PACKAGED[path](progress) if d is None else d
 
 
 def model_dir(cfg: HFPolicyConfig, progress: bool = False) -> Path:
