@@ -13,7 +13,7 @@ import sys
 
 import pytest
 from datafiles import user_question_files
-from vllmutil import JOB_PY, ROOT, _rows, _train, require_job_env
+from vllmutil import GRPO, JOB_PY, ROOT, _rows, _train, require_job_env
 
 BUCKET_MB = "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes"
 FAULTS = "+actor_rollout_ref.rollout.checkpoint_manager_class=exgrpo.backends.verl._faults."
@@ -266,18 +266,19 @@ STALL_S = 120
 
 
 @pytest.fixture(scope="module")
-def stale_then_dead_run(tmp_path_factory, exgrpo_cache, user_config):
-    """The user's config of :func:`vllm_grpo_run` as a vLLM GRPO run from the CLI (lr raised so that the policy moves) whose rollout is synced before step 1
+def stale_then_dead_run(tmp_path_factory, exgrpo_cache):
+    """A vLLM GRPO run of the tiny LM (it solves some questions from its warm start, so its policy
+    moves; a random-initialised model earns no reward and GRPO gives it no gradient) (lr raised so that the policy moves) whose rollout is synced before step 1
     only, then killed with its workers at step 3's sync (``_faults.SyncOnceThenKill``): steps 1 and
     2 ran, step 3 never ended. -> (the CLI's result, rollout_probs_diff_mean per step from the failed
     run's metrics.jsonl)."""
     tmp = tmp_path_factory.mktemp("vllm-faults")
-    res = _train(str(user_config), tmp, exgrpo_cache, "--set=train.max_steps=3", "--set=train.lr=1e-2",
+    res = _train(GRPO, tmp, exgrpo_cache, "--set=train.max_steps=3", "--set=train.lr=1e-2",
                  "--set=train.eval_every_steps=null", "--set=train.checkpoint_every=0",
                  f"--set=backend.verl.stall_timeout_s={STALL_S}",
                  f"--set=backend.verl.extra_overrides=['{FAULTS}SyncOnceThenKill','{DUMP}={tmp / 'generations'}']",
                  check=False, timeout=300 + STALL_S)
-    diffs = [r["training/rollout_probs_diff_mean"] for r in _rows(tmp / "mine" / "seed0")]
+    diffs = [r["training/rollout_probs_diff_mean"] for r in _rows(tmp / "verl-tiny-grpo" / "seed0")]
     print("rollout_probs_diff_mean per step, never synced after step 1:", diffs)
     return res, diffs, tmp / "generations"
 
@@ -310,16 +311,16 @@ def _samples(generations, step: int) -> list[tuple[str, str]]:
 
 
 @pytest.mark.slow
-def test_two_vllm_runs_of_one_seed_sample_the_same_rows_and_each_row_its_own_stream(vllm_grpo_run,
-                                                                                    stale_then_dead_run):
+def test_each_row_of_a_vllm_group_draws_its_own_seeded_stream(vllm_grpo_run):
     """backend.verl.reproducible on vLLM: each request's SamplingParams.seed is (run seed, weight version,
-    row). The flow's run and the fault run (same config and seed; they part after step 1's update)
-    sample step 1, at temperature 1, the same response in every row, though their requests reach vLLM
-    in another order and another process; and the K rows of a question draw their own streams (veRL's
-    own seed, one per replica, gives the K rows of a question one response)."""
+    row), so the K rows of a question draw their own streams; veRL's own seed, one per replica, gives
+    the K rows of a question one response (a group with no spread, which GRPO cannot learn from). The
+    user's random-initialised model samples from its whole vocabulary, so rows that share a seed would
+    be the only way for a group to repeat one response. (That two runs of one seed sample the same rows
+    was measured on runs of their own, docs/verl.md; the suite's two vLLM runs are of different
+    models.)"""
     _, _, run_dir = vllm_grpo_run
-    first, again = _samples(run_dir.parents[2] / "generations", 1), _samples(stale_then_dead_run[2], 1)
+    first = _samples(run_dir.parents[2] / "generations", 1)
     assert len(first) == 4 * 4 and len({prompt for prompt, _ in first}) == 4  # batch_size x group_size
-    assert again == first
     groups = [{response for _, response in first[q * 4:(q + 1) * 4]} for q in range(4)]
-    assert sum(len(g) > 1 for g in groups) >= 3, groups  # most questions get distinct samples
+    assert all(len(g) == 4 for g in groups), groups
