@@ -213,7 +213,8 @@ def test_verl_runs_start_by_their_own_size_from_what_ray_reports_free(capsys):
 
         def cfg(workers: int, seed: int = 0):
             return load_experiment("experiments/verl-tiny-grpo.yaml", {
-                "backend.verl.ray_address": address, "backend.verl.workers_per_node": workers, "seed": seed})
+                "backend.verl.ray_address": address, "backend.verl.workers_per_node": workers, "seed": seed,
+                "backend.verl.micro_batch_size_per_worker": 1})  # divides any worker's share of a mini-batch
 
         with pytest.raises(ClusterError, match=r"can never run this veRL job: .*workers_per_node=3") as e:
             launch_slots([cfg(1), cfg(3)], address)

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from exgrpo.atomic import torch_save_atomic
-from exgrpo.backends.verl.checkpoints import HOLD_AFTER_CHECKPOINT_ENV
+from exgrpo.backends.verl.checkpoints import HOLD_AFTER_CHECKPOINT_ENV, POOL_FILE
 
 from verlutil import EXGRPO, _env, _rows, _train, _train_in_a_terminal
 
@@ -57,16 +57,20 @@ def killed_exgrpo_run(tmp_path_factory, exgrpo_cache):
     run_dir = out / "verl-tiny-exgrpo" / "seed0"
     ckpts = run_dir / "checkpoints"
     tracker = ckpts / "latest_checkpointed_iteration.txt"  # veRL writes it once a step is whole
-    log = run_dir / "verl.log"
+    pool_4 = ckpts / "global_step_4" / POOL_FILE
+
+    def holding() -> bool:  # step 4 saved whole (veRL's tracker names it): the job holds from here on
+        return pool_4.is_file() and tracker.is_file() and tracker.read_text().strip() == "4"
+
     deadline = time.time() + 900
-    while time.time() < deadline and proc.poll() is None and (
-            not log.is_file() or "holding after the checkpoint of step 4" not in log.read_text()):
+    while time.time() < deadline and proc.poll() is None and not holding():
         time.sleep(0.2)
-    if not (log.is_file() and "holding after the checkpoint of step 4" in log.read_text()):
+    if not holding():
         with contextlib.suppress(ProcessLookupError):  # a failed wait leaves no run behind
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        pytest.fail(f"no hold before the kill (exit {proc.returncode}); see {log}")
+        pytest.fail(f"no hold before the kill (exit {proc.returncode}); see {run_dir / 'verl.log'}")
+    time.sleep(2)  # the tracker is written before the pool is pruned and the hold starts
     started = psutil.Process(proc.pid).children(recursive=True)
     at_kill = int(tracker.read_text())
     logged_at_kill = sorted(int(json.loads(x)["step"]) for x in (run_dir / "verl_metrics" / "attempt_000.jsonl")
