@@ -1,4 +1,4 @@
-"""Issue 12's four goals in one table at the end of ``make bench``.
+"""The bench goals (speed ratios against baselines of the same run) in one table at the end of ``make bench``.
 
 Each bench script calls :func:`record` where it prints a goal's ratio; the records go to the JSON
 Lines file named by ``EXGRPO_BENCH_SUMMARY`` (nothing is written when it is unset, e.g. a bench run

@@ -1,4 +1,4 @@
-"""Issue 10, items 6 and 7: bad input and failed writes end with one line naming the problem and the
+"""Bad input and failed writes end with one line naming the problem and the
 fix, not a traceback; non-finite numbers are not configs."""
 
 from __future__ import annotations

@@ -144,7 +144,7 @@ def test_a_job_server_beside_another_private_ray_accepts_jobs():
 
 
 def test_the_scheduling_loop_keeps_its_limit_and_its_slots_and_outlives_a_failed_job():
-    """exgrpo.launch.run_as_slots_free, the loop of comparisons and sweeps, on a real local Ray: jobs
+    """exgrpo.slots.run_as_slots_free, the loop of comparisons and sweeps, on a real local Ray: jobs
     read lazily, at most ``limit`` at once, each slot's options given to its job, a failed job
     reported and the others run."""
     import time
@@ -152,7 +152,7 @@ def test_the_scheduling_loop_keeps_its_limit_and_its_slots_and_outlives_a_failed
     import ray
 
     from exgrpo.cluster import ensure_ray
-    from exgrpo.launch import run_as_slots_free
+    from exgrpo.slots import run_as_slots_free
 
     ensure_ray()
 
@@ -204,7 +204,7 @@ def test_verl_runs_start_by_their_own_size_from_what_ray_reports_free(capsys):
 
     from exgrpo.cluster import ClusterError
     from exgrpo.config import load_experiment
-    from exgrpo.launch import launch_slots, run_as_slots_free
+    from exgrpo.slots import launch_slots, run_as_slots_free
     from exgrpo.raylocal import init_local_ray
 
     init_local_ray(12, num_gpus=2, include_dashboard=False)

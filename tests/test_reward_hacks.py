@@ -1,4 +1,4 @@
-"""Issue 10, item 3: the reward gives nothing to answers that are not answers.
+"""The reward gives nothing to answers that are not answers.
 
 An adversarial set, one group per rule of :mod:`exgrpo.rewards.extraction`, each against the gold
 ``42``. Every grader in the project must give 0 to every item: the math-verify reward (process

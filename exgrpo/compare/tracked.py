@@ -34,7 +34,8 @@ from exgrpo.compare import (
 )
 from exgrpo.compare.adaptive import SequentialState, StageIncomplete, format_decisions, run_adaptive
 from exgrpo.config import CompareConfig, ExperimentConfig
-from exgrpo.launch import launch_slots, run_as_slots_free, tracked_train
+from exgrpo.launch import tracked_train
+from exgrpo.slots import launch_slots, run_as_slots_free
 from exgrpo.live_progress import ProgressBoard, ProgressReporter, progress_display
 from exgrpo.tracking.mlflow_tracking import Tracker, curated_params, model_tag, run_url
 from exgrpo.tracking.run_record import end_if_orphaned, write_record

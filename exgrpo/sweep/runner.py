@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from exgrpo.cluster import announce, cluster_address, ensure_ray, require_shared_stores, task_cpus
-from exgrpo.launch import launch_slots, run_as_slots_free
+from exgrpo.slots import launch_slots, run_as_slots_free
 from exgrpo.sweep.space import SweepConfig, base_config, resolve_storage, space_signature, trial_config
 from exgrpo.sweep.study import make_pruner, open_study
 from exgrpo.live_progress import ProgressBoard, ProgressReporter, progress_display
