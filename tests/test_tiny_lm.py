@@ -277,5 +277,5 @@ def test_the_warm_start_estimate_grows_with_its_sft_steps():
     from exgrpo.policies.lm.tiny_lm import TinyLMConfig, sft_estimate
 
     assert sft_estimate(TinyLMConfig(sft_steps=4)) == "under a minute"
-    assert sft_estimate(TinyLMConfig()) == "roughly 1-2 min"  # the default 400 steps
-    assert sft_estimate(TinyLMConfig(sft_steps=2000)) == "roughly 3-10 min"
+    assert sft_estimate(TinyLMConfig()) == "roughly 20 s-2 min"  # the default 400 steps
+    assert sft_estimate(TinyLMConfig(sft_steps=2000)) == "roughly 2-10 min"

@@ -260,20 +260,23 @@ def load_tiny_lm(
     return tiny
 
 
-SFT_SECONDS_PER_STEP = (0.1, 0.3)
-"""Approximate seconds one SFT step of the default model takes on a 2-core CPU (one-step questions at
-the low end, chains at the high end; a busy machine is slower): the range a warm start about to be
-trained is announced with."""
+SFT_SECONDS_PER_STEP = (0.05, 0.3)
+"""Approximate seconds one SFT step of the default model takes on a 2-core CPU: 0.05 idle (the demo's
+400 steps in 20 s on an AMD EPYC), up to 0.3 on a machine other work shares: the range a warm start
+about to be trained is announced with."""
 
 
 def sft_estimate(cfg: TinyLMConfig) -> str:
-    """How long training the warm start of ``cfg`` takes, roughly: "under a minute", "roughly 1-2 min"."""
+    """How long training the warm start of ``cfg`` takes, roughly: "under a minute", "roughly 20 s-2 min",
+    "roughly 2-10 min"."""
     low, high = (cfg.sft_steps * s for s in SFT_SECONDS_PER_STEP)
     if high < 60:
         return "under a minute"
-    lo_min = max(1, round(low / 60))
-    hi_min = max(lo_min, math.ceil(high / 60))
-    return f"roughly {lo_min} min" if hi_min == lo_min else f"roughly {lo_min}-{hi_min} min"
+    hi_min = math.ceil(high / 60)
+    if low < 60:
+        return f"roughly {max(10, round(low, -1)):.0f} s-{hi_min} min"
+    lo_min = round(low / 60)
+    return f"roughly {lo_min} min" if hi_min <= lo_min else f"roughly {lo_min}-{hi_min} min"
 
 
 def warm_start(cfg: TinyLMConfig, progress: bool = True, say: Callable[[str], None] | None = None) -> str:
