@@ -243,6 +243,18 @@ def test_wilcoxon_pruner_compares_per_question_results_with_the_best_trial(tmp_p
 
 
 # ------------------------------------------------------------------ the whole loop on Ray
+def test_a_verl_sweep_over_the_jobs_size_is_refused_before_any_trial(tmp_path):
+    """A sweep's veRL trials get their room on the cluster from the base config's size, so a space over
+    that size would plan trials that do not fit (and wait for ever): refused in one line."""
+    d = sweep_dict(tmp_path)
+    d["base"] = "experiments/verl-tiny-exgrpo.yaml"
+    d["study"].update(pruner="median")
+    load_sweep(d)  # the replay knobs alone are fine
+    d["space"]["backend.verl.workers_per_node"] = {"type": "int", "low": 1, "high": 2}
+    with pytest.raises(SweepError, match=r"space.backend.verl.workers_per_node: a sweep plans its veRL trials' room"):
+        load_sweep(d)
+
+
 def test_sweep_on_ray_with_a_crashing_trial_then_resume(tmp_path):
     storage = f"sqlite:///{tmp_path}/optuna.db"
     uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"

@@ -212,10 +212,19 @@ def load_sweep(path: str | Path | dict[str, Any], overrides: dict[str, Any] | No
     if sc.study.pruner == "wilcoxon" and base_config(sc).backend.name != "native":
         raise SweepError("study.pruner: wilcoxon needs per-question held-out results, which only the native backend "
                          "reports; use pruner: median (or none) for a veRL sweep")
+    sized = sorted(k for k in sc.space if k in JOB_SIZE_FIELDS)
+    if sized and base_config(sc).backend.name == "verl":
+        raise SweepError(f"space.{sized[0]}: a sweep plans its veRL trials' room on the cluster from the base "
+                         f"config, so a trial's job size cannot be searched; run one sweep per size "
+                         f"(--set base.{sized[0]}=N) and compare their best trials")
     if str(getattr(base_config(sc).task, "held_out", "tuning")) == "test":
         raise SweepError("task.held_out: a sweep chooses on what it reads, so it reads the tuning split; remove "
                          "task.held_out=test from the sweep (report the chosen trial with exgrpo compare on test)")
     return sc
+
+
+JOB_SIZE_FIELDS = ("backend.verl.nnodes", "backend.verl.workers_per_node")
+"""The fields a veRL job's size on the cluster follows (exgrpo.backends.verl.resources.needs)."""
 
 
 def check_bounds(sc: SweepConfig) -> None:
