@@ -82,12 +82,15 @@ def exgrpo_actor_loss(settings: ActorLossSettings, model_output: Any, data: Any,
         if terms.on.any():
             metrics["actor/on_ratio_max"] = Metric(value=float(terms.ratio[terms.on].max()), aggregation=AggregationType.MAX)
     metrics["actor/pg_loss"] = Metric(value=pg_loss.detach(), aggregation=AggregationType.SUM)
+    # the entropy bonus and the KL are token means whatever loss_agg_mode the policy loss takes, as in
+    # the reference and the native backend (exgrpo.core.loss.exgrpo_objective): a coefficient then
+    # weighs what it weighs there
     loss = pg_loss
     if entropy is not None and settings.entropy_coeff:
-        entropy_term = agg_loss(entropy, mask, settings.loss_agg_mode, **global_info)
+        entropy_term = agg_loss(entropy, mask, "token-mean", **global_info)
         loss = loss - settings.entropy_coeff * entropy_term
         metrics["actor/entropy_loss"] = Metric(value=entropy_term.detach(), aggregation=AggregationType.SUM)
-    if settings.kl_coeff:  # a token mean over the global batch, as the native backend's low_var_kl
+    if settings.kl_coeff:  # toward the behaviour policy, k3, as the native backend's low_var_kl
         kl = low_var_kl_per_token(log_prob, fields["old_log_probs"])
         kl_term = agg_loss(kl, mask, "token-mean", **global_info)
         loss = loss + settings.kl_coeff * kl_term
