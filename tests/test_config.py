@@ -1,5 +1,6 @@
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -112,3 +113,21 @@ def test_train_help_documents_every_field():
     lines = out.stdout.splitlines()
     assert any(line.strip().startswith("policy.decoder =") and line.endswith("[resume-safe]") for line in lines)
     assert any(line.strip().startswith("train.lr =") and not line.endswith("[resume-safe]") for line in lines)
+
+
+@pytest.mark.parametrize("path", sorted(Path(__file__).resolve().parents[1].glob("experiments/*.yaml")),
+                         ids=lambda p: p.name)
+def test_every_experiment_file_is_a_valid_config(path):
+    """Each file under experiments/ loads as what it is (a comparison, a sweep or one run), so a file the
+    docs give a command for fails here, not when a user runs it."""
+    import yaml
+
+    from exgrpo.sweep.space import load_sweep
+
+    data = yaml.safe_load(path.read_text())
+    if "arms" in data:
+        assert load_compare(path).arms
+    elif "study" in data:
+        assert load_sweep(path).space
+    else:
+        assert load_experiment(path).name
