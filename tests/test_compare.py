@@ -377,3 +377,39 @@ def test_a_failed_run_does_not_sink_the_others(tmp_path):
     with pytest.raises(RunsFailed, match=r"1 run\(s\) failed: grpo seed 0: RuntimeError: in step 2") as e:
         run_local(cc, workers=1, runner=runner)
     assert len(e.value.outcomes) == 3
+
+
+def test_sigterm_stops_what_a_comparison_started_and_ends_it_in_one_line(tmp_path):
+    """SIGTERM to `exgrpo compare` while it trains its warm start (before any Ray is up, whose own
+    handler would take SIGTERM later): exit 143 and "terminated", and the Prefect server it started is
+    stopped with it, not left running as an orphan."""
+    import signal
+
+    import psutil
+
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "EXGRPO_CACHE": str(tmp_path / "cache"),
+           "PREFECT_LOGGING_LEVEL": "INFO"}  # a warm start of its own, so that it must be trained
+    env.pop("PREFECT_API_URL", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "exgrpo.cli", "compare", "experiments/tiny-lm.yaml", "--seeds", "1", "--no-progress",
+         "--output-dir", str(tmp_path / "runs"), "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db",
+         "--set", "policy.model.sft_steps=20000"],  # still training when the signal lands
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    seen = []
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if "warm start: not in the cache, training it now" in line:
+                break
+        started = psutil.Process(proc.pid).children(recursive=True)
+        assert started, "".join(seen[-20:])  # the Prefect server, at least
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=120)  # a hang guard
+    finally:
+        proc.kill()
+        proc.wait()
+    out = "".join(seen) + rest
+    assert proc.returncode == 143, out[-3000:]
+    assert "terminated\n" in out and "Traceback" not in out, out[-3000:]  # (Prefect logs its server's stop after it)
+    _, alive = psutil.wait_procs(started, timeout=30)
+    assert not alive, [" ".join(p.cmdline()) for p in alive]

@@ -318,11 +318,30 @@ _WRITE_ERRORS = {
 """Write failures (errno) that end a command with one line instead of a traceback."""
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the command is as Ctrl-C's KeyboardInterrupt is, so that what the command
+    started (the Prefect server of a flow, a private Ray, its MLflow runs) is stopped and recorded on the
+    way out, as on Ctrl-C; the default action would end the process at once and leave them behind."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command of ``argv``; its exit status. Ctrl-C (or a KeyboardInterrupt) at any point ends it
-    with status 130 and one line, "interrupted", on stderr."""
+    with status 130 and one line, "interrupted", on stderr; SIGTERM, with 143 and "terminated" (Ray,
+    once a command starts it, handles SIGTERM itself and stops its cluster)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         return _main(argv)
+    except Terminated:
+        print("terminated", file=sys.stderr, flush=True)
+        return 143
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr, flush=True)
         return 130
