@@ -18,8 +18,11 @@ Sides, timed interleaved after a warm-up of each, every call of repeat r on seed
 
 Printed: each side's median tokens/s and its ratio to ``native``. ``--profile`` also profiles one native
 rollout (torch.profiler, the ops with the most self CPU time) to show where its time goes.
-vLLM's CPU backend threads: ``VLLM_CPU_OMP_THREADS_BIND=nobind`` (``auto`` pins one core and reserves the
-rest) and ``VLLM_CPU_KVCACHE_SPACE`` 1 GiB, as the project's veRL runs set them.
+vLLM's CPU backend: ``VLLM_CPU_OMP_THREADS_BIND=nobind`` (``auto`` pins one core and reserves the rest)
+and ``VLLM_CPU_KVCACHE_SPACE`` 1 GiB, as the project's veRL runs set them. vLLM's model runs in a worker
+process of its own, whose torch takes its thread count from ``OMP_NUM_THREADS``: set to ``--threads``
+before the engines start, so both sides run on as many threads. The engines of every ``--vllm-dtypes``
+entry stay loaded side by side (a worker process each), idle while another side runs.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ def main() -> None:
     from exgrpo.policies.lm.smollm2 import chat_prompt_ids, load_smollm2, smollm2_dir
 
     torch.set_num_threads(args.threads)
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)  # vLLM's worker processes, started below
     model, tok = load_smollm2()
     model = model.eval()
     k, n, t = args.group_size, args.prompts, args.new_tokens
