@@ -14,7 +14,8 @@ One sampled rollout at the tier's training batch (SmolLM2-135M: 16 rows = 4 ques
 ``--bf16`` instead times the unpadded forward + backward in fp32 against the same under
 ``torch.autocast("cpu", bfloat16)`` (fp32 weights) and prints how far the bf16 log-probs are from
 fp32's (mean, p99, max over the real tokens) and the gradients' relative difference: the price of
-that speed in importance ratios (README, Speed: not offered as an option).
+that speed in importance ratios when π_old is the fp32 sampler's (what ``policy.precision: bf16`` avoids by re-scoring
+the rollouts in bf16: docs/speed.md, "bf16 compute").
 
 The malloc setting is the trainer's default (``train.keep_freed_memory``). Before timing it prints the largest log-prob / entropy / gradient difference between the two.
 Timings are medians over ``--repeats``, the two interleaved, after a warm-up of each.

@@ -24,6 +24,11 @@ forward that scores stored trajectories for selection).
 
 The native trainer's ``train.keep_freed_memory`` (default on) is a process-wide malloc setting, so it
 is applied before either side runs and TRL gets it too; ``--default-malloc`` runs both without it.
+
+``--precisions fp32,bf16`` (the default) also runs a native arm with ``policy.precision: bf16`` (bf16
+autocast over fp32 weights, pi_old re-scored in bf16; a CPU with avx512_bf16 or amx_bf16) in every
+round, beside the fp32 arm, against the same TRL steps (TRL stays fp32: ``bf16=False``). The goal
+(issue 12's goal 2) is recorded for the fp32 arm, the one whose outputs are TRL's up to rounding.
 """
 
 from __future__ import annotations
@@ -52,7 +57,7 @@ PROMPTS, SAMPLES, NEW_TOKENS, LR = 4, 4, 64, 1e-5
 KEEP_FREED = [True]  # train.keep_freed_memory of the native side; set for the whole process, so TRL's too
 
 
-def native_config(steps: int, threads: int, out: Path, replay: str = "none"):
+def native_config(steps: int, threads: int, out: Path, replay: str = "none", precision: str = "fp32"):
     from exgrpo.config import load_experiment
 
     return load_experiment(str(REPO / "experiments" / "smollm2-arith.yaml"), {
@@ -60,14 +65,16 @@ def native_config(steps: int, threads: int, out: Path, replay: str = "none"):
         "policy.max_new_tokens": NEW_TOKENS, "train.mini_batches": 1, "train.lr": LR, "train.threads": threads,
         "train.max_steps": steps, "train.eval_before_train": False, "train.eval_every_steps": 10_000,
         "train.checkpoint_every": 0, "output_dir": str(out), "seed": 0, "train.keep_freed_memory": KEEP_FREED[0],
+        "policy.precision": precision,
     })
 
 
-def run_native(steps: int, threads: int, out: Path, replay: str = "none") -> tuple[list[float], dict[str, float], float]:
+def run_native(steps: int, threads: int, out: Path, replay: str = "none",
+               precision: str = "fp32") -> tuple[list[float], dict[str, float], float]:
     """Per-step seconds (warm-up dropped), each phase's share of the counted steps, mean tokens per row."""
     from exgrpo.backends.native.trainer import PHASES, Trainer
 
-    trainer = Trainer(native_config(steps, threads, out, replay))
+    trainer = Trainer(native_config(steps, threads, out, replay, precision))
     rows = []
     for _ in range(steps):
         rows.append(trainer.train_step())
@@ -141,7 +148,10 @@ def main() -> None:
                     help="leave glibc's malloc as it is (native train.keep_freed_memory false) for both sides")
     ap.add_argument("--exgrpo-steps", type=int, default=4,
                     help="also time the native ExGRPO step's parts (replay from step 1); 0 skips")
+    ap.add_argument("--precisions", default="fp32,bf16",
+                    help="native arms by policy.precision, each against the same TRL steps (fp32 always runs)")
     args = ap.parse_args()
+    precisions = ["fp32", *(p for p in dict.fromkeys(x.strip() for x in args.precisions.split(",")) if p and p != "fp32")]
     try:
         import trl
     except ImportError:
@@ -154,35 +164,47 @@ def main() -> None:
         from exgrpo.backends.native.memory import keep_freed_memory
 
         KEEP_FREED[0] = keep_freed_memory()
-    print(f"native vs TRL {trl.__version__} GRPOTrainer: SmolLM2-135M-Instruct fp32, {PROMPTS} prompts x {SAMPLES} "
+    from exgrpo.policies.lm.precision import cpu_name
+
+    print(f"native vs TRL {trl.__version__} GRPOTrainer: SmolLM2-135M-Instruct (native arms: {', '.join(precisions)}; "
+          f"TRL fp32), {PROMPTS} prompts x {SAMPLES} "
           f"samples x <= {NEW_TOKENS} new tokens, {args.threads} threads, {args.steps - 1} counted steps per side "
-          f"x {args.rounds} round(s), load {os.getloadavg()[0]:.2f}; malloc keeps freed memory (both sides): {KEEP_FREED[0]}")
-    native_t, trl_t, shares, tok_native, tok_trl = [], [], [], [], []
+          f"x {args.rounds} round(s), load {os.getloadavg()[0]:.2f}; malloc keeps freed memory (both sides): {KEEP_FREED[0]}; "
+          f"CPU: {cpu_name()}")
+    native_t: dict[str, list[float]] = {p: [] for p in precisions}
+    tok_native: dict[str, list[float]] = {p: [] for p in precisions}
+    trl_t, shares, tok_trl = [], [], []
     with tempfile.TemporaryDirectory() as d:
         for r in range(args.rounds):
-            order = ("native", "trl") if r % 2 == 0 else ("trl", "native")
+            natives = [f"native-{p}" for p in precisions]
+            order = (*natives, "trl") if r % 2 == 0 else ("trl", *natives[::-1])
             for side in order:
                 out = Path(d) / f"{side}{r}"
-                if side == "native":
-                    t, s, tok = run_native(args.steps, args.threads, out)
-                    native_t += t
-                    shares.append(s)
-                    tok_native.append(tok)
-                else:
+                if side == "trl":
                     t, tok = run_trl(args.steps, args.threads, out)
                     trl_t += t
                     tok_trl.append(tok)
-    n_med, t_med = statistics.median(native_t), statistics.median(trl_t)
-    print(f"    native  {n_med:6.2f} s/step (steps: {', '.join(f'{x:.1f}' for x in native_t)}; "
-          f"mean {statistics.mean(tok_native):.1f} tokens/row)")
-    print(f"    TRL     {t_med:6.2f} s/step (steps: {', '.join(f'{x:.1f}' for x in trl_t)}; "
+                else:
+                    precision = side.removeprefix("native-")
+                    t, s, tok = run_native(args.steps, args.threads, out, precision=precision)
+                    native_t[precision] += t
+                    tok_native[precision].append(tok)
+                    if precision == "fp32":
+                        shares.append(s)
+    t_med = statistics.median(trl_t)
+    n_med = {p: statistics.median(ts) for p, ts in native_t.items()}
+    for p in precisions:
+        print(f"    native {p}  {n_med[p]:6.2f} s/step (steps: {', '.join(f'{x:.1f}' for x in native_t[p])}; "
+              f"mean {statistics.mean(tok_native[p]):.1f} tokens/row)")
+    print(f"    TRL          {t_med:6.2f} s/step (steps: {', '.join(f'{x:.1f}' for x in trl_t)}; "
           f"mean {statistics.mean(tok_trl):.1f} tokens/row)")
-    print(f"    TRL / native: {t_med / n_med:.2f}x")
-    record("2. native step vs TRL GRPOTrainer (SmolLM2)", t_med / n_med, 2.0,
+    for p in precisions:
+        print(f"    TRL / native {p}: {t_med / n_med[p]:.2f}x   [CPU: {cpu_name()}]")
+    record("2. native step vs TRL GRPOTrainer (SmolLM2)", t_med / n_med["fp32"], 2.0,
            f"{PROMPTS} prompts x {SAMPLES} samples x <= {NEW_TOKENS} tokens, {args.threads} threads, "
-           f"{len(native_t)} + {len(trl_t)} steps")
+           f"{len(native_t['fp32'])} + {len(trl_t)} steps")
     share = {p: statistics.mean(s[p] for s in shares) for p in shares[0]}
-    print("    native step parts: " + ", ".join(f"{p} {100 * v:.1f}%" for p, v in share.items())
+    print("    native fp32 step parts: " + ", ".join(f"{p} {100 * v:.1f}%" for p, v in share.items())
           + f", other {100 * (1 - sum(share.values())):.1f}%")
     if args.exgrpo_steps:
         with tempfile.TemporaryDirectory() as d:

@@ -17,14 +17,15 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from summary import record, table  # noqa: E402  (bench/summary.py)
 
-# (script and its smallest arguments, the goals it records); TRL's and veRL's benches need the
-# bench-only TRL install and minutes of veRL, so they are not here
+# (script and its smallest arguments, the goals it records); TRL's, veRL's and vLLM's benches need the
+# bench-only TRL install, minutes of veRL and the job environment, so they are not here
 SMOKE = [
     (["bench_toy_step.py", "--steps", "5"], []),
     (["bench_pool.py", "--sizes", "1000", "--tokens", "16"], []),
     (["bench_rollout.py", "--prompts", "8", "--new-tokens", "8", "--repeats", "1", "--cases", "eos"],
      ["1. rollout vs HF generate, tiny-lm, EOS"]),
     (["bench_scoring.py", "--model", "tiny-lm", "--repeats", "1"], []),
+    (["bench_precision.py", "--model", "tiny-lm", "--pairs", "1", "--rollout-repeats", "1"], []),
     (["warm_start_probe.py", "experiments/tiny-lm-chain.yaml", "--set", "policy.model.sft_steps=2",
       "--set", "task.n_val=8", "--questions", "2", "--k", "2"], []),
     (["bench_orchestration.py", "--steps", "3", "--repeats", "1", "--trials", "2", "--budget-steps", "3"],

@@ -107,6 +107,9 @@ def check_verl_support(cfg: Any) -> None:
         # veRL's agent loop treats model_type qwen2 as ChatML (it needs <|im_end|>); the char vocabulary has none
         raise ValueError("backend.name=verl with the built-in tiny LM needs policy.model.arch=llama "
                          "(or set backend.verl.model_path to an HF model)")
+    if getattr(cfg.policy, "precision", "fp32") != "fp32":
+        raise ValueError(f"policy.precision={cfg.policy.precision} is the native trainer's compute precision; veRL's "
+                         "actor has its own: set policy.precision=fp32 and backend.verl.actor_dtype=bfloat16")
     if isinstance(cfg.task, FileTaskConfig):
         if v.train_files is not None or v.val_files is not None:
             raise ValueError("task.path (task.kind=file) is the veRL run's data; drop backend.verl.train_files/"

@@ -74,6 +74,13 @@ class Decoder(StrEnum):
     HF = "hf"  # the model's own forward with transformers' growing cache (any causal LM; the slowest, kept as a reference)
 
 
+class Precision(StrEnum):
+    """Compute precision of an LM policy's training forward and backward (the weights and AdamW's state stay fp32)."""
+
+    FP32 = "fp32"  # everything in float32
+    BF16 = "bf16"  # bfloat16 autocast over fp32 master weights (CPUs with avx512_bf16 or amx_bf16)
+
+
 class Shaping(StrEnum):
     """f(w) applied to the importance ratio w of replayed tokens."""
 

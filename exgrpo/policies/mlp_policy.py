@@ -70,3 +70,7 @@ class MLPPolicy(nn.Module):
         log_prob = log_prob_all.gather(1, tokens[:, :1])  # (N, 1)
         entropy = -(log_prob_all.exp() * log_prob_all).sum(-1, keepdim=True)  # (N, 1)
         return Scores(log_prob=log_prob, entropy=entropy, full_log_prob=log_prob_all[:, None, :] if full else None)
+
+    def with_training_log_probs(self, prompts: torch.Tensor, rollout: Rollout) -> Rollout:
+        """The rollout as it is: it was sampled from the same fp32 forward that training runs."""
+        return rollout

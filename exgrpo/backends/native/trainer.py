@@ -26,12 +26,14 @@ from exgrpo.backends.base import MLflowRun, StepCallback, TrainResult
 from exgrpo.backends.native import checkpoint as ckpt
 from exgrpo.policies.build import build_task_and_policy
 from exgrpo.policies.interfaces import Policy, Task
+from exgrpo.policies.lm.precision import check_precision
 from exgrpo.backends.native.memory import keep_freed_memory
 from exgrpo.backends.native.policy_loss import get_exgrpo_loss_fn
 from exgrpo.core.fresh import FreshSampler
 from exgrpo.config import (
     ExperimentConfig,
     OptimizerKind,
+    Precision,
 )
 from exgrpo.core.advantages import grpo_advantages
 from exgrpo.core.batch import StepBatch, assemble_batch, batch_metrics, generation_qids
@@ -42,7 +44,7 @@ from exgrpo.progress import StepProgress
 from exgrpo.runs import check_resume, read_metrics, refuse_earlier_run, resumed_line, write_metrics
 
 
-PHASES = ("rollout", "reward", "forward", "backward", "replay", "replay_scoring")
+PHASES = ("rollout", "old_log_prob", "reward", "forward", "backward", "replay", "replay_scoring")
 """Parts of a step timed as ``time/<phase>_seconds`` (METRICS.md)."""
 
 
@@ -54,6 +56,7 @@ class Trainer:
     ) -> None:
         self.cfg = cfg
         torch.set_num_threads(cfg.train.threads)
+        check_precision(getattr(cfg.policy, "precision", Precision.FP32))  # before any work
         if cfg.train.keep_freed_memory:
             keep_freed_memory()
         if task is None or policy is None:
@@ -117,7 +120,10 @@ class Trainer:
 
         # 4. rollouts: K-1 per replayed question, K per fresh one; the mixed batch
         with self._timed("rollout"), torch.no_grad():
-            ro = self.policy.generate(self.task.prompts(generation_qids(replays.qids, fresh_qids, k)), self.generator)
+            prompts = self.task.prompts(generation_qids(replays.qids, fresh_qids, k))
+            ro = self.policy.generate(prompts, self.generator)
+        with self._timed("old_log_prob"):  # pi_old from the training forward (no forward where the sampler is it)
+            ro = self.policy.with_training_log_probs(prompts, ro)
         with self._timed("replay"):
             batch = assemble_batch(replays, fresh_qids, ro.tokens, ro.mask, ro.log_prob, ro.entropy, k)
 

@@ -3,7 +3,10 @@
 Prompt rows are unpadded token-id lists (``task.prompts(qids)``); responses are right-padded (N, T)
 tensors with a bool mask through EOS. Sampling and scoring go through one
 :class:`~exgrpo.policies.lm.engine.RolloutEngine`, so behaviour log-probs of fresh rows
-and ``score`` of the same rows agree (same temperature, same packed layout).
+and ``score`` of the same rows agree (same temperature, same packed layout). ``score`` runs in the
+training precision (``policy.precision``, :mod:`.precision`); sampling in fp32. Where the two differ,
+:meth:`LMPolicy.with_training_log_probs` re-scores a rollout in the training precision, so that the
+importance ratio of an on-policy token compares one numeric path with itself.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from torch import nn
 
 from exgrpo.policies.interfaces import Rollout, Scores
 from exgrpo.policies.lm.engine import RolloutEngine, SamplingParams
-from exgrpo.config import LMPolicyConfig
+from exgrpo.policies.lm.precision import compute
+from exgrpo.config import LMPolicyConfig, Precision
 
 __all__ = ["LMPolicy", "LMPolicyConfig"]
 
@@ -29,6 +33,10 @@ class LMPolicy(nn.Module):
         self.model = model
         self.max_response_length = cfg.max_new_tokens
         self.pad_id, self.eos_id = int(pad_id), int(eos_id)
+        self.precision = Precision(cfg.precision)
+        """The training forward's compute precision (``score``)."""
+        self.rollout_precision = Precision.FP32
+        """The sampler's: fp32 (the fp32 decoders, prepacked for oneDNN's fp32 GEMM)."""
         params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p)
         self._engine = RolloutEngine(model, self.pad_id, self.eos_id, params, decoder=cfg.decoder,
                                      prepack=cfg.prepack_weights, unpadded=cfg.unpadded_scoring)
@@ -60,9 +68,21 @@ class LMPolicy(nn.Module):
     def score(
         self, prompts: Sequence[Sequence[int]], tokens: torch.Tensor, mask: torch.Tensor, full: bool = False
     ) -> Scores:
-        """(N, T) log-probs/entropies of right-padded responses (one forward), differentiable."""
-        out = self.engine.score(prompts, tokens, mask, full=full, share_prompts=self.cfg.share_prompt_forward)
+        """(N, T) float32 log-probs/entropies of right-padded responses (one forward in the training
+        precision), differentiable."""
+        with compute(self.precision):
+            out = self.engine.score(prompts, tokens, mask, full=full, share_prompts=self.cfg.share_prompt_forward)
         return Scores(log_prob=out.log_prob, entropy=out.entropy, full_log_prob=out.full_log_prob)
+
+    @torch.no_grad()
+    def with_training_log_probs(self, prompts: Sequence[Sequence[int]], rollout: Rollout) -> Rollout:
+        """``rollout`` with the log-probs and entropies of the training forward (the loss's pi_old): the
+        rollout itself when it was sampled in the training precision (no forward), else its rows
+        re-scored by ``score`` without a gradient."""
+        if self.rollout_precision is self.precision:
+            return rollout
+        scores = self.score(prompts, rollout.tokens, rollout.mask)
+        return Rollout(tokens=rollout.tokens, mask=rollout.mask, log_prob=scores.log_prob, entropy=scores.entropy)
 
     def forward(self, prompts, tokens, mask):  # noqa: D102 - nn.Module convention
         return self.score(prompts, tokens, mask)

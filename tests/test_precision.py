@@ -1,0 +1,152 @@
+"""bf16 compute for the LM policies (``policy.precision``): the on-policy ratio of a bf16 step starts at 1,
+fp32 runs are untouched, and a CPU without bf16 matmul is refused before any work, in one line."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from exgrpo.backends.native import trainer as trainer_module  # noqa: E402
+from exgrpo.config import ConfigError, ExperimentConfig, LMPolicyConfig, TextArithmeticTaskConfig  # noqa: E402
+from exgrpo.policies.lm import precision  # noqa: E402
+from exgrpo.policies.lm.policy import LMPolicy  # noqa: E402
+from exgrpo.policies.lm.tiny_lm import TinyLMConfig, build_model  # noqa: E402
+from exgrpo.tasks.text_arithmetic import TextArithmetic  # noqa: E402
+
+TASK = TextArithmeticTaskConfig(n_train=200, n_val=50, data_seed=7)
+MODEL = TinyLMConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128)
+HAS_BF16 = frozenset({"avx512f", "avx512_bf16"})
+NO_BF16 = frozenset({"avx2", "avx512f"})
+
+
+def _policy(task: TextArithmetic, prec: str) -> LMPolicy:
+    """A random tiny Llama whose head is sharpened (x6), so that bf16 rounding moves its log-probs by a
+    few hundredths (measured: up to 0.03 in the ratio against the fp32 sampler), as the SFT warm start's do."""
+    torch.manual_seed(0)
+    model = build_model(MODEL, task.tokenizer)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(6.0)
+    return LMPolicy(model, task.tokenizer.pad_id, task.tokenizer.eos_id,
+                    LMPolicyConfig(max_new_tokens=12, precision=prec))
+
+
+def _first_step_ratios(tmp_path, monkeypatch, prec: str, old_from_sampler: bool = False) -> torch.Tensor:
+    """exp(log pi_new - log pi_old) of every token of one trainer step's only mini-batch (before any update:
+    on-policy), as the loss receives them. ``old_from_sampler``: pi_old left as the fp32 sampler's."""
+    monkeypatch.setattr(precision, "cpu_flags", lambda: HAS_BF16)
+    task = TextArithmetic(TASK)
+    policy = _policy(task, prec)
+    if old_from_sampler:
+        monkeypatch.setattr(policy, "with_training_log_probs", lambda prompts, rollout: rollout)
+    cfg = ExperimentConfig.model_validate({
+        "tier": "tiny-lm", "output_dir": str(tmp_path), "policy": {"max_new_tokens": 12, "precision": prec},
+        "train": {"batch_size": 8, "max_steps": 1, "mini_batches": 1}, "algorithm": {"group_size": 4, "replay": "none"},
+    })
+    seen: list[torch.Tensor] = []
+    objective = trainer_module.exgrpo_objective
+
+    def recording(loss_fn, old_log_prob, log_prob, entropy, adv, mask, *rest):
+        seen.append(((log_prob.detach() - old_log_prob).exp())[mask.bool()])
+        return objective(loss_fn, old_log_prob, log_prob, entropy, adv, mask, *rest)
+
+    monkeypatch.setattr(trainer_module, "exgrpo_objective", recording)
+    trainer_module.Trainer(cfg, task=task, policy=policy).train_step()
+    assert len(seen) == 1 and seen[0].numel() > 50
+    return seen[0]
+
+
+def test_a_bf16_steps_on_policy_ratio_is_one_up_to_rounding(tmp_path, monkeypatch):
+    """pi_old of the fresh rows is re-scored by the bf16 training forward, so the first mini-batch's
+    ratio is 1 (the same forward on a different batch composition; measured 0 here)."""
+    ratio = _first_step_ratios(tmp_path, monkeypatch, "bf16")
+    assert float((ratio - 1).abs().max()) < 1e-3
+
+
+def test_with_the_fp32_samplers_log_probs_the_bf16_ratio_is_not_one(tmp_path, monkeypatch):
+    """The negative control of the test above: pi_old from the fp32 sampler puts on-policy ratios a few
+    hundredths from 1 (what the re-score removes), so that test can fail."""
+    ratio = _first_step_ratios(tmp_path, monkeypatch, "bf16", old_from_sampler=True)
+    assert float((ratio - 1).abs().max()) > 1e-2
+
+
+def test_fp32_runs_no_extra_forward(tmp_path, monkeypatch):
+    """fp32 samples and trains on one numeric path: pi_old is the rollout's own, no re-score runs."""
+    task = TextArithmetic(TASK)
+    policy = _policy(task, "fp32")
+    ro = policy.generate(task.prompts(list(task.train_ids[:4])), torch.Generator().manual_seed(0))
+    calls = []
+    monkeypatch.setattr(policy, "score", lambda *a, **k: calls.append(a))
+    assert policy.with_training_log_probs(task.prompts(list(task.train_ids[:4])), ro) is ro and not calls
+    ratio = _first_step_ratios(tmp_path, monkeypatch, "fp32")
+    assert float((ratio - 1).abs().max()) < 1e-4
+
+
+def test_bf16_scoring_is_autocast_over_fp32_weights():
+    """The weights stay fp32 (AdamW's master copy); the forward runs bf16 products, so its log-probs are
+    not fp32's, and its gradients reach the fp32 weights."""
+    task = TextArithmetic(TASK)
+    pol32, pol16 = _policy(task, "fp32"), _policy(task, "bf16")
+    prompts = task.prompts(list(task.train_ids[:4]))
+    ro = pol32.generate(prompts, torch.Generator().manual_seed(0))
+    s32, s16 = pol32.score(prompts, ro.tokens, ro.mask), pol16.score(prompts, ro.tokens, ro.mask)
+    assert s16.log_prob.dtype == torch.float32 and all(p.dtype == torch.float32 for p in pol16.parameters())
+    assert float((s16.log_prob - s32.log_prob).detach().abs().max()) > 1e-3
+    s16.log_prob.sum().backward()
+    assert pol16.model.lm_head.weight.grad is not None and pol16.model.lm_head.weight.grad.dtype == torch.float32
+
+
+def test_bf16_on_a_cpu_without_bf16_matmul_is_refused_before_any_work(tmp_path, monkeypatch, capsys):
+    """``exgrpo train`` with policy.precision=bf16: exit 2 and one line naming the CPU flag, before any run
+    directory, record or warm start exists."""
+    from exgrpo.cli import main
+
+    monkeypatch.setattr(precision, "cpu_flags", lambda: NO_BF16)
+    monkeypatch.setenv("EXGRPO_CACHE", str(tmp_path / "cache"))
+    code = main(["train", "experiments/smollm2-arith.yaml", "--set", "policy.precision=bf16", "--no-tracking",
+                 "--output-dir", str(tmp_path / "runs")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "policy.precision=bf16" in err and "avx512_bf16" in err and "policy.precision=fp32" in err
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "cache").exists()
+
+
+def test_the_cpu_check_reads_the_flags_and_passes_fp32_everywhere(monkeypatch):
+    monkeypatch.setattr(precision, "cpu_flags", lambda: NO_BF16)
+    precision.check_precision("fp32")
+    with pytest.raises(ConfigError, match="avx512_bf16 or amx_bf16"):
+        precision.check_precision("bf16")
+    for flags in ({"avx512_bf16"}, {"amx_bf16", "amx_tile"}):
+        monkeypatch.setattr(precision, "cpu_flags", lambda flags=flags: frozenset(flags))
+        precision.check_precision("bf16")
+    assert isinstance(precision.cpu_flags(), frozenset)
+
+
+@pytest.mark.parametrize("overrides,words", [
+    ({"tier": "smollm2", "policy": {"dtype": "bfloat16", "precision": "bf16"}}, ["precision=bf16", "dtype=float32"]),
+    ({"tier": "tiny-lm", "backend": {"name": "verl"}, "policy": {"precision": "bf16"}}, ["native trainer", "actor_dtype=bfloat16"]),
+])
+def test_contradictory_precision_settings_are_one_config_error(overrides, words):
+    from exgrpo.config import validate_config
+
+    with pytest.raises(ConfigError) as e:
+        validate_config(ExperimentConfig, overrides, source="test")
+    assert all(w in str(e.value) for w in words), str(e.value)
+
+
+def test_a_ratio_is_one_where_the_mini_batches_split_the_batch():
+    """The trainer re-scores the whole batch once and trains on mini-batches: another row composition of
+    the same bf16 forward, which moves a ratio by rounding only."""
+    task = TextArithmetic(TASK)
+    policy = _policy(task, "bf16")
+    prompts = [p for p in task.prompts(list(task.train_ids[:8])) for _ in range(4)]
+    ro = policy.with_training_log_probs(prompts, policy.generate(prompts, torch.Generator().manual_seed(0)))
+    worst = 0.0
+    for chunk in np.array_split(np.random.default_rng(0).permutation(len(prompts)), 4):
+        idx = torch.as_tensor(chunk)
+        with torch.no_grad():
+            new = policy.score([prompts[i] for i in chunk], ro.tokens[idx], ro.mask[idx]).log_prob
+        worst = max(worst, float(((new - ro.log_prob[idx]).exp() - 1)[ro.mask[idx]].abs().max()))
+    assert worst < 1e-3
