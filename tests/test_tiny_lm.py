@@ -239,7 +239,7 @@ SMALL_LM = {"policy.model.hidden_size": 32, "policy.model.num_layers": 1, "polic
 
 def test_a_command_says_whether_the_warm_start_was_cached_or_trained_now(tmp_path, monkeypatch):
     """`make demo` (a comparison) and `exgrpo train` say in one line whether the SFT warm start was in the
-    cache (a cached one turns a 6-minute demo into a 4-minute one), with its path; one to be trained is
+    cache (a cached one saves the demo its SFT), with its path; one to be trained is
     announced before its training, with roughly how long it takes."""
     pytest.importorskip("transformers")
     from exgrpo.policies.lm.tiny_lm import cache_root, config_hash
@@ -261,7 +261,7 @@ def test_a_command_says_whether_the_warm_start_was_cached_or_trained_now(tmp_pat
     announced, trained = said  # the first before training (silent without a progress bar), how long roughly
     assert cached_when_said == [False, True]
     assert announced == ("tiny LM warm start: not in the cache, training it now: 4 SFT steps, under a minute "
-                         "(approximate: about 0.1-0.3 s a step on a 2-core CPU)")
+                         "(approximate: about 0.05-0.3 s a step on a 2-core CPU)")
     assert trained.startswith("tiny LM warm start: trained now in ") and trained.endswith(
         f" s (not in the cache); cached at {path} for the next runs")
     assert (path / "tiny_lm.json").is_file()
