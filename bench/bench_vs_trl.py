@@ -27,8 +27,9 @@ is applied before either side runs and TRL gets it too; ``--default-malloc`` run
 
 ``--precisions fp32,bf16`` (the default) also runs a native arm with ``policy.precision: bf16`` (bf16
 autocast over fp32 weights, pi_old re-scored in bf16; a CPU with avx512_bf16 or amx_bf16) in every
-round, beside the fp32 arm, against the same TRL steps (TRL stays fp32: ``bf16=False``). The goal
-(issue 12's goal 2) is recorded for the fp32 arm, the one whose outputs are TRL's up to rounding.
+round, beside the fp32 arm, against the same TRL steps (TRL stays fp32: ``bf16=False``). The speed
+goal against TRL (bench/summary.py) is recorded for the fp32 arm, the one whose outputs are TRL's up
+to rounding.
 """
 
 from __future__ import annotations
