@@ -199,16 +199,21 @@ def test_doctor_stops_on_ctrl_c_while_a_cluster_keeps_it_waiting(tmp_path):
                                  "--set", f"backend.verl.ray_address={address}", "--set",
                                  f"backend.verl.python={tmp_path}/no-python"], env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
+        held = []
         try:
             lines = [proc.stdout.readline() for _ in range(2)]  # the version, the job environment's problem
             assert "no interpreter" in lines[1], lines
-            time.sleep(3)  # into the cluster check
+            # into the cluster check: its TCP probe connects, then it waits 5 s for Ray's GCS to answer
+            silent.settimeout(120)  # a hang guard
+            held.append(silent.accept()[0])
             assert proc.poll() is None, "the doctor should still be waiting on the silent port"
             proc.send_signal(signal.SIGINT)
             proc.wait(timeout=30)  # a hang guard
         finally:
             proc.kill()
             proc.wait()
+            for conn in held:
+                conn.close()
         assert proc.returncode == 130, proc.stderr.read()[-2000:]
 
 
