@@ -169,15 +169,15 @@ def mechanism_figure(outcomes: Sequence[RunOutcome], arms: Sequence[str], out: s
             if all(c is not None for c in curves):
                 axes[1].stackplot(curves[0][0], *[c[1] for c in curves], labels=[f"k={k.rsplit('_', 1)[1]}" for k in keys],
                                   colors=plt.cm.viridis(np.linspace(0.1, 0.9, len(keys))))
-                axes[1].set_title(f"{arm}: pooled questions by bucket (latest k correct)")
+                axes[1].set_title(f"{arm}:\npooled questions by bucket (latest k correct)")
                 pool_drawn = True
-    axes[0].set(title="replay in each step: share of the loss's tokens (mean over seeds)", xlabel="step", ylim=(-0.02, 1.02))
+    axes[0].set(title="replay in each step:\nshare of the loss's tokens (mean over seeds)", xlabel="step", ylim=(-0.02, 1.02))
     if not pool_drawn:
         axes[1].set_title("experience pool by bucket")
         axes[1].text(0.5, 0.5, "no arm keeps the paper's\nexperience pool", ha="center", va="center",
                      transform=axes[1].transAxes, color="0.4")
     axes[1].set_xlabel("step")
-    axes[2].set(title="importance ratio of replayed tokens (mean, steps that replay)", xlabel="step")
+    axes[2].set(title="importance ratio of replayed tokens\n(mean, steps that replay)", xlabel="step")
     axes[2].axhline(1.0, color="0.5", lw=0.8)
     axes[3].set(title="questions drawn fresh so far", xlabel="step")
     return _save(fig, axes, out)
