@@ -290,6 +290,10 @@ def test_bad_verl_config_fails_before_any_work():
         load_experiment(GRPO, {"algorithm.replay": "notebook"})
     with pytest.raises(ConfigError, match="policy.model.arch=llama"):
         load_experiment(EXGRPO, {"policy.model.arch": "qwen2"})
+    with pytest.raises(ConfigError, match=r"train.skip_grad_above=100 has no veRL backend .* drop it"):
+        load_experiment(GRPO, {"train.skip_grad_above": 100})
+    for bound in (None, 500):  # no bound, or the default, which veRL's own non-finite check stands in for
+        assert load_experiment(GRPO, {"train.skip_grad_above": bound}).train.skip_grad_above == bound
 
 
 

@@ -127,6 +127,12 @@ def check_verl_support(cfg: Any) -> None:
     if getattr(cfg.algorithm, "replay_adds_to_batch", False):
         raise ValueError("algorithm.replay_adds_to_batch=true has no veRL backend (veRL's dataloader draws a fixed "
                          "batch); raise train.batch_size instead, or use backend.name=native")
+    default_bound = type(cfg.train).model_fields["skip_grad_above"].default
+    if cfg.train.skip_grad_above not in (None, default_bound):
+        # the default stays allowed, so that a file's arms can change only the backend (docs/gpu.md's recipe table)
+        raise ValueError(f"train.skip_grad_above={cfg.train.skip_grad_above:g} has no veRL backend (veRL's actor skips "
+                         "only a step whose grad norm is not finite, and takes no bound); drop it, or use "
+                         "backend.name=native")
     if cfg.train.max_sampled_tokens is not None:
         raise ValueError("train.max_sampled_tokens has no veRL backend (veRL's trainer counts steps); set "
                          "train.max_steps from the tokens a step samples, or use backend.name=native")

@@ -72,7 +72,8 @@ class TrainConfig(_Strict):
     grad_clip: float | None = 1.0
     """Max global grad norm; None: no clipping (the norm is still logged)."""
     skip_grad_above: float | None = Field(500.0, gt=0.0)
-    """Skip the optimiser step if the grad norm is non-finite or above this (reference: 500)."""
+    """Skip the optimiser step if the grad norm is non-finite or above this (reference: 500; native backend:
+    veRL's actor skips only a non-finite norm, and refuses a bound other than the default)."""
     eval_every_epochs: int = Field(1, ge=1, json_schema_extra=RESUME_SAFE_PARAM)
     """Validate every this many epochs (and at the end)."""
     eval_before_train: bool = Field(False, json_schema_extra=RESUME_SAFE)
