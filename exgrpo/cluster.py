@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from exgrpo.config import ConfigError
-from exgrpo.raylocal import init_local_ray
+from exgrpo.raylocal import init_local_ray, sigterm_kept
 from exgrpo.tracking import resolve_tracking_uri
 
 ADDRESS_VAR = "RAY_ADDRESS"
@@ -107,7 +107,8 @@ def join(address: str, **kwargs: Any) -> None:
     env = dict(kwargs.pop("runtime_env", None) or {})
     env = {**runtime_env(env.pop("env_vars", None)), **env}
     try:
-        ray.init(address=address, runtime_env=without_job_env(env), **kwargs)
+        with sigterm_kept():
+            ray.init(address=address, runtime_env=without_job_env(env), **kwargs)
     except (ConnectionError, ray.exceptions.AuthenticationError) as e:
         raise ClusterError(join_failure(address, e)) from None
 

@@ -16,13 +16,17 @@ private Ray when there is none: :func:`exgrpo.cluster.ensure_ray`): its operator
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import os
 import secrets
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 AUTH_MODE_VAR = "RAY_AUTH_MODE"
@@ -101,6 +105,22 @@ def agent_port_any() -> None:
     parameter.RayParams.__init__ = any_agent_port
 
 
+@contextlib.contextmanager
+def sigterm_kept() -> Iterator[None]:
+    """Keep this process's own SIGTERM handler across ``ray.init``, which replaces it with ``sys.exit``.
+
+    A command's handler (:mod:`exgrpo.cli`) ends it as Ctrl-C does, stopping what it started; Ray's
+    ``sys.exit`` inside a Prefect flow crashed the flow, aborted the process and left its Prefect
+    server and Ray's agents running."""
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        yield
+    finally:
+        if callable(before) and signal.getsignal(signal.SIGTERM) is not before:
+            signal.signal(signal.SIGTERM, before)
+
+
 def init_local_ray(num_cpus: int, **kwargs: Any):
     """``ray.init`` of a private local Ray (``address="local"``, its own temp dir, token auth).
 
@@ -116,5 +136,6 @@ def init_local_ray(num_cpus: int, **kwargs: Any):
     if not _STARTED:  # registered after `import ray`, so it runs before Ray's own exit handler
         atexit.register(remove_after_shutdown, pid=os.getpid())
     _STARTED.append(temp_dir)
-    return ray.init(address="local", num_cpus=num_cpus, _temp_dir=temp_dir, runtime_env=runtime_env,
-                    _system_config=LOCAL_SYSTEM_CONFIG, **kwargs)
+    with sigterm_kept():
+        return ray.init(address="local", num_cpus=num_cpus, _temp_dir=temp_dir, runtime_env=runtime_env,
+                        _system_config=LOCAL_SYSTEM_CONFIG, **kwargs)

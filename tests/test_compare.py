@@ -379,27 +379,24 @@ def test_a_failed_run_does_not_sink_the_others(tmp_path):
     assert len(e.value.outcomes) == 3
 
 
-def test_sigterm_stops_what_a_comparison_started_and_ends_it_in_one_line(tmp_path):
-    """SIGTERM to `exgrpo compare` while it trains its warm start (before any Ray is up, whose own
-    handler would take SIGTERM later): exit 143 and "terminated", and the Prefect server it started is
-    stopped with it, not left running as an orphan."""
+def _sigterm_compare(tmp_path, env: dict, args: list[str], when: str) -> None:
+    """Start `exgrpo compare` with ``args``, SIGTERM it once a line holds ``when``: exit 143 and
+    "terminated", and every process it had started by then (its Prefect server, a private Ray's) ends."""
     import signal
 
     import psutil
 
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "EXGRPO_CACHE": str(tmp_path / "cache"),
-           "PREFECT_LOGGING_LEVEL": "INFO"}  # a warm start of its own, so that it must be trained
+    env = {**env, "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_LOGGING_LEVEL": "INFO"}
     env.pop("PREFECT_API_URL", None)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "exgrpo.cli", "compare", "experiments/tiny-lm.yaml", "--seeds", "1", "--no-progress",
-         "--output-dir", str(tmp_path / "runs"), "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db",
-         "--set", "policy.model.sft_steps=20000"],  # still training when the signal lands
+        [sys.executable, "-m", "exgrpo.cli", "compare", "experiments/tiny-lm.yaml", "--no-progress",
+         "--output-dir", str(tmp_path / "runs"), "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db", *args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     seen = []
     try:
         for line in proc.stdout:
             seen.append(line)
-            if "warm start: not in the cache, training it now" in line:
+            if when in line:
                 break
         started = psutil.Process(proc.pid).children(recursive=True)
         assert started, "".join(seen[-20:])  # the Prefect server, at least
@@ -413,3 +410,18 @@ def test_sigterm_stops_what_a_comparison_started_and_ends_it_in_one_line(tmp_pat
     assert "terminated\n" in out and "Traceback" not in out, out[-3000:]  # (Prefect logs its server's stop after it)
     _, alive = psutil.wait_procs(started, timeout=30)
     assert not alive, [" ".join(p.cmdline()) for p in alive]
+
+
+def test_sigterm_stops_what_a_comparison_started_and_ends_it_in_one_line(tmp_path):
+    """SIGTERM to `exgrpo compare` while it trains its warm start, before any Ray is up."""
+    env = {**os.environ, "EXGRPO_CACHE": str(tmp_path / "cache")}  # a warm start of its own, so that it must be trained
+    _sigterm_compare(tmp_path, env, ["--seeds", "1", "--set", "policy.model.sft_steps=20000"],  # still training then
+                     "warm start: not in the cache, training it now")
+
+
+def test_sigterm_while_ray_trains_a_comparisons_runs_stops_them_and_the_ray_too(tmp_path):
+    """SIGTERM once the runs train on the comparison's private Ray, whose ``ray.init`` installs a handler of
+    its own (``sys.exit``): that crashed the flow, aborted the command (exit 134) and left its Prefect server
+    and Ray's agents running."""
+    _sigterm_compare(tmp_path, dict(os.environ), ["--seeds", "2", "--workers", "2", "--set", "train.max_steps=400"],
+                     "progress: ")
