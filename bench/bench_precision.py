@@ -41,7 +41,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 import torch  # noqa: E402
 
+from exgrpo.backends.native.trainer import Trainer  # noqa: E402
 from exgrpo.config import ConfigError, load_compare, load_experiment  # noqa: E402
+from exgrpo.policies.lm.engine import RolloutEngine  # noqa: E402
 from exgrpo.policies.lm.precision import BF16_CPU_FLAGS, cpu_flags, cpu_name  # noqa: E402
 
 TRAINING_PARTS = ("old_log_prob", "forward", "backward")
@@ -63,8 +65,6 @@ def configs(model: str, out: Path) -> dict:
 
 def bench_steps(model: str, pairs: int) -> tuple[dict, dict]:
     """Per side: the trainer, its counted steps' metrics."""
-    from exgrpo.backends.native.trainer import Trainer
-
     with tempfile.TemporaryDirectory() as d:
         trainers = {p: Trainer(cfg) for p, cfg in configs(model, Path(d)).items()}
         rows: dict[str, list[dict]] = {p: [] for p in trainers}
@@ -84,8 +84,6 @@ def bench_steps(model: str, pairs: int) -> tuple[dict, dict]:
 
 def bench_rollout(trainer, repeats: int) -> dict[str, float]:
     """Tokens/s medians: the policy's fp32 rollout vs a bf16 copy of its weights (copy timed)."""
-    from exgrpo.policies.lm.engine import RolloutEngine
-
     policy, task = trainer.policy, trainer.task
     k, b = trainer.algo.group_size, trainer.cfg.train.batch_size
     prompts = task.prompts([q for q in task.train_ids[:b] for _ in range(k)])
