@@ -13,12 +13,17 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 
-def _write_atomic(path: str | Path, write: Callable[[BinaryIO], None]) -> Path:
-    """Call ``write`` on ``<path>.tmp``, fsync it, rename it to ``path`` and fsync the directory."""
+def _write_atomic(path: str | Path, write: Callable[[BinaryIO], None], mode: int | None = None) -> Path:
+    """Call ``write`` on ``<path>.tmp``, fsync it, rename it to ``path`` and fsync the directory.
+    ``mode``: the file's permission bits, set before any byte is written (a secret is never readable
+    by others, not even for a moment); None leaves them to the umask."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     try:
-        with open(tmp, "wb") as f:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666 if mode is None else mode)
+        with open(fd, "wb") as f:
+            if mode is not None:  # a leftover temporary file keeps its old mode through O_CREAT
+                os.fchmod(fd, mode)
             write(f)
             f.flush()
             os.fsync(f.fileno())
@@ -37,9 +42,9 @@ def _write_atomic(path: str | Path, write: Callable[[BinaryIO], None]) -> Path:
     return path
 
 
-def write_text_atomic(path: str | Path, text: str) -> Path:
-    """Write ``text`` (UTF-8) to ``path`` atomically."""
-    return _write_atomic(path, lambda f: f.write(text.encode()))
+def write_text_atomic(path: str | Path, text: str, mode: int | None = None) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically; ``mode``: its permission bits (default: the umask's)."""
+    return _write_atomic(path, lambda f: f.write(text.encode()), mode)
 
 
 def torch_save_atomic(obj: Any, path: str | Path) -> Path:

@@ -64,13 +64,14 @@ def use_prefect_home(env: MutableMapping[str, str] | None = None, find_server: b
 def announce_server(home: Path, api_url: str, mlflow_url: str | None = None, mlflow_store: str | None = None) -> Path:
     """Record that this process serves ``home``'s Prefect API at ``api_url`` (``exgrpo ui``), and the
     MLflow UI at ``mlflow_url`` for the store ``mlflow_store``: the links the project prints for that
-    store then point there."""
+    store then point there. The record is the owner's alone (0600): a team-mode store URI carries
+    the database password."""
     from exgrpo.atomic import write_text_atomic
 
     home.mkdir(parents=True, exist_ok=True)
     record = {"api_url": api_url, "pid": os.getpid(), "started": process_started(os.getpid()),
               "mlflow_url": mlflow_url, "mlflow_store": mlflow_store}
-    return write_text_atomic(home / UI_SERVER_FILE, json.dumps(record))
+    return write_text_atomic(home / UI_SERVER_FILE, json.dumps(record), mode=0o600)
 
 
 def withdraw_server(home: Path) -> None:
