@@ -108,3 +108,12 @@ def steps_to_target(steps: Sequence[float], values: Sequence[float], target: flo
         if v >= target:
             return float(s)
     return None
+
+
+def value_at(x: float, xs: Sequence[float], ys: Sequence[float]) -> float | None:
+    """A curve ``ys`` over increasing ``xs`` (a run's metric at each evaluation, against the sampled
+    tokens spent by then) read at ``x``: linear interpolation between the two evaluations around it;
+    None outside ``[xs[0], xs[-1]]`` (a curve is never extrapolated) or for an empty curve."""
+    if not xs or len(xs) != len(ys) or x < xs[0] or x > xs[-1]:
+        return None
+    return float(np.interp(x, np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)))

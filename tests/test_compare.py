@@ -425,3 +425,32 @@ def test_sigterm_while_ray_trains_a_comparisons_runs_stops_them_and_the_ray_too(
     and Ray's agents running."""
     _sigterm_compare(tmp_path, dict(os.environ), ["--seeds", "2", "--workers", "2", "--set", "train.max_steps=400"],
                      "progress: ")
+
+
+def test_accuracy_at_equal_sampled_tokens_is_interpolated_on_the_evaluation_grid():
+    from exgrpo.stats import value_at
+
+    # a hand-made curve: accuracy 0.1 at 0 tokens, 0.3 at 1M, 0.5 at 2M (evaluations at steps 0, 1, 2)
+    tokens, acc = [0.0, 1e6, 2e6], [0.1, 0.3, 0.5]
+    assert value_at(1.5e6, tokens, acc) == pytest.approx(0.4)  # half way between 0.3 and 0.5
+    assert value_at(0.25e6, tokens, acc) == pytest.approx(0.15)
+    assert value_at(1e6, tokens, acc) == pytest.approx(0.3) and value_at(2e6, tokens, acc) == pytest.approx(0.5)
+    assert value_at(2.5e6, tokens, acc) is None  # beyond the run's last evaluation: never extrapolated
+    assert value_at(1e6, [], []) is None
+
+    # grpo spends 2M tokens in its run, "extra" 3M: both are read at 2M, the budget every run reached;
+    # extra's curve passes 0.5 at 1.5M and 0.55 at 3M, so at 2M it reads 0.5 + 0.05 / 3
+    outs = [RunOutcome("grpo", s, 0.5, [0, 1, 2], [0.1, 0.3, 0.5], curve_tokens=[0, 1e6, 2e6]) for s in range(3)]
+    outs += [RunOutcome("extra", s, 0.55 + 0.01 * s, [0, 1, 2], [0.1, 0.5, 0.55 + 0.01 * s],
+                        curve_tokens=[0, 1.5e6, 3e6]) for s in range(3)]
+    rows = {r.arm: r for r in summarize(outs, ["grpo", "extra"], "grpo")}
+    assert rows["extra"].equal_tokens == 2e6 and rows["grpo"].equal_tokens is None
+    d = rows["extra"].diff_at_equal_tokens
+    # per seed: 0.5 + (0.05 + 0.01 s) / 3 - 0.5
+    assert d.n == 3 and d.mean == pytest.approx((0.05 + 0.01) / 3) and d.low < d.mean < d.high
+    text = format_table(list(rows.values()), "val/accuracy", "grpo")
+    assert f"| +{d.mean:.4f} [{d.low:+.4f}, {d.high:+.4f}] at 2.00 M |" in text
+    assert "diff vs grpo at equal tokens" in text
+    # a run without a token curve (a backend that does not log it) gives no reading, not a wrong one
+    bare = [RunOutcome(a, s, 0.5, [0, 1], [0.1, 0.5]) for a in ("grpo", "extra") for s in range(2)]
+    assert {r.arm: r for r in summarize(bare, ["grpo", "extra"], "grpo")}["extra"].diff_at_equal_tokens is None

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 import multiprocessing as mp
 
 from exgrpo.config import CompareConfig, ExperimentConfig
-from exgrpo.stats import Estimate, iqm_ci, mean_ci, paired_difference, probability_of_improvement, steps_to_target
+from exgrpo.stats import (Estimate, iqm_ci, mean_ci, paired_difference, probability_of_improvement, steps_to_target,
+                          value_at)
 from exgrpo.backends.base import train
 from exgrpo.runs import has_checkpoint
 from exgrpo.policies.build import prepare_warm_starts  # noqa: F401 - where callers find it too
@@ -107,6 +108,33 @@ def median_reach(reach: Iterable[float | None]) -> float | None:
     return None if math.isinf(mid) else mid
 
 
+def equal_token_budget(runs: Iterable[RunOutcome]) -> float | None:
+    """The largest sampled-token count every one of ``runs`` reached: the smallest last point of
+    their token curves (each run's metric is then read inside its own evaluation grid, never past
+    its end); None when a run has no token curve or none was spent."""
+    ends = [o.curve_tokens[-1] if o.curve_tokens and len(o.curve_tokens) == len(o.curve_values) else None
+            for o in runs]
+    if not ends or any(e is None for e in ends):
+        return None
+    budget = min(ends)
+    return budget if budget > 0 else None
+
+
+def diff_at_equal_tokens(arm: dict[int, RunOutcome], base: dict[int, RunOutcome]) -> tuple[float, Estimate] | None:
+    """Per seed both arms share, the arm's metric minus the baseline's at the sampled-token budget
+    every run of the two reached (:func:`equal_token_budget`), each curve interpolated on its
+    evaluation grid; the budget and the paired difference with its 95% CI. None without a budget."""
+    common = sorted(set(arm) & set(base))
+    budget = equal_token_budget([arm[s] for s in common] + [base[s] for s in common])
+    if budget is None:
+        return None
+    a = [value_at(budget, arm[s].curve_tokens, arm[s].curve_values) for s in common]
+    b = [value_at(budget, base[s].curve_tokens, base[s].curve_values) for s in common]
+    if any(v is None for v in a + b):
+        return None
+    return budget, paired_difference(a, b)
+
+
 def _first_reach(o: RunOutcome, target: float, along: list[float]) -> float | None:
     """``along`` (a run's step, tokens or seconds curve) at the first evaluation reaching ``target``."""
     if len(along) != len(o.curve_values):
@@ -141,6 +169,13 @@ class ArmSummary:
     baseline's mean final (:func:`median_reach`): the comparison at equal generation compute."""
     seconds_to_baseline_final: float | None = None
     """The same in training wall time (seconds)."""
+    equal_tokens: float | None = None
+    """The sampled-token count at which this arm and the baseline are read side by side: the fewest
+    that any run of either spent in all (:func:`equal_token_budget`); None for the baseline itself."""
+    diff_at_equal_tokens: Estimate | None = None
+    """The arm minus the baseline in the metric at ``equal_tokens`` sampled tokens (each run's curve
+    interpolated on its evaluation grid, :func:`exgrpo.stats.value_at`), paired by seed, with a
+    Student-t 95% CI: the comparison at equal generation compute."""
 
 
 def continues(cfg: ExperimentConfig, resume: bool) -> bool:
@@ -276,9 +311,10 @@ def summarize(outcomes: Iterable[RunOutcome], arms: list[str], baseline: str) ->
             continue
         final = mean_ci([o.final for o in runs.values()])
         common = sorted(set(runs) & set(base))
-        diff = None
+        diff = at_tokens = None
         if arm != baseline and common:
             diff = paired_difference([runs[s].final for s in common], [base[s].final for s in common])
+            at_tokens = diff_at_equal_tokens(runs, base)
         median = median_reach(steps_to_target(o.curve_steps, o.curve_values, base_final) for o in runs.values())
         with_tokens = [o for o in runs.values() if o.curve_tokens]
         tokens = median_reach(_first_reach(o, base_final, o.curve_tokens) for o in with_tokens) if with_tokens else None
@@ -293,7 +329,8 @@ def summarize(outcomes: Iterable[RunOutcome], arms: list[str], baseline: str) ->
         rows.append(ArmSummary(arm, final, diff, median, iqm_ci(finals), p_improve, rollout, grad,
                                _mean_of([o.final_train for o in runs.values()]),
                                _mean_of([o.fresh_questions for o in runs.values()]),
-                               _mean_of([o.train_seconds for o in runs.values()]), tokens, seconds))
+                               _mean_of([o.train_seconds for o in runs.values()]), tokens, seconds,
+                               *(at_tokens or (None, None))))
     return rows
 
 
@@ -328,8 +365,8 @@ def format_table(rows: list[ArmSummary], metric: str, baseline: str, horizon: fl
     lines += [
         "",
         f"| arm | step reaching {baseline}'s final | tokens sampled (M) then | train min then "
-        "| tokens sampled / in loss (M) | fresh questions | train min |",
-        "|---|---|---|---|---|---|---|",
+        f"| tokens sampled / in loss (M) | fresh questions | train min | diff vs {baseline} at equal tokens (paired, 95% CI) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         reach = within if r.steps_to_baseline_final is None else f"{r.steps_to_baseline_final:g}"
@@ -340,7 +377,10 @@ def format_table(rows: list[ArmSummary], metric: str, baseline: str, horizon: fl
             then = _minutes(r.seconds_to_baseline_final)
         compute = "—" if r.rollout_tokens is None else f"{r.rollout_tokens / 1e6:.2f} / {(r.grad_tokens or 0) / 1e6:.2f}"
         fresh = "—" if r.fresh_questions is None else f"{r.fresh_questions:,.0f}"
-        lines.append(f"| {r.arm} | {reach} | {tokens} | {then} | {compute} | {fresh} | {_minutes(r.train_seconds)} |")
+        e = r.diff_at_equal_tokens
+        at = "—" if e is None or r.equal_tokens is None else (
+            f"{e.mean:+.4f} [{e.low:+.4f}, {e.high:+.4f}] at {r.equal_tokens / 1e6:.2f} M")
+        lines.append(f"| {r.arm} | {reach} | {tokens} | {then} | {compute} | {fresh} | {_minutes(r.train_seconds)} | {at} |")
     n = max((r.final.n for r in rows), default=0)
     lines += [
         "",
@@ -361,6 +401,9 @@ def format_table(rows: list[ArmSummary], metric: str, baseline: str, horizon: fl
         "sampled again); mean over seeds, millions.",
         "- fresh questions: questions drawn from the training set over a run (replay takes some of a batch's "
         "places); train min: the run's training steps' wall time (evaluations excluded); means over seeds.",
+        f"- diff vs {baseline} at equal tokens: each run's {metric} read at the same number of sampled response "
+        f"tokens (the fewest any run of the pair spent in all, M), interpolated linearly between its evaluations; "
+        f"the arm minus {baseline} on the same seed, averaged, with a Student-t 95% CI of the paired differences.",
         "",
         verdict(rows, metric, baseline),
     ]

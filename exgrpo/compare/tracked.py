@@ -104,6 +104,11 @@ class TrackedComparison:
                 f"step reaching {self.baseline}'s final": r.steps_to_baseline_final,
                 "tokens sampled then (M)": None if r.tokens_to_baseline_final is None or r.steps_to_baseline_final is None
                 else round(r.tokens_to_baseline_final / 1e6, 3),
+                f"diff vs {self.baseline} at equal tokens": None if r.diff_at_equal_tokens is None
+                else round(r.diff_at_equal_tokens.mean, 4),
+                "equal-token diff ci95": None if r.diff_at_equal_tokens is None
+                else f"[{r.diff_at_equal_tokens.low:+.4f}, {r.diff_at_equal_tokens.high:+.4f}]",
+                "equal tokens (M)": None if r.equal_tokens is None else round(r.equal_tokens / 1e6, 3),
                 "final train accuracy": None if r.train_final is None else round(r.train_final, 4),
                 "rollout tokens (M)": None if r.rollout_tokens is None else round(r.rollout_tokens / 1e6, 3),
                 "loss tokens (M)": None if r.grad_tokens is None else round(r.grad_tokens / 1e6, 3),
@@ -317,6 +322,11 @@ def _summary_metrics(rows: list[ArmSummary], baseline: str) -> dict[str, float]:
             metrics[f"{r.arm}/tokens_to_baseline_final"] = r.tokens_to_baseline_final
         if r.steps_to_baseline_final is not None and r.seconds_to_baseline_final is not None:
             metrics[f"{r.arm}/seconds_to_baseline_final"] = r.seconds_to_baseline_final
+        if r.diff_at_equal_tokens is not None and r.equal_tokens is not None:
+            metrics[f"{r.arm}/equal_tokens"] = r.equal_tokens
+            metrics[f"{r.arm}/diff_vs_{baseline}_at_equal_tokens"] = r.diff_at_equal_tokens.mean
+            metrics[f"{r.arm}/diff_vs_{baseline}_at_equal_tokens_ci_low"] = r.diff_at_equal_tokens.low
+            metrics[f"{r.arm}/diff_vs_{baseline}_at_equal_tokens_ci_high"] = r.diff_at_equal_tokens.high
         if r.train_final is not None:
             metrics[f"{r.arm}/train_final_mean"] = r.train_final
         if r.rollout_tokens is not None:
