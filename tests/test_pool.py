@@ -101,6 +101,17 @@ def test_a_checkpoint_of_the_old_formats_still_loads(tmp_path):
         assert len(other.trajectories(1)) == 2
 
 
+def test_a_checkpoint_without_the_groups_success_counts_loads_them_as_unknown():
+    pool = ExperiencePool(group_size=4)
+    pool.observe_group(1, 2, [Trajectory((1, 2), (-0.1, -0.2), 0.5, 0, 2)], 0)
+    state = pool.state_dict()
+    assert state["group_correct"].tolist() == [2]
+    del state["group_correct"]  # written before the column existed
+    other = ExperiencePool(group_size=4)
+    other.load_state_dict(state)
+    assert [t.group_correct for t in other.trajectories(1)] == [0]
+
+
 def test_a_checkpoint_of_a_newer_format_is_a_one_line_error():
     state = ExperiencePool(group_size=8).state_dict()
     state["format"] = 99
@@ -113,7 +124,7 @@ def test_the_checkpoint_is_a_few_flat_tensors():
     for q in range(50):
         pool.observe_group(q, 1 + q % 7, [traj(range(q, q + 20)), traj(range(q, q + 30))], q)
     state = pool.state_dict()
-    assert len(state) == 12 and all(torch.is_tensor(v) for k, v in state.items() if k != "format")
+    assert len(state) == 13 and all(torch.is_tensor(v) for k, v in state.items() if k != "format")
     assert state["tokens"].dtype == torch.int32 and state["tokens"].numel() == 50 * 50
     assert state["behaviour_log_prob"].dtype == torch.float32
 

@@ -155,3 +155,48 @@ def test_rewarded_groups_keeps_each_groups_distinct_correct_responses_in_batch_o
     assert len(groups[0].correct) < groups[0].num_correct  # rows 1 and 2: one response, kept once
     shared = tuple(tokens[8, :int(mask[8].sum())].tolist())  # row 3's response is row 8's (in group 2)
     assert shared in {c.tokens for c in groups[0].correct} and shared in {c.tokens for c in groups[2].correct}
+
+
+def _observe(s, groups, step):
+    """Let strategy ``s`` (K = 4) see one fresh batch: ``groups`` is [(qid, [rewards of its 4 rows])];
+    row i of question q answers with the tokens (q, i)."""
+    qids = [q for q, _ in groups]
+    tokens = torch.tensor([[q, i] for q in qids for i in range(4)])
+    log_prob = torch.tensor([[-0.5 * (1 + (q == 1)), -0.5 * (1 + (q == 1))] for q in qids for _ in range(4)])
+    batch = assemble_batch(Replays.empty(), qids, tokens, torch.ones(len(qids) * 4, 2, dtype=torch.bool), log_prob,
+                           torch.ones(len(qids) * 4, 2), 4)
+    s.observe(batch, torch.tensor([r for _, r in groups], dtype=torch.float), step=step)
+
+
+@pytest.mark.parametrize("store_single", [True, False])
+def test_a_success_found_once_in_k_is_stored_only_when_asked_and_replays_are_counted_by_their_groups(store_single):
+    algo = ExGRPOConfig(group_size=4, replay_start_pass_rate=0.0, store_single_successes=store_single,
+                        selection_metric="random")
+    s = make_replay_strategy(algo, np.random.default_rng(0))
+    s.after_step(0.5, step=0)
+    # q1: one correct of four (a single success, stored log-prob -1.0 a token); q2: two of four (-0.5)
+    _observe(s, [(1, [1, 0, 0, 0]), (2, [1, 1, 0, 0])], step=1)
+    assert (1 in s.pool) is store_single and s.pool.bucket_of(2) == 2
+    assert [t.group_correct for t in s.pool.trajectories(2)] == [2, 2]
+    # q2 found once in four later on: it moves to bucket 1, and stores that success only when asked
+    _observe(s, [(2, [0, 0, 1, 0])], step=2)
+    assert s.pool.bucket_of(2) == 1 and len(s.pool.trajectories(2)) == (3 if store_single else 2)
+
+    s.plan(4)
+    replays = s.select(2, lambda q, t, m: (torch.zeros_like(t, dtype=torch.float), torch.zeros_like(t, dtype=torch.float)))
+    single = [t.group_correct == 1 for t in replays.trajectories]
+    m = s.stats()
+    assert m["replay/single_success_share"] == pytest.approx(sum(single) / len(single))
+    assert m["replay/single_success_share_run"] == m["replay/single_success_share"]
+    if not store_single:  # nothing from a 1-of-4 group was stored, so nothing of the kind is replayed
+        assert m["replay/single_success_share"] == 0.0 and "replay/single_success_log_prob" not in m
+        assert m["replay/multi_success_log_prob"] == pytest.approx(-0.5)
+    elif any(single):  # q1's rows were sampled at -1.0 a token, q2's at -0.5
+        lucky = [t for t in replays.trajectories if t.group_correct == 1]
+        assert m["replay/single_success_log_prob"] == pytest.approx(
+            sum(-1.0 if t.tokens[0] == 1 else -0.5 for t in lucky) / len(lucky))
+    # the run's counts survive a resume
+    s2 = make_replay_strategy(algo, np.random.default_rng(0))
+    s2.load_state_dict(s.state_dict())
+    assert s2._run_counts == s._run_counts
+    assert [t.group_correct for t in s2.pool.trajectories(2)] == [t.group_correct for t in s.pool.trajectories(2)]

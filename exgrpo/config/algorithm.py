@@ -108,6 +108,11 @@ class PoolReplayConfig(OnPolicyConfig):
     """Collect/bucket a question iff lbound < k <= rbound (k = correct rollouts of K)."""
     bucket_rbound: int | None = None
     """Upper collection bound on k; None means K-1 (the reference's 7 for K=8)."""
+    store_single_successes: bool = True
+    """Store the success of a group with exactly one correct rollout of K (found once in K samples,
+    perhaps by luck; the paper). False: such a group stores nothing, so a question it would bring
+    into the pool stays out, and a pooled question still moves to bucket 1 (its latest k) keeping
+    the trajectories it has. Unlike bucket_lbound: 1, k = 1 still counts as the question's bucket."""
     selection_metric: SelectionMetric = SelectionMetric.ENTROPY
     """Metric that chooses which stored trajectory of a question is replayed."""
     selection_mode: SelectionMode = SelectionMode.ARGMIN

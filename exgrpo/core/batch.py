@@ -149,7 +149,7 @@ def rewarded_groups(batch: StepBatch, rewards: torch.Tensor, step: int) -> list[
         g, tok = r // k, tuple(tokens[i][: lengths[i]])
         if tok not in seen[g]:
             seen[g].add(tok)
-            trajs[g].append(Trajectory(tok, tuple(behaviour[i][: lengths[i]]), ent_mean[i], step))
+            trajs[g].append(Trajectory(tok, tuple(behaviour[i][: lengths[i]]), ent_mean[i], step, num_correct[g]))
     return [RewardedGroup(q, num_correct[g], trajs[g]) for g, q in enumerate(batch.group_qids)]
 
 

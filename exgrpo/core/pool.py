@@ -127,7 +127,7 @@ class ExperiencePool:
             digest = token_digest(tokens)
             if digest not in entry.digests:
                 entry.rows.append(self._store.add(tokens, np.asarray(traj.behaviour_log_prob, dtype=np.float32),
-                                                  traj.entropy, traj.step, digest))
+                                                  traj.entropy, traj.step, digest, traj.group_correct))
                 entry.digests.append(digest)
         if self.max_per_question is not None and len(entry.rows) > self.max_per_question:
             self._retain(entry)
@@ -268,7 +268,8 @@ class ExperiencePool:
         """A few flat tensors (format :data:`POOL_FORMAT`), loadable with ``weights_only=True``:
         per question (collection order) its id, bucket, last update and trajectory count; per
         trajectory (grouped by question, oldest first) its length, entropy, step and digest; all
-        token ids and behaviour log-probs back to back. The store is compacted into that order
+        token ids and behaviour log-probs back to back; per trajectory also its group's success count
+        (``group_correct``, absent from checkpoints written before it: read as 0, unknown). The store is compacted into that order
         first and the tensors share its arrays (valid until the pool changes)."""
         self._compact()
         entries = sorted(self._entries.items(), key=lambda item: item[1].seq)
@@ -298,7 +299,8 @@ class ExperiencePool:
         qids = state["qid"].tolist()
         counts = state["n_trajectories"].tolist()
         self._store.load(state["tokens"].numpy(), state["behaviour_log_prob"].numpy(), state["length"].numpy(),
-                         state["entropy"].numpy(), state["step"].numpy(), state["digest"].numpy())
+                         state["entropy"].numpy(), state["step"].numpy(), state["digest"].numpy(),
+                         state["group_correct"].numpy() if "group_correct" in state else None)
         digests = state["digest"].tolist()
         self._entries, self._qid_of, self._bucket_seqs = {}, {}, {}
         row = 0

@@ -40,7 +40,7 @@ from exgrpo.config import (
 from exgrpo.core.batch import Replays, StepBatch, rewarded_groups
 from exgrpo.core.loss import MixedLossConfig, notebook_off_policy_loss
 from exgrpo.core.notebook_buffer import NotebookBuffer
-from exgrpo.core.pool import ExperiencePool
+from exgrpo.core.pool import ExperiencePool, Trajectory
 from exgrpo.core.sampler import sample_questions
 from exgrpo.core.schedules import ReplayStartSwitch, notebook_lambda
 from exgrpo.core.selection import pad_right, select_per_group, trajectory_metric
@@ -159,6 +159,33 @@ def make_replay_strategy(algo: AlgorithmConfig, rng: np.random.Generator) -> Rep
 register_replay(ReplayKind.NONE)(ReplayStrategy)
 
 
+def single_success_counts(trajectories: list[Trajectory]) -> tuple[int, int, float, float]:
+    """Of the replayed ``trajectories``: how many, how many were collected from a group with exactly
+    one correct rollout of K (``group_correct == 1``), and the sums over those and over the others of
+    each trajectory's mean stored behaviour log-prob per token."""
+    single = [t for t in trajectories if t.group_correct == 1]
+    multi = [t for t in trajectories if t.group_correct != 1]
+
+    def total(ts: list[Trajectory]) -> float:
+        return float(sum(sum(t.behaviour_log_prob) / max(len(t.behaviour_log_prob), 1) for t in ts))
+
+    return len(trajectories), len(single), total(single), total(multi)
+
+
+def single_success_metrics(counts: tuple[int, int, float, float], suffix: str = "") -> dict[str, float]:
+    """:func:`single_success_counts` (of one step, or summed over a run) as METRICS.md's
+    ``replay/single_success_*`` metrics; a log-prob mean is left out when no trajectory is in its class."""
+    n, n_single, lp_single, lp_multi = counts
+    if n == 0:
+        return {}
+    out = {f"replay/single_success_share{suffix}": n_single / n}
+    if n_single:
+        out[f"replay/single_success_log_prob{suffix}"] = lp_single / n_single
+    if n > n_single:
+        out[f"replay/multi_success_log_prob{suffix}"] = lp_multi / (n - n_single)
+    return out
+
+
 @register_replay(ReplayKind.BUCKETS)
 class BucketReplay(ReplayStrategy):
     """The paper's ExGRPO (exgrpo-spec.md §2-§7): correctness buckets, Gaussian bucket weights,
@@ -173,10 +200,21 @@ class BucketReplay(ReplayStrategy):
             algo.pool_retention, algo.pool_spill_dir,
         )
         self.switch = ReplayStartSwitch(algo.replay_start_pass_rate)
+        self._step_counts = (0, 0, 0.0, 0.0)
+        """:func:`single_success_counts` of this step's replayed trajectories."""
+        self._run_counts = (0, 0, 0.0, 0.0)
+        """The same summed over the run (checkpointed)."""
 
     def plan(self, batch_size: int) -> int:
         self._active = self.switch.started
+        self._step_counts = (0, 0, 0.0, 0.0)
         return round(self.algo.experience_ratio * batch_size) if self._active else 0
+
+    def stores(self, num_correct: int) -> bool:
+        """Whether a group with ``num_correct`` correct rollouts stores its successes (the pool's
+        bounds decide the rest): none without a success, none from a single one when
+        ``store_single_successes`` is off."""
+        return num_correct > 1 or (num_correct == 1 and self.algo.store_single_successes)
 
     def fresh_count(self, batch_size: int, n_replayed: int) -> int:
         """``replay_adds_to_batch``: always ``batch_size`` fresh questions, replay on top (GRPO's
@@ -212,6 +250,8 @@ class BucketReplay(ReplayStrategy):
             current = log_prob[picked]
         chosen = [rows[i] for i in picked]
         trajs = [self.pool.trajectory(r) for r in chosen]
+        self._step_counts = single_success_counts(trajs)
+        self._run_counts = tuple(a + b for a, b in zip(self._run_counts, self._step_counts, strict=True))
         if a.is_correction:
             _, old, _ = self.pool.padded(chosen)
         else:  # w = 1 at the current policy: its log-probs play pi_old
@@ -228,7 +268,8 @@ class BucketReplay(ReplayStrategy):
     def observe(self, batch: StepBatch, rewards: torch.Tensor, step: int) -> None:
         for g in rewarded_groups(batch, rewards, step):
             # retirement always; collection once replay has started (reference)
-            self.pool.observe_group(g.qid, g.num_correct, g.correct if g.num_correct else [], step, self.switch.started)
+            self.pool.observe_group(g.qid, g.num_correct, g.correct if self.stores(g.num_correct) else [], step,
+                                    self.switch.started)
 
     @property
     def mixed_phase(self) -> bool:
@@ -243,17 +284,21 @@ class BucketReplay(ReplayStrategy):
         )
 
     def stats(self) -> dict[str, float]:
-        return {**super().stats(), **self.pool.stats()}
+        return {**super().stats(), **self.pool.stats(), **single_success_metrics(self._step_counts),
+                **single_success_metrics(self._run_counts, "_run")}
 
     def after_step(self, batch_pass_rate: float, step: int) -> None:
         self.switch.update(batch_pass_rate, step)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"pool": self.pool.state_dict(), "switch": self.switch.state_dict()}
+        return {"pool": self.pool.state_dict(), "switch": self.switch.state_dict(),
+                "single_success_counts": list(self._run_counts)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.pool.load_state_dict(state["pool"])
         self.switch.load_state_dict(state["switch"])
+        n, n_single, lp_single, lp_multi = state.get("single_success_counts", (0, 0, 0.0, 0.0))  # absent before it
+        self._run_counts = (int(n), int(n_single), float(lp_single), float(lp_multi))
 
 
 @register_replay(ReplayKind.UNIFORM)

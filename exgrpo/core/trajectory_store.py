@@ -2,7 +2,7 @@
 
 Token ids (int32) and behaviour log-probs (float32) of every stored trajectory live in two
 contiguous arenas; a trajectory is a row of metadata columns (start, length, mean entropy, step,
-token-id digest). Removing a row only marks it dead; once dead tokens outnumber live ones the arenas
+token-id digest, its group's success count). Removing a row only marks it dead; once dead tokens outnumber live ones the arenas
 are compacted in one vectorised pass (amortised O(1) per insert), and the caller remaps its row ids.
 
 Resident cost: 8 bytes per stored token, plus ~40 bytes per trajectory. Capacity grows by doubling;
@@ -34,6 +34,9 @@ class Trajectory:
     """Mean token entropy of the behaviour policy over the T tokens."""
     step: int
     """Training step at which it was collected."""
+    group_correct: int = 0
+    """Correct rollouts among the K of the group it was collected from (1: a success found once in
+    K); 0 where not recorded (a pool checkpoint written before this field)."""
 
 
 def token_digest(tokens: np.ndarray) -> int:
@@ -101,23 +104,27 @@ class TrajectoryStore:
         self.entropy = np.empty(0, np.float64)
         self.step = np.empty(0, np.int64)
         self.digest = np.empty(0, np.int64)
+        self.group_correct = np.empty(0, np.int64)
         self.n_rows = 0
         """Rows in use (live and dead)."""
         self.live_rows = 0
         self.live_tokens = 0
 
-    def add(self, tokens: np.ndarray, log_prob: np.ndarray, entropy: float, step: int, digest: int) -> int:
-        """Append one trajectory; returns its row id. ``tokens`` (T,) int, ``log_prob`` (T,) float."""
+    def add(self, tokens: np.ndarray, log_prob: np.ndarray, entropy: float, step: int, digest: int,
+            group_correct: int = 0) -> int:
+        """Append one trajectory; returns its row id. ``tokens`` (T,) int, ``log_prob`` (T,) float;
+        ``group_correct``: the success count k of the group it came from (0: unknown)."""
         t = len(tokens)
         self.tokens = self._grown_arena("tokens", self.tokens, self.n_tokens + t)
         self.log_prob = self._grown_arena("log_prob", self.log_prob, self.n_tokens + t)
         self.tokens[self.n_tokens: self.n_tokens + t] = tokens
         self.log_prob[self.n_tokens: self.n_tokens + t] = log_prob
         row = self.n_rows
-        for name in ("start", "length", "entropy", "step", "digest"):
+        for name in ("start", "length", "entropy", "step", "digest", "group_correct"):
             setattr(self, name, _grown(getattr(self, name), row + 1))
         self.start[row], self.length[row] = self.n_tokens, t
         self.entropy[row], self.step[row], self.digest[row] = entropy, step, digest
+        self.group_correct[row] = group_correct
         self.n_tokens += t
         self.n_rows += 1
         self.live_rows += 1
@@ -171,30 +178,34 @@ class TrajectoryStore:
             t, lp = self.gather(rows[i: i + chunk_rows])
             tokens[pos: pos + len(t)], log_prob[pos: pos + len(t)] = t, lp
             pos += len(t)
-        self._set(tokens, log_prob, total, lengths, self.entropy[rows], self.step[rows], self.digest[rows])
+        self._set(tokens, log_prob, total, lengths, self.entropy[rows], self.step[rows], self.digest[rows],
+                  self.group_correct[rows])
 
     def load(self, tokens: np.ndarray, log_prob: np.ndarray, lengths: np.ndarray, entropy: np.ndarray,
-             step: np.ndarray, digest: np.ndarray) -> None:
-        """Replace the contents with packed columns (rows 0..len(lengths)-1, tokens back to back)."""
+             step: np.ndarray, digest: np.ndarray, group_correct: np.ndarray | None = None) -> None:
+        """Replace the contents with packed columns (rows 0..len(lengths)-1, tokens back to back);
+        ``group_correct`` None: not recorded (0 for every row)."""
         n = len(tokens)
         if self._spill is None:
             arena, lp_arena = np.ascontiguousarray(tokens, dtype=np.int32), np.ascontiguousarray(log_prob, dtype=np.float32)
         else:
             arena, lp_arena = self._alloc("tokens", np.int32, n), self._alloc("log_prob", np.float32, n)
             arena[:n], lp_arena[:n] = tokens, log_prob
-        self._set(arena, lp_arena, n, lengths, entropy, step, digest)
+        self._set(arena, lp_arena, n, lengths, entropy, step, digest,
+                  np.zeros(len(lengths), np.int64) if group_correct is None else group_correct)
 
     def _alloc(self, name: str, dtype: type, n: int) -> np.ndarray:
         return np.empty(n, dtype=dtype) if self._spill is None else self._spill.alloc(name, dtype, n)
 
     def _set(self, tokens: np.ndarray, log_prob: np.ndarray, n_tokens: int, lengths: np.ndarray,
-             entropy: np.ndarray, step: np.ndarray, digest: np.ndarray) -> None:
+             entropy: np.ndarray, step: np.ndarray, digest: np.ndarray, group_correct: np.ndarray) -> None:
         self.tokens, self.log_prob = tokens, log_prob
         self.length = np.array(lengths, dtype=np.int64)
         self.start = (np.cumsum(self.length) - self.length).astype(np.int64)
         self.entropy = np.array(entropy, dtype=np.float64)
         self.step = np.array(step, dtype=np.int64)
         self.digest = np.array(digest, dtype=np.int64)
+        self.group_correct = np.array(group_correct, dtype=np.int64)
         self.n_tokens = self.live_tokens = n_tokens
         self.n_rows = self.live_rows = len(self.length)
 
@@ -203,14 +214,16 @@ class TrajectoryStore:
         stays mapped, so a checkpoint of a spilled pool streams from its files)."""
         n, r = self.n_tokens, self.n_rows
         return {"tokens": self.tokens[:n], "behaviour_log_prob": self.log_prob[:n], "length": self.length[:r],
-                "entropy": self.entropy[:r], "step": self.step[:r], "digest": self.digest[:r]}
+                "entropy": self.entropy[:r], "step": self.step[:r], "digest": self.digest[:r],
+                "group_correct": self.group_correct[:r]}
 
     def trajectory(self, row: int) -> Trajectory:
         """Row ``row`` as a :class:`Trajectory` (tuples; O(T))."""
         s, t = int(self.start[row]), int(self.length[row])
         return Trajectory(tuple(self.tokens[s: s + t].tolist()), tuple(self.log_prob[s: s + t].tolist()),
-                          float(self.entropy[row]), int(self.step[row]))
+                          float(self.entropy[row]), int(self.step[row]), int(self.group_correct[row]))
 
     def nbytes(self) -> int:
         """Bytes held by the arrays (capacity, resident or not)."""
-        return sum(getattr(self, n).nbytes for n in ("tokens", "log_prob", "start", "length", "entropy", "step", "digest"))
+        return sum(getattr(self, n).nbytes for n in ("tokens", "log_prob", "start", "length", "entropy", "step", "digest",
+                                                    "group_correct"))
