@@ -16,7 +16,9 @@ Sides, timed interleaved after a warm-up of each, every call of repeat r on seed
 * ``vllm-<dtype>``: ``LLM.generate`` on the converted SmolLM2 directory in each of ``--vllm-dtypes``
   (eager mode, no prefix caching, as the project's vLLM rollout runs on CPU), the same token ids.
 
-Printed: each side's median tokens/s and its ratio to ``native``. ``--profile`` also profiles one native
+Printed: each side's median tokens/s and its ratio to ``native``; a side with bf16 weights on a CPU
+without oneDNN's bf16 kernels (no AVX-512 BW/VL/DQ nor AVX-NE-CONVERT, nor an ARM CPU's bf16), where
+they cannot run, is not started and is printed as skipped, with the reason. ``--profile`` also profiles one native
 rollout (torch.profiler, the ops with the most self CPU time) to show where its time goes.
 vLLM's CPU backend: ``VLLM_CPU_OMP_THREADS_BIND=nobind`` (``auto`` pins one core and reserves the rest)
 and ``VLLM_CPU_KVCACHE_SPACE`` 1 GiB, as the project's veRL runs set them. vLLM's model runs in a worker
@@ -33,11 +35,30 @@ import os
 import statistics
 import time
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+BF16_SIDES = ("native-bf16", "vllm-bfloat16", "vllm-bf16")
+"""The sides whose weights are bf16."""
+
+
+def _environment() -> None:
+    """What the vLLM engines read, set before they start (their worker processes inherit it)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+
+
+def skipped(sides: list[str], cpuinfo: str | None = None) -> dict[str, str]:
+    """The sides of ``sides`` this CPU (``cpuinfo``: its ``/proc/cpuinfo`` text, default this machine's)
+    cannot run, each with the reason printed in its row: bf16 weights without oneDNN's bf16 kernels,
+    where the weight prepack raises."""
+    from exgrpo.policies.lm.precision import BF16_WEIGHT_FLAGS, bf16_weights, cpu_flags, cpu_name
+
+    if bf16_weights(cpu_flags(cpuinfo)):
+        return {}
+    needs = " or ".join(", ".join(group) for group in BF16_WEIGHT_FLAGS)
+    why = f"skipped: bf16 weights need oneDNN's bf16 kernels ({needs}; bf16 on ARM), which {cpu_name(cpuinfo)} lacks"
+    return {side: why for side in sides if side in BF16_SIDES}
 
 
 def main() -> None:
@@ -50,6 +71,7 @@ def main() -> None:
     ap.add_argument("--vllm-dtypes", default="float32,bfloat16", help="vLLM sides (comma-separated dtypes)")
     ap.add_argument("--profile", action="store_true", help="also profile one native rollout")
     args = ap.parse_args()
+    _environment()
 
     import torch
     from vllm import LLM, SamplingParams as VSamplingParams
@@ -83,10 +105,14 @@ def main() -> None:
                             prepack=policy.prepack_weights)
         return int(eng.generate(prompts, torch.Generator().manual_seed(seed)).mask.sum())
 
-    sides = {"native": native, "native-bf16": native_bf16}
+    vllm_dtypes = [d for d in (d.strip() for d in args.vllm_dtypes.split(",")) if d]
+    skip = skipped(["native", "native-bf16", *(f"vllm-{d}" for d in vllm_dtypes)])
+    sides = {name: call for name, call in (("native", native), ("native-bf16", native_bf16)) if name not in skip}
     longest = max(len(p) for p in prompts)
     inputs = [TokensPrompt(prompt_token_ids=p) for p in prompts]
-    for dtype in filter(None, (d.strip() for d in args.vllm_dtypes.split(","))):
+    for dtype in vllm_dtypes:
+        if f"vllm-{dtype}" in skip:
+            continue
         llm = LLM(model=str(smollm2_dir()), tokenizer=str(smollm2_dir()), dtype=dtype, seed=0,
                   max_model_len=longest + t, enforce_eager=True, enable_prefix_caching=False, max_num_seqs=max(n, 16))
 
@@ -114,6 +140,8 @@ def main() -> None:
     rate = {s: statistics.median(v) for s, v in rates.items()}
     for name, r in rate.items():
         print(f"    {name:16s} {r:8.1f} tok/s   {r / rate['native']:5.2f}x native")
+    for name, why in skip.items():
+        print(f"    {name:16s} {why}")
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 

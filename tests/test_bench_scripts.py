@@ -69,3 +69,16 @@ def test_the_summary_of_no_records_is_a_one_line_error(tmp_path):
     proc = subprocess.run([sys.executable, str(REPO / "bench" / "summary.py"), str(tmp_path / "none.jsonl")],
                           capture_output=True, text=True)
     assert proc.returncode == 1 and "no records at" in proc.stderr and "EXGRPO_BENCH_SUMMARY" in proc.stderr
+
+
+def test_the_vllm_rollout_bench_skips_the_bf16_sides_a_cpu_cannot_run():
+    """On an AVX2-only CPU the bf16-weight sides are skipped with the reason (the prepack of bf16 weights
+    raises there); the fp32 sides run. An ARM CPU with bf16 runs them all."""
+    from bench_vllm_rollout import skipped  # bench/bench_vllm_rollout.py
+
+    cpuinfo = Path(__file__).parent / "fixtures" / "cpuinfo"
+    sides = ["native", "native-bf16", "vllm-float32", "vllm-bfloat16"]
+    skip = skipped(sides, (cpuinfo / "amd-epyc-7b12-avx2.txt").read_text())
+    assert sorted(skip) == ["native-bf16", "vllm-bfloat16"]
+    assert all(why.startswith("skipped:") and "AMD EPYC 7B12" in why and "avx512bw" in why for why in skip.values())
+    assert skipped(sides, (cpuinfo / "neoverse-v1-graviton3.txt").read_text()) == {}

@@ -1,5 +1,7 @@
-"""bf16 compute for the LM policies (``policy.precision``): the on-policy ratio of a bf16 step starts at 1,
-fp32 runs are untouched, and a CPU without bf16 matmul is refused before any work, in one line."""
+"""bf16 compute for the LM policies (``policy.precision``, and bf16 weights, ``policy.dtype``): the on-policy
+ratio of a bf16 step starts at 1, fp32 runs are untouched, and a CPU without bf16 matmul (or, for bf16
+weights, without oneDNN's bf16 kernels) is refused before any work, in one line. Other CPUs are shown to
+the checks by the text of their ``/proc/cpuinfo`` (tests/fixtures/cpuinfo)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ pytest.importorskip("transformers")
 
 from exgrpo.backends.native import trainer as trainer_module  # noqa: E402
 from exgrpo.config import ConfigError, ExperimentConfig, LMPolicyConfig, TextArithmeticTaskConfig  # noqa: E402
+from pathlib import Path  # noqa: E402
+
 from exgrpo.policies.lm import precision  # noqa: E402
 from exgrpo.policies.lm.policy import LMPolicy  # noqa: E402
 from exgrpo.policies.lm.tiny_lm import TinyLMConfig, build_model  # noqa: E402
@@ -18,27 +22,36 @@ from exgrpo.tasks.text_arithmetic import TextArithmetic  # noqa: E402
 
 TASK = TextArithmeticTaskConfig(n_train=200, n_val=50, data_seed=7)
 MODEL = TinyLMConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128)
-HAS_BF16 = frozenset({"avx512f", "avx512_bf16"})
-NO_BF16 = frozenset({"avx2", "avx512f"})
+CPUINFO = Path(__file__).parent / "fixtures" / "cpuinfo"
+AVX2_ONLY = CPUINFO / "amd-epyc-7b12-avx2.txt"
+"""A Zen 2 EPYC: avx2, no AVX-512 at all."""
+ARM_BF16 = CPUINFO / "neoverse-v1-graviton3.txt"
+"""A Neoverse V1 (AWS Graviton3): bf16 in its Features."""
+ARM_NO_BF16 = CPUINFO / "neoverse-n1-graviton2.txt"
+"""A Neoverse N1 (AWS Graviton2): no bf16."""
+HERE_BF16 = precision.bf16_matmul(precision.cpu_flags()) and precision.bf16_weights(precision.cpu_flags())
 
 
-def _policy(task: TextArithmetic, prec: str) -> LMPolicy:
+def _policy(task: TextArithmetic, prec: str, weights: torch.dtype = torch.float32) -> LMPolicy:
     """A random tiny Llama whose head is sharpened (x6), so that bf16 rounding moves its log-probs by a
-    few hundredths (measured: up to 0.03 in the ratio against the fp32 sampler), as the SFT warm start's do."""
+    few hundredths (measured: up to 0.03 in the ratio against the fp32 sampler), as the SFT warm start's do;
+    its weights in ``weights``."""
     torch.manual_seed(0)
     model = build_model(MODEL, task.tokenizer)
     with torch.no_grad():
         model.lm_head.weight.mul_(6.0)
+    model.to(weights)
     return LMPolicy(model, task.tokenizer.pad_id, task.tokenizer.eos_id,
                     LMPolicyConfig(max_new_tokens=12, precision=prec))
 
 
-def _first_step_ratios(tmp_path, monkeypatch, prec: str, old_from_sampler: bool = False) -> torch.Tensor:
+def _first_step_ratios(tmp_path, monkeypatch, prec: str, old_from_sampler: bool = False,
+                       weights: torch.dtype = torch.float32) -> torch.Tensor:
     """exp(log pi_new - log pi_old) of every token of one trainer step's only mini-batch (before any update:
-    on-policy), as the loss receives them. ``old_from_sampler``: pi_old left as the fp32 sampler's."""
-    monkeypatch.setattr(precision, "cpu_flags", lambda: HAS_BF16)
+    on-policy), as the loss receives them. ``old_from_sampler``: pi_old left as the sampler's."""
+    monkeypatch.setattr(precision, "CPUINFO", ARM_BF16)  # the checks pass on any CI machine
     task = TextArithmetic(TASK)
-    policy = _policy(task, prec)
+    policy = _policy(task, prec, weights)
     if old_from_sampler:
         monkeypatch.setattr(policy, "with_training_log_probs", lambda prompts, rollout: rollout)
     cfg = ExperimentConfig.model_validate({
@@ -72,6 +85,22 @@ def test_with_the_fp32_samplers_log_probs_the_bf16_ratio_is_not_one(tmp_path, mo
     assert float((ratio - 1).abs().max()) > 1e-2
 
 
+@pytest.mark.skipif(not HERE_BF16, reason="this CPU has no oneDNN bf16 kernels, which bf16 weights need")
+def test_a_bf16_weight_steps_on_policy_ratio_is_one_up_to_rounding(tmp_path, monkeypatch):
+    """bf16 weights (``policy.dtype: bfloat16``) sample on the bf16 decoder and train on the bf16 packed
+    forward, two bf16 computations: pi_old is re-scored by the training forward, so the ratio starts at 1."""
+    ratio = _first_step_ratios(tmp_path, monkeypatch, "fp32", weights=torch.bfloat16)
+    assert float((ratio - 1).abs().max()) < 1e-3
+
+
+@pytest.mark.skipif(not HERE_BF16, reason="this CPU has no oneDNN bf16 kernels, which bf16 weights need")
+def test_with_the_bf16_samplers_log_probs_the_bf16_weight_ratio_is_not_one(tmp_path, monkeypatch):
+    """The negative control of the test above: the bf16 decoder's own log-probs as pi_old put on-policy
+    ratios away from 1 (what the re-score removes), so that test can fail."""
+    ratio = _first_step_ratios(tmp_path, monkeypatch, "fp32", old_from_sampler=True, weights=torch.bfloat16)
+    assert float((ratio - 1).abs().max()) > 1e-2
+
+
 def test_fp32_runs_no_extra_forward(tmp_path, monkeypatch):
     """fp32 samples and trains on one numeric path: pi_old is the rollout's own, no re-score runs."""
     task = TextArithmetic(TASK)
@@ -98,30 +127,46 @@ def test_bf16_scoring_is_autocast_over_fp32_weights():
     assert pol16.model.lm_head.weight.grad is not None and pol16.model.lm_head.weight.grad.dtype == torch.float32
 
 
-def test_bf16_on_a_cpu_without_bf16_matmul_is_refused_before_any_work(tmp_path, monkeypatch, capsys):
-    """``exgrpo train`` with policy.precision=bf16: exit 2 and one line naming the CPU flag, before any run
-    directory, record or warm start exists."""
+@pytest.mark.parametrize("setting,words", [
+    ("policy.precision=bf16", ["avx512_bf16", "policy.precision=fp32"]),
+    ("policy.dtype=bfloat16", ["avx512bw, avx512vl, avx512dq", "avx_ne_convert", "policy.dtype=float32"]),
+])
+def test_bf16_on_a_cpu_without_it_is_refused_before_any_work(setting, words, tmp_path, monkeypatch, capsys):
+    """``exgrpo train`` with bf16 compute or bf16 weights on an AVX2-only CPU: exit 2 and one line naming
+    the field, the CPU flags and the fix, before any run directory, record or warm start exists."""
     from exgrpo.cli import main
 
-    monkeypatch.setattr(precision, "cpu_flags", lambda: NO_BF16)
+    monkeypatch.setattr(precision, "CPUINFO", AVX2_ONLY)
     monkeypatch.setenv("EXGRPO_CACHE", str(tmp_path / "cache"))
-    code = main(["train", "experiments/smollm2-arith.yaml", "--set", "policy.precision=bf16", "--no-tracking",
+    code = main(["train", "experiments/smollm2-arith.yaml", "--set", setting, "--no-tracking", "--max-steps", "1",
                  "--output-dir", str(tmp_path / "runs")])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1, err
-    assert "policy.precision=bf16" in err and "avx512_bf16" in err and "policy.precision=fp32" in err
+    assert setting in err and "AMD EPYC 7B12" in err and all(w in err for w in words), err
     assert not (tmp_path / "runs").exists() and not (tmp_path / "cache").exists()
 
 
-def test_the_cpu_check_reads_the_flags_and_passes_fp32_everywhere(monkeypatch):
-    monkeypatch.setattr(precision, "cpu_flags", lambda: NO_BF16)
-    precision.check_precision("fp32")
-    with pytest.raises(ConfigError, match="avx512_bf16 or amx_bf16"):
+def test_the_cpu_checks_read_x86_flags_and_arm_features():
+    avx2, arm, arm_old = (p.read_text() for p in (AVX2_ONLY, ARM_BF16, ARM_NO_BF16))
+    assert "avx2" in precision.cpu_flags(avx2) and "bf16" in precision.cpu_flags(arm)
+    for text in (avx2, arm, arm_old):  # fp32 passes everywhere
+        precision.check_precision("fp32", cpuinfo=text)
+        precision.check_weights_dtype("float32", cpuinfo=text)
+    precision.check_precision("bf16", cpuinfo=arm)  # an ARM CPU with bf16 computes in it
+    precision.check_weights_dtype("bfloat16", cpuinfo=arm)
+    with pytest.raises(ConfigError, match=r"avx512_bf16 or amx_bf16 in /proc/cpuinfo's flags, or bf16 in an ARM"):
+        precision.check_precision("bf16", cpuinfo=avx2)
+    with pytest.raises(ConfigError, match=r"an ARM CPU \(implementer 0x41, part 0xd0c\) has none"):
+        precision.check_precision("bf16", cpuinfo=arm_old)
+    with pytest.raises(ConfigError, match=r"^policy.dtype=bfloat16 needs .*AMD EPYC 7B12 has none: set policy.dtype=float32$"):
+        precision.check_weights_dtype("bfloat16", cpuinfo=avx2)
+    with pytest.raises(ConfigError, match="part 0xd0c"):
+        precision.check_weights_dtype("bfloat16", cpuinfo=arm_old)
+    here = precision.cpu_flags()  # this machine's own
+    assert isinstance(here, frozenset) and (not Path("/proc/cpuinfo").exists() or here)
+    if HERE_BF16:
         precision.check_precision("bf16")
-    for flags in ({"avx512_bf16"}, {"amx_bf16", "amx_tile"}):
-        monkeypatch.setattr(precision, "cpu_flags", lambda flags=flags: frozenset(flags))
-        precision.check_precision("bf16")
-    assert isinstance(precision.cpu_flags(), frozenset)
+        precision.check_weights_dtype("bfloat16")
 
 
 @pytest.mark.parametrize("overrides,words", [

@@ -87,7 +87,7 @@ class LMPolicyConfig(_Strict):
     precision: Precision = Precision.FP32
     """Compute precision of the training forward and backward: fp32, or bf16 (bfloat16 autocast over fp32 weights
     and fp32 AdamW state; the fresh rollouts' old log-probs are re-scored in bf16 before the update, so an
-    on-policy ratio starts at 1; needs a CPU with avx512_bf16 or amx_bf16)."""
+    on-policy ratio starts at 1; needs a CPU with avx512_bf16 or amx_bf16, or an ARM CPU with bf16)."""
     model: TinyLMConfig = TinyLMConfig()
     """The tiny LM (architecture + SFT warm start; cached by a hash of this section)."""
 
@@ -110,7 +110,9 @@ class HFPolicyConfig(_Strict):
     converted once)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Storage dtype: the weights are loaded, sampled from and trained in it, with no fp32 copy (bfloat16 halves
-    memory; for bf16 compute over fp32 weights, keep float32 and set precision: bf16)."""
+    memory, and needs a CPU with oneDNN's bf16 kernels: avx512bw/vl/dq or avx_ne_convert, or an ARM CPU with bf16;
+    its rollouts are re-scored by the training forward; for bf16 compute over fp32 weights, keep float32 and set
+    precision: bf16)."""
     max_new_tokens: int = Field(64, ge=1)
     """Longest response, EOS included (also the L of token-sum-norm aggregation)."""
     temperature: float = Field(1.0, gt=0.0)
@@ -128,7 +130,7 @@ class HFPolicyConfig(_Strict):
     precision: Precision = Precision.FP32
     """Compute precision of the training forward and backward: fp32, or bf16 (bfloat16 autocast over fp32 weights
     and fp32 AdamW state; the fresh rollouts' old log-probs are re-scored in bf16 before the update, so an
-    on-policy ratio starts at 1; needs a CPU with avx512_bf16 or amx_bf16)."""
+    on-policy ratio starts at 1; needs a CPU with avx512_bf16 or amx_bf16, or an ARM CPU with bf16)."""
 
     @field_validator("path")
     @classmethod

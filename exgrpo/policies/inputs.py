@@ -1,7 +1,8 @@
 """The local files a run reads and the CPU it computes on, checked before it does any work: the native
 trainer's model directory (``policy.path``), the model a veRL run's vLLM serves on the CPU, a file
-task's question files, every row, and bf16 matmul for ``policy.precision: bf16``. Reads files only (no
-weights), so ``exgrpo train`` refuses bad input at once and ``exgrpo doctor`` reports it."""
+task's question files, every row, and the CPU's bf16 support for ``policy.precision: bf16`` and
+``policy.dtype: bfloat16``. Reads files only (no weights), so ``exgrpo train`` refuses bad input at
+once and ``exgrpo doctor`` reports it."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 from exgrpo.config import ConfigError, ExperimentConfig, FileTaskConfig, HFPolicyConfig
 from exgrpo.config.backend import verl_model, verl_model_field
 from exgrpo.policies.lm.hf_model import check_any_family_dir, check_model_dir
-from exgrpo.policies.lm.precision import check_precision
+from exgrpo.policies.lm.precision import check_precision, check_weights_dtype
 from exgrpo.tasks.rlhf_file import check_task_files
 
 VLLM_CPU_HEAD_SIZES: tuple[int, ...] = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -22,7 +23,7 @@ first rollout, after the job has started."""
 
 def check_inputs(cfg: ExperimentConfig) -> None:
     """ConfigError, one line naming the field, for the first local input of ``cfg`` that cannot be used
-    (or a bf16 precision this CPU cannot compute in).
+    (or a bf16 precision or bf16 weights this CPU cannot compute in).
     veRL trains ``policy.path`` whatever its family, so only the native trainer's model is held to the
     engine's families here."""
     if isinstance(cfg.policy, HFPolicyConfig):
@@ -33,6 +34,7 @@ def check_inputs(cfg: ExperimentConfig) -> None:
         check_task_files(cfg.task)
     if cfg.backend.name == "native":
         check_precision(getattr(cfg.policy, "precision", "fp32"))
+        check_weights_dtype(getattr(cfg.policy, "dtype", "float32"))
 
 
 def check_vllm_cpu_head_size(cfg: ExperimentConfig) -> None:

@@ -26,7 +26,7 @@ from exgrpo.backends.base import MLflowRun, StepCallback, TrainResult
 from exgrpo.backends.native import checkpoint as ckpt
 from exgrpo.policies.build import build_task_and_policy
 from exgrpo.policies.interfaces import Policy, Task
-from exgrpo.policies.lm.precision import check_precision
+from exgrpo.policies.lm.precision import check_precision, check_weights_dtype
 from exgrpo.backends.native.memory import keep_freed_memory
 from exgrpo.backends.native.policy_loss import get_exgrpo_loss_fn
 from exgrpo.core.fresh import FreshSampler
@@ -57,6 +57,7 @@ class Trainer:
         self.cfg = cfg
         torch.set_num_threads(cfg.train.threads)
         check_precision(getattr(cfg.policy, "precision", Precision.FP32))  # before any work
+        check_weights_dtype(getattr(cfg.policy, "dtype", "float32"))
         if cfg.train.keep_freed_memory:
             keep_freed_memory()
         if task is None or policy is None:

@@ -4,9 +4,9 @@ Prompt rows are unpadded token-id lists (``task.prompts(qids)``); responses are 
 tensors with a bool mask through EOS. Sampling and scoring go through one
 :class:`~exgrpo.policies.lm.engine.RolloutEngine`, so behaviour log-probs of fresh rows
 and ``score`` of the same rows agree (same temperature, same packed layout). ``score`` runs in the
-training precision (``policy.precision``, :mod:`.precision`); sampling in fp32. Where the two differ,
-:meth:`LMPolicy.with_training_log_probs` re-scores a rollout in the training precision, so that the
-importance ratio of an on-policy token compares one numeric path with itself.
+training precision (``policy.precision``, :mod:`.precision`); sampling in the weights' dtype. Unless
+both are fp32, :meth:`LMPolicy.with_training_log_probs` re-scores a rollout with the training forward,
+so that the importance ratio of an on-policy token compares one numeric path with itself.
 """
 
 from __future__ import annotations
@@ -35,8 +35,11 @@ class LMPolicy(nn.Module):
         self.pad_id, self.eos_id = int(pad_id), int(eos_id)
         self.precision = Precision(cfg.precision)
         """The training forward's compute precision (``score``)."""
-        self.rollout_precision = Precision.FP32
-        """The sampler's: fp32 (the fp32 decoders, prepacked for oneDNN's fp32 GEMM)."""
+        weights = next(model.parameters()).dtype
+        self.rollout_precision = Precision.FP32 if weights == torch.float32 else Precision.BF16
+        """The sampler's, that of the weights: fp32 (the fp32 decoders, prepacked for oneDNN's fp32 GEMM), or
+        bf16 for bf16 weights (``policy.dtype: bfloat16``), whose decoder is another bf16 computation than
+        the training forward: its log-probs are re-scored, as a bf16 training forward's are."""
         params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p)
         self._engine = RolloutEngine(model, self.pad_id, self.eos_id, params, decoder=cfg.decoder,
                                      prepack=cfg.prepack_weights, unpadded=cfg.unpadded_scoring)
@@ -77,9 +80,11 @@ class LMPolicy(nn.Module):
     @torch.no_grad()
     def with_training_log_probs(self, prompts: Sequence[Sequence[int]], rollout: Rollout) -> Rollout:
         """``rollout`` with the log-probs and entropies of the training forward (the loss's pi_old): the
-        rollout itself when it was sampled in the training precision (no forward), else its rows
-        re-scored by ``score`` without a gradient."""
-        if self.rollout_precision is self.precision:
+        rollout itself when sampler and training forward both compute in fp32 (they agree to ~1e-5; no
+        forward), else its rows re-scored by ``score`` without a gradient. Two bf16 computations (the
+        bf16 decoder and the bf16 training forward) differ by bf16's rounding, so bf16 is re-scored
+        whichever side it is on."""
+        if self.rollout_precision is Precision.FP32 and self.precision is Precision.FP32:
             return rollout
         scores = self.score(prompts, rollout.tokens, rollout.mask)
         return Rollout(tokens=rollout.tokens, mask=rollout.mask, log_prob=scores.log_prob, entropy=scores.entropy)
