@@ -183,3 +183,43 @@ def test_the_single_gpu_recipe_composes_for_one_card_with_the_papers_training_se
                 "actor_rollout_ref.actor.optim.lr", "data.max_response_length", "trainer.total_training_steps",
                 "actor_rollout_ref.actor.loss_agg_mode", "actor_rollout_ref.actor.loss_scale_factor"):
         assert OmegaConf.select(c1, key) == OmegaConf.select(c8, key), key
+
+
+# ------------------------------------------------------------------------------------ the smoke's verdicts
+def _run_dir(tmp_path, attempts: list[list[int]], pool: bool = True) -> Path:
+    """A veRL run directory as the smoke leaves it: the job's log, one metrics file per attempt (the
+    steps each logged), and step 2's checkpoint."""
+    import json
+
+    import torch
+
+    run = tmp_path / "seed0"
+    (run / "verl_metrics").mkdir(parents=True)
+    (run / "verl.log").write_text(CUDA_LOG)
+    for i, steps in enumerate(attempts):
+        rows = [json.dumps({"step": s, "data": {"training/global_step": s}}) for s in steps]
+        (run / "verl_metrics" / f"attempt_{i:03d}.jsonl").write_text("\n".join(rows) + "\n")
+    step2 = run / "checkpoints" / "global_step_2"
+    (step2 / "actor").mkdir(parents=True)
+    (step2 / "actor" / "model.pt").write_bytes(b"x")
+    (step2 / "data.pt").write_bytes(b"x")
+    if pool:
+        torch.save({"questions": torch.zeros(3)}, step2 / "exgrpo_pool.pt")
+    return run
+
+
+def test_the_smoke_passes_a_run_resumed_from_its_step_2_checkpoint(tmp_path):
+    from exgrpo.gpu_smoke import run_checks
+
+    checks = run_checks(_run_dir(tmp_path, [[1, 2], [3]]), "cuda")
+    assert [(c.ok, c.path) for c in checks] == [(True, p) for p in (*PATHS, "checkpoint", "resume")]
+    assert str(checks[-1]) == "ok     resume: the second run started at step 3, from global_step_2"
+
+
+def test_the_smoke_fails_a_run_that_started_over_or_lost_its_pool(tmp_path):
+    from exgrpo.gpu_smoke import run_checks
+
+    checks = {c.path: c for c in run_checks(_run_dir(tmp_path, [[1, 2], [1, 2, 3]], pool=False), "cuda")}
+    assert not checks["resume"].ok and "expected [1, 3]" in checks["resume"].text
+    assert not checks["checkpoint"].ok and checks["checkpoint"].text.endswith("no exgrpo_pool.pt")
+    assert str(checks["resume"]).startswith("FAILED resume:")
