@@ -340,12 +340,24 @@ def summary_table(data: ComparisonData) -> str:
             H.td("—" if r.tokens_to_baseline_final is None or r.steps_to_baseline_final is None
                  else f"{r.tokens_to_baseline_final / 1e6:.2f}", arm=r.arm, col="tokens_to_target",
                  value=None if r.tokens_to_baseline_final is None else repr(r.tokens_to_baseline_final)),
+            _equal_tokens_cell(r),
             check,
         ])
     headers = ["arm", "algo", "seeds", f"final {data.metric} (mean ± 95% CI)", "95% CI", "IQM [95% bootstrap CI]",
                f"diff vs {base} (paired, 95% CI)", f"P(> {base}) [95% CI]", f"step reaching {base}'s final (median)",
-               "tokens sampled then (M)", "parent run's logged value"]
+               "tokens sampled then (M)", f"diff vs {base} at equal sampled tokens (paired, 95% CI)",
+               "parent run's logged value"]
     return H.table(headers, rows, tid="summary-table", left=2)
+
+
+def _equal_tokens_cell(r: ArmSummary) -> str:
+    """The arm minus the baseline at the sampled tokens every run of the pair reached, with its CI."""
+    e = r.diff_at_equal_tokens
+    if e is None or r.equal_tokens is None:
+        return H.td("—", arm=r.arm, col="diff_equal_tokens")
+    return H.td(f"{e.mean:+.4f} [{e.low:+.4f}, {e.high:+.4f}] at {r.equal_tokens / 1e6:.2f} M"
+                + (" ✱" if e.low > 0 or e.high < 0 else ""), arm=r.arm, col="diff_equal_tokens",
+                value=repr(e.mean), low=repr(e.low), high=repr(e.high), tokens=repr(r.equal_tokens), n=e.n)
 
 
 def seeds_table(data: ComparisonData) -> str:
