@@ -7,7 +7,6 @@ in the CPU end-to-end run of veRL's vLLM rollout (tests/test_vllm_rollout.py), i
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -113,11 +112,12 @@ def test_flash_attention_is_refused_off_cuda_before_any_work():
 
 # ------------------------------------------------------------------------------------ the path lines
 CUDA_LOG = "\n".join([
-    "(vLLMHttpServer pid=812) " + line("sleep-mode", "vLLM released its GPU memory for training (level 2): +61.20 GiB"),
+    "(vLLMHttpServer pid=812) " + line("sleep-mode", "vLLM released its GPU memory for training (level 2): the GPU's free "
+                                                     "memory went from 12.0 to 73.2 GiB"),
     "(WorkerDict pid=700) " + line("weight-sync", "CUDA IPC buckets: 291 tensors, 942.1 MB from the FSDP actor to vLLM"),
     "(WorkerDict pid=700) " + line("actor", "FSDP; the first linear layer computed with inputs torch.bfloat16, "
                                             "weights torch.bfloat16"),
-    "(WorkerDict pid=700) " + line("collectives", "nccl (data-parallel all_reduce of the batch's token count over 1 rank(s))"),
+    "(WorkerDict pid=700) " + line("collectives", "cpu:gloo,cuda:nccl (data-parallel all_reduce of the batch's token count over 1 rank(s))"),
     "step:1 - actor/pg_loss:0.01",
 ])
 

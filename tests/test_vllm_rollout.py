@@ -208,7 +208,7 @@ def test_the_job_prints_each_device_path_it_took_in_its_cpu_form(vllm_grpo_run):
     assert len(found["sleep-mode"]) == 1  # one vLLM server, said once
     assert found["weight-sync"][0].startswith("shared-memory buckets: ") and "MB from the FSDP actor" in found["weight-sync"][0]
     assert found["actor"][0] == "FSDP2; the first linear layer computed with inputs torch.float32, weights torch.float32"
-    assert found["collectives"][0].startswith("gloo (")
+    assert found["collectives"][0].startswith("cpu:gloo (")
     assert not any(ok for ok, _, _ in verdicts(log, "cuda"))  # none of the CUDA forms
 
 

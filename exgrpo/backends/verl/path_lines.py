@@ -14,7 +14,7 @@ EXPECTED = {
     "cuda": {"sleep-mode": "vLLM released its GPU memory", "weight-sync": "CUDA IPC buckets",
              "actor": "inputs torch.bfloat16", "collectives": "nccl"},
     "cpu": {"sleep-mode": "off", "weight-sync": "shared-memory buckets",
-            "actor": "inputs torch.float32", "collectives": "gloo"},
+            "actor": "inputs torch.float32", "collectives": "cpu:gloo ("},
 }
 """device -> path -> what its line must contain when the device's own path ran (the cuda row: vLLM's
 sleep mode, the CUDA IPC weight sync, the actor's bf16 compute, NCCL; the cpu row: what the CPU

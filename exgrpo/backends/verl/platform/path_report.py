@@ -55,7 +55,7 @@ async def sleep_and_report(server: Any, sleep) -> None:
     after = device_free_gib()
     if server.node_rank != 0:
         return
-    freed = "" if before is None or after is None else f": {after - before:+.2f} GiB of GPU memory free after it"
+    freed = "" if before is None or after is None else f": the GPU's free memory went from {before:.1f} to {after:.1f} GiB"
     report("sleep-mode", f"vLLM released its GPU memory for training (level {server._resolve_sleep_level()}){freed}")
 
 
