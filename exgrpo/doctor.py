@@ -141,8 +141,11 @@ def ray_cluster(cfg: ExperimentConfig) -> list[Finding]:
         return [Finding(False, str(e))]
     import ray
 
+    from exgrpo.raylocal import sigterm_kept
+
     try:
-        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+        with sigterm_kept():  # SIGTERM ends the doctor as the CLI ends it (143, one line), not by Ray's sys.exit
+            ray.init(address=address, logging_level="ERROR", log_to_driver=False)
         where, nodes, exposed = describe(address), alive_nodes(), exposed_metrics(ray.nodes())
     except Exception as e:  # noqa: BLE001
         return [Finding(False, join_failure(address, e))]

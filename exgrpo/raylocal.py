@@ -107,18 +107,34 @@ def agent_port_any() -> None:
 
 @contextlib.contextmanager
 def sigterm_kept() -> Iterator[None]:
-    """Keep this process's own SIGTERM handler across ``ray.init``, which replaces it with ``sys.exit``.
+    """Keep this process's own SIGTERM handler across ``ray.init``, which would replace it with ``sys.exit``.
 
     A command's handler (:mod:`exgrpo.cli`) ends it as Ctrl-C does, stopping what it started; Ray's
     ``sys.exit`` inside a Prefect flow crashed the flow, aborted the process and left its Prefect
-    server and Ray's agents running."""
+    server and Ray's agents running. Inside the block Ray installs no handler, and a SIGTERM that
+    arrives is held and handed to this process's handler once the block ends, with Ray whole (up, or
+    failed to start): Ray's handler would exit from the middle of its start, with its processes half
+    made. Holding it at the Python level, not with ``pthread_sigmask``: a mask is per thread (the
+    signal goes to another thread, and Python runs the handler in the main thread all the same), and
+    every process Ray starts meanwhile would inherit it and ignore SIGTERM for good."""
     main = threading.current_thread() is threading.main_thread()
     before = signal.getsignal(signal.SIGTERM) if main else None
+    if not callable(before):  # no handler of its own to keep (or not the main thread, where Ray sets none)
+        yield
+        return
+    import ray._private.utils as ray_utils
+
+    held: list[int] = []
+    set_handler = ray_utils.set_sigterm_handler
+    ray_utils.set_sigterm_handler = lambda handler: None  # looked up there by ray.init on each call
+    signal.signal(signal.SIGTERM, lambda signum, frame: held.append(signum))
     try:
         yield
     finally:
-        if callable(before) and signal.getsignal(signal.SIGTERM) is not before:
-            signal.signal(signal.SIGTERM, before)
+        ray_utils.set_sigterm_handler = set_handler
+        signal.signal(signal.SIGTERM, before)
+    if held:
+        before(signal.SIGTERM, None)
 
 
 def init_local_ray(num_cpus: int, **kwargs: Any):

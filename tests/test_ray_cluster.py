@@ -217,6 +217,32 @@ def test_doctor_stops_on_ctrl_c_while_a_cluster_keeps_it_waiting(tmp_path):
         assert proc.returncode == 130, proc.stderr.read()[-2000:]
 
 
+DOCTOR_SIGTERM_IN_INIT = (
+    "import os, signal, sys, time\n"
+    "import ray._private.worker as worker\n"
+    "import exgrpo.cli\n"
+    "connect = worker.connect\n"
+    "def signalled_connect(*args, **kwargs):\n"  # inside the doctor's ray.init for sure
+    "    os.kill(os.getpid(), signal.SIGTERM)\n"
+    "    time.sleep(1)\n"  # a handler in place runs within this
+    "    return connect(*args, **kwargs)\n"
+    "worker.connect = signalled_connect\n"
+    "sys.exit(exgrpo.cli.main(sys.argv[1:]))\n"
+)
+
+
+def test_doctor_ends_as_terminated_on_a_sigterm_while_it_joins_the_cluster(cluster, tmp_path):
+    """Its ``ray.init`` put in Ray's handler (``sys.exit``): a SIGTERM while it joined ended it with
+    status 15 and no word."""
+    out = subprocess.run([sys.executable, "-c", DOCTOR_SIGTERM_IN_INIT, "doctor", "experiments/verl-tiny-grpo.yaml",
+                          "--set", f"backend.verl.ray_address={cluster.address}", "--tracking-uri",
+                          f"sqlite:///{tmp_path}/m.db"], env=cluster.env, capture_output=True, text=True,
+                         timeout=300)  # a hang guard
+    # the command's handler ended it (the doctor's own loop reports any interrupt as Ctrl-C's)
+    assert out.returncode in (130, 143), (out.returncode, out.stdout[-2000:], out.stderr[-2000:])
+    assert out.stderr.splitlines()[-1:] in (["interrupted"], ["terminated"]), out.stderr[-2000:]
+
+
 def test_a_cluster_too_small_for_verl_fails_in_seconds_with_one_line(cluster, tracking, tmp_path):
     # two workers per node need a node with 6 CPUs and 2 GPUs: neither node has them
     out = _cli(["train", "experiments/verl-tiny-grpo.yaml", "--ray-address", cluster.address, "--tracking-uri",

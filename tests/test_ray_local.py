@@ -270,3 +270,34 @@ def test_verl_runs_start_by_their_own_size_from_what_ray_reports_free(capsys):
         assert "it needs 1 node(s) with 6 CPUs and 2 GPUs" in said and "free now: 6 CPU/1 GPU" in said
     finally:
         ray.shutdown()
+
+
+SIGTERM_IN_INIT = (
+    "import os, signal, sys, time\n"
+    "import ray, ray._private.worker as worker\n"
+    "from exgrpo.raylocal import init_local_ray\n"
+    "class Stop(Exception): pass\n"
+    "def ours(signum, frame): raise Stop()\n"
+    "signal.signal(signal.SIGTERM, ours)\n"
+    "connect = worker.connect\n"
+    "def signalled_connect(*args, **kwargs):\n"  # inside ray.init for sure: its node is up, its driver not yet
+    "    os.kill(os.getpid(), signal.SIGTERM)\n"
+    "    time.sleep(1)\n"  # a handler in place runs within this
+    "    return connect(*args, **kwargs)\n"
+    "worker.connect = signalled_connect\n"
+    "try:\n"
+    "    init_local_ray(1)\n"
+    "    print('NOT DELIVERED', flush=True)\n"
+    "except Stop:\n"
+    "    print('OURS AFTER INIT', ray.is_initialized(), ray.get(ray.remote(lambda: 42).remote()), flush=True)\n"
+    "os.kill(os.getpid(), signal.SIGTERM)\n"  # and still ours after it
+    "time.sleep(1)\n"
+)
+
+
+def test_a_sigterm_during_ray_init_reaches_the_processs_own_handler_once_ray_is_up():
+    """Ray's ``ray.init`` puts in a handler of its own (``sys.exit``) first thing: a SIGTERM in its start
+    ended the process from the middle of it, past the command's handler that stops what it started."""
+    out = subprocess.run([sys.executable, "-c", SIGTERM_IN_INIT], capture_output=True, text=True, timeout=300)
+    assert out.stdout.splitlines()[:1] == ["OURS AFTER INIT True 42"], (out.returncode, out.stdout, out.stderr[-2000:])
+    assert out.returncode == 1 and "Stop" in out.stderr.splitlines()[-1], out.stderr[-2000:]
