@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 
 import numpy as np
 import pytest
@@ -279,3 +280,37 @@ def test_the_warm_start_estimate_grows_with_its_sft_steps():
     assert sft_estimate(TinyLMConfig(sft_steps=4)) == "under a minute"
     assert sft_estimate(TinyLMConfig()) == "roughly 20 s-2 min"  # the default 400 steps
     assert sft_estimate(TinyLMConfig(sft_steps=2000)) == "roughly 2-10 min"
+
+
+def test_the_warm_start_is_the_same_whatever_thread_count_its_caller_runs_at(tmp_path, monkeypatch):
+    """The cache key is the config alone, so the weights may not depend on the caller's torch threads
+    (a float sum split over 3 threads rounds otherwise than over 1): trained at SFT_THREADS from callers
+    at 1 and 3 threads, bit for bit the same, and each caller keeps its own count. A cache entry that
+    says it was trained at another count is trained again."""
+    pytest.importorskip("transformers")
+    from exgrpo.policies.lm.tiny_lm import RECORD_FILE, SFT_THREADS, TinyLMConfig, load_tiny_lm, train_tiny_lm, warm_start
+
+    cfg = TinyLMConfig(sft_steps=3, eval_questions=0)  # the default model: its sums are big enough to split
+    caller = torch.get_num_threads()
+    weights = {}
+    try:
+        for threads in (1, 3):
+            torch.set_num_threads(threads)
+            tiny = train_tiny_lm(cfg, progress=False)
+            assert torch.get_num_threads() == threads and tiny.record["torch_threads"] == SFT_THREADS
+            weights[threads] = tiny.model.state_dict()
+    finally:
+        torch.set_num_threads(caller)
+    assert weights[1].keys() == weights[3].keys()
+    assert all(torch.equal(weights[1][k], weights[3][k]) for k in weights[1]), "the weights depend on the threads"
+
+    monkeypatch.setenv("EXGRPO_CACHE", str(tmp_path))
+    path = load_tiny_lm(cfg, progress=False).path
+    record = json.loads((path / RECORD_FILE).read_text())
+    (path / RECORD_FILE).write_text(json.dumps({**record, "torch_threads": 3}))  # an entry trained at 3 threads
+    said: list[str] = []
+    line = warm_start(cfg, progress=False, say=said.append)
+    assert said[0].startswith("tiny LM warm start: the cached one was trained at another thread count than 1, training")
+    assert line.startswith("tiny LM warm start: trained now in ")
+    assert json.loads((path / RECORD_FILE).read_text())["torch_threads"] == SFT_THREADS
+    assert load_tiny_lm(cfg, progress=False).cache_hit

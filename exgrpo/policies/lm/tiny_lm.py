@@ -51,6 +51,13 @@ __all__ = [
 CACHE_FORMAT = 1
 """Bump to invalidate every cached tiny LM (e.g. when the SFT data format changes)."""
 RECORD_FILE = "tiny_lm.json"
+SFT_THREADS = 1
+"""Torch threads the warm start is trained and scored at, whatever the caller's. Float sums split
+across threads round differently with the count (measured on this project's AMD EPYC: 1, 2 and 4
+threads give the same weights, 3 and 8 others), and the cache key holds only the config, so the
+weights must not depend on which command trained them first. One thread splits no sum, and it is the
+count the documented warm-start readings were trained at (0.382 on an AMD EPYC: inside a run at
+``train.threads: 1``, and the same weights at 2)."""
 
 
 @dataclass
@@ -195,6 +202,27 @@ def _quiet_hf(enabled: bool):
             hf_logging.enable_progress_bar()
 
 
+@contextlib.contextmanager
+def _torch_threads(n: int):
+    """The block at ``n`` torch threads; the caller's count afterwards."""
+    was = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(was)
+
+
+def _cached(path: Path) -> dict | None:
+    """The record of the complete cache entry at ``path`` trained at :data:`SFT_THREADS`, else None (no
+    entry, or one trained at the caller's thread count, whose weights may differ: trained again)."""
+    try:
+        record = json.loads((path / RECORD_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if record.get("torch_threads") == SFT_THREADS else None
+
+
 def _load_cached(path: Path) -> TinyLM:
     from transformers import AutoModelForCausalLM
 
@@ -206,7 +234,14 @@ def _load_cached(path: Path) -> TinyLM:
 
 
 def train_tiny_lm(cfg: TinyLMConfig, progress: bool = True) -> TinyLM:
-    """Build and SFT a tiny LM (no cache), recording SFT time/loss and the warm-start accuracy."""
+    """Build and SFT a tiny LM (no cache), recording SFT time/loss and the warm-start accuracy; at
+    :data:`SFT_THREADS` torch threads whatever the caller's (restored after), so that the weights are a
+    function of ``cfg`` alone."""
+    with _torch_threads(SFT_THREADS):
+        return _train_tiny_lm(cfg, progress)
+
+
+def _train_tiny_lm(cfg: TinyLMConfig, progress: bool) -> TinyLM:
     tokenizer = CharTokenizer()
     model = build_model(cfg, tokenizer)
     record: dict = {"config": cfg.model_dump(mode="json"), "hash": config_hash(cfg), "format": CACHE_FORMAT}
@@ -218,7 +253,7 @@ def train_tiny_lm(cfg: TinyLMConfig, progress: bool = True) -> TinyLM:
         record["warm_start_accuracy"] = greedy_accuracy(model, tokenizer, task, ids, cfg.eval_max_new_tokens)
         record["warm_start_eval_questions"] = len(ids)
         record["warm_start_eval_seconds"] = time.perf_counter() - t0
-    record["torch_threads"] = torch.get_num_threads()
+    record["torch_threads"] = torch.get_num_threads()  # SFT_THREADS: an entry that says otherwise is retrained
     return TinyLM(model, tokenizer, None, record, cache_hit=False)
 
 
@@ -233,16 +268,17 @@ def load_tiny_lm(
 
     ``use_cache=False`` trains without reading or writing the cache; ``retrain=True`` trains and
     overwrites the cached copy. A cache entry is complete once its ``tiny_lm.json`` exists (it is
-    written last, into a temporary directory that is then renamed into place)."""
+    written last, into a temporary directory that is then renamed into place); one whose record says
+    it was trained at another thread count than :data:`SFT_THREADS` is trained again and replaced."""
     cfg = cfg or TinyLMConfig()
     if not use_cache:
         return train_tiny_lm(cfg, progress)
     path = cache_root(cache_dir) / "tiny-lm" / config_hash(cfg)
     with _quiet_hf(not progress):
-        if not retrain and (path / RECORD_FILE).is_file():
+        if not retrain and _cached(path):
             return _load_cached(path)
         with exclusive(path.parent / f".{path.name}.lock"):
-            if not retrain and (path / RECORD_FILE).is_file():  # another process trained it meanwhile
+            if not retrain and _cached(path):  # another process trained it meanwhile
                 return _load_cached(path)
             tiny = train_tiny_lm(cfg, progress)
             tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
@@ -285,11 +321,13 @@ def warm_start(cfg: TinyLMConfig, progress: bool = True, say: Callable[[str], No
     A warm start about to be trained is first announced through ``say`` in one line, with its number
     of SFT steps and roughly how long they take, since training it is silent without a progress bar."""
     path = cache_root() / "tiny-lm" / config_hash(cfg)
-    if (path / RECORD_FILE).is_file():
+    if _cached(path):
         return f"tiny LM warm start: loaded from the cache, {path}"
+    why = "not in the cache" if not (path / RECORD_FILE).is_file() else (
+        f"the cached one was trained at another thread count than {SFT_THREADS}")
     if say is not None:
         per_step = "-".join(f"{s:g}" for s in SFT_SECONDS_PER_STEP)
-        say(f"tiny LM warm start: not in the cache, training it now: {cfg.sft_steps} SFT steps, "
+        say(f"tiny LM warm start: {why}, training it now: {cfg.sft_steps} SFT steps, "
             f"{sft_estimate(cfg)} (approximate: about {per_step} s a step on a 2-core CPU)")
     t0 = time.perf_counter()
     tiny = load_tiny_lm(cfg, progress=progress)
@@ -297,4 +335,4 @@ def warm_start(cfg: TinyLMConfig, progress: bool = True, say: Callable[[str], No
         return f"tiny LM warm start: loaded from the cache, {tiny.path} (trained meanwhile by another process)"
     minutes, seconds = divmod(round(time.perf_counter() - t0), 60)
     took = f"{minutes} m {seconds:02d} s" if minutes else f"{seconds} s"
-    return f"tiny LM warm start: trained now in {took} (not in the cache); cached at {tiny.path} for the next runs"
+    return f"tiny LM warm start: trained now in {took} ({why}); cached at {tiny.path} for the next runs"
