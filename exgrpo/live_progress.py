@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from exgrpo.progress import console as default_console, is_watched
+from exgrpo.progress import MIN_TIMED_STEPS, console as default_console, is_watched
 
 PRINT_SECONDS = 10.0
 """Default seconds between two progress lines of the same run (``EXGRPO_PROGRESS_SECONDS`` overrides)."""
@@ -42,6 +42,8 @@ class ProgressReporter:
         self.t0 = time.monotonic()
         self._last = -float("inf")
         self._val: float | None = None
+        self._first: tuple[int, float] | None = None
+        """(step, seconds since start) of the first step reported: the ETA times the steps after it."""
 
     def on_start(self, total_steps: int) -> None:
         """The trainer's planned step count (the ETA's denominator when the config sets no max_steps);
@@ -49,18 +51,26 @@ class ProgressReporter:
         self.total = total_steps
         self.board.report.remote(self.key, {"step": 0, "total": total_steps, "elapsed": 0.0, "pass": None, "val": None})
 
-    def __call__(self, step: int, metrics: dict[str, float]) -> None:
+    def state(self, step: int, metrics: dict[str, float], now: float) -> dict[str, Any] | None:
+        """What the board hears after step ``step`` at time ``now`` (``time.monotonic``), or None while
+        reports are throttled (at most one every ``min_seconds``, the last step and validations always)."""
         if "val/accuracy" in metrics:
             self._val = float(metrics["val/accuracy"])
-        now = time.monotonic()
+        if self._first is None:
+            self._first = (int(step), now - self.t0)
         last_step = self.total is not None and step >= self.total
         if now - self._last < self.min_seconds and not last_step and "val/accuracy" not in metrics:
-            return
+            return None
         self._last = now
-        ref = self.board.report.remote(self.key, {
-            "step": int(step), "total": self.total, "elapsed": now - self.t0,
-            "pass": metrics.get("batch/solved"), "val": self._val,
-        })
+        return {"step": int(step), "total": self.total, "elapsed": now - self.t0, "timed_from": self._first,
+                "pass": metrics.get("batch/solved"), "val": self._val}
+
+    def __call__(self, step: int, metrics: dict[str, float]) -> None:
+        state = self.state(step, metrics, time.monotonic())
+        if state is None:
+            return
+        ref = self.board.report.remote(self.key, state)
+        last_step = self.total is not None and step >= self.total
         if last_step:  # the board holds the final state before the run's result reaches the driver
             import ray
 
@@ -89,11 +99,14 @@ def format_progress(key: str, state: dict[str, Any]) -> str:
 
 
 def eta(state: dict[str, Any]) -> str:
-    """``m:ss`` left at the run's pace so far, or ``""`` while its total or first step is unknown."""
-    step, total = state["step"], state.get("total")
-    if not (total and step):
+    """``m:ss`` left at the pace of the steps timed since the run's first reported step, or ``""``
+    while its total is unknown or fewer than :data:`~exgrpo.progress.MIN_TIMED_STEPS` steps are timed
+    (the first step's time holds the run's start-up, which says nothing of the steps to come)."""
+    step, total, first = state["step"], state.get("total"), state.get("timed_from")
+    if not total or first is None or step - first[0] < MIN_TIMED_STEPS:
         return ""
-    left = max(0.0, state.get("elapsed", 0.0) / step * (total - step))
+    per_step = (state.get("elapsed", 0.0) - first[1]) / (step - first[0])
+    left = max(0.0, per_step * (total - step))
     return f"{int(left // 60)}:{int(left % 60):02d}"
 
 

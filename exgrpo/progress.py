@@ -5,9 +5,25 @@ from __future__ import annotations
 import os
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, Task, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.text import Text
 
 console = Console(stderr=True)
+
+MIN_TIMED_STEPS = 3
+"""Steps timed (after the first, whose time holds the run's start-up: loading, warm start, a veRL
+job's workers) before a remaining time is shown: one step's pace, or a start-up spread over one
+step, says little about the rest (it made the first ETA of a 10-minute run hours)."""
+
+
+class _TimeRemaining(TimeRemainingColumn):
+    """rich's time remaining, blank ("-:--:--") until :data:`MIN_TIMED_STEPS` steps have been timed
+    (the task's ``timed`` field)."""
+
+    def render(self, task: Task) -> Text:
+        if task.fields.get("timed", 0) < MIN_TIMED_STEPS:
+            return Text("-:--:--", style="progress.remaining")
+        return super().render(task)
 
 
 def is_watched(con: Console | None = None) -> bool:
@@ -23,10 +39,11 @@ class StepProgress:
         self.title = title
         self._p = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+            TextColumn("{task.fields[info]}"), TimeElapsedColumn(), _TimeRemaining(),
             console=console, disable=not enabled, transient=False,
         )
-        self._task = self._p.add_task(title, total=total, completed=start, info="")
+        self._task = self._p.add_task(title, total=total, completed=start, info="", timed=0)
+        self._updates = 0
 
     def __enter__(self) -> StepProgress:
         self._p.__enter__()
@@ -35,13 +52,18 @@ class StepProgress:
     def __exit__(self, *exc) -> None:
         self._p.__exit__(*exc)
 
+    def _timed(self) -> int:
+        """Steps timed so far, this update's included: every update after the first."""
+        self._updates += 1
+        return self._updates - 1
+
     def advance(self, m: dict[str, float]) -> None:
-        self._p.update(self._task, advance=1, info=self._info(m))
+        self._p.update(self._task, advance=1, info=self._info(m), timed=self._timed())
 
     def show(self, step: int, m: dict[str, float]) -> None:
         """Step ``step`` is done, with metrics ``m``: for steps that arrive from elsewhere (a veRL job's
         metric file, a step callback); a validation step also prints its summary line."""
-        self._p.update(self._task, completed=step, info=self._info(m))
+        self._p.update(self._task, completed=step, info=self._info(m), timed=self._timed())
         if "val/accuracy" in m and self.enabled:
             self._p.console.print(self._summary([f"step {step:5d}"], m))
 

@@ -329,7 +329,7 @@ def test_mlflow_links_point_at_the_ui_that_serves_the_store(tmp_path, monkeypatc
     where nothing serves the store, the line names the command that would."""
     from exgrpo.paths import UI_SERVER_FILE
     from exgrpo.prefect_home import announce_server, withdraw_server
-    from exgrpo.tracking.mlflow_tracking import experiment_url, resolve_tracking_uri, run_url, ui_note
+    from exgrpo.tracking.mlflow_tracking import experiment_url, resolve_tracking_uri, run_link, run_url, ui_note
 
     home = tmp_path / "home"
     monkeypatch.setenv("PREFECT_HOME", str(home))
@@ -346,9 +346,26 @@ def test_mlflow_links_point_at_the_ui_that_serves_the_store(tmp_path, monkeypatc
     assert run_url("1", "r", "http://127.0.0.1:30009/") == \
         "http://127.0.0.1:30009/exgrpo/open#/experiments/1/runs/r?workflowType=machine_learning"
     assert experiment_url("1", "http://10.0.0.9:5000") == "http://10.0.0.9:5000/#/experiments/1/runs?workflowType=machine_learning"
+    assert run_link("u", store) == {"mlflow_url": "u"}  # train's record: the link, where a UI serves it
     withdraw_server(home)
     assert run_url("1", "r", store).startswith("http://127.0.0.1:5000/")
     # a record whose process is gone, its pid now another process's (it started later), points nowhere
     (home / UI_SERVER_FILE).write_text(json.dumps({"api_url": "x", "pid": os.getpid(), "started": 1.0,
                                                    "mlflow_url": "http://127.0.0.1:30009", "mlflow_store": store}))
     assert run_url("1", "r", store).startswith("http://127.0.0.1:5000/")
+
+
+def test_train_names_the_command_that_serves_its_run_where_no_ui_does(tmp_path, monkeypatch, capsys):
+    """`exgrpo train` with nothing serving its store: its record gives the command that would
+    (`exgrpo ui`, with the store), not a link to a port nothing listens on."""
+    from exgrpo.cli import main
+
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "home"))  # no running `exgrpo ui` recorded there
+    monkeypatch.delenv("EXGRPO_MLFLOW_UI", raising=False)
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    assert main(["train", "experiments/toy-exgrpo.yaml", "--max-steps", "2", "--no-progress", "--tracking-uri", store,
+                 "--output-dir", str(tmp_path / "runs")]) == 0
+    out = capsys.readouterr().out
+    record = json.loads(out[out.rindex('{\n  "run_dir"'):])
+    assert "mlflow_url" not in record and ":5000" not in out
+    assert f"`exgrpo ui --tracking-uri {store}` does" in record["mlflow_ui"] and record["mlflow_run_id"]

@@ -59,7 +59,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.no_tracking:
         result, record = run, {}
     else:
-        result, record = run.result, {"mlflow_run_id": run.run_id, "mlflow_url": run.url}
+        from exgrpo.tracking.mlflow_tracking import run_link
+
+        result, record = run.result, {"mlflow_run_id": run.run_id, **run_link(run.url, args.tracking_uri)}
     final = {k: v for k, v in result.final_metrics.items() if k.startswith(("val/", "train/accuracy", "pool/", "batch/solved"))}
     print(json.dumps({"run_dir": str(result.run_dir), "checkpoint": str(result.checkpoint), **record, **final}, indent=2))
     return 0

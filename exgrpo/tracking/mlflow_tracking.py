@@ -199,16 +199,34 @@ def ui_base(tracking_uri: str | None = None) -> str:
     return _ui(tracking_uri)[0]
 
 
+def ui_command(tracking_uri: str | None = None) -> str | None:
+    """The command that serves the store's MLflow UI (``exgrpo ui``, naming the store unless it is the
+    default) when nothing serves it now; None when something does: the tracking server itself,
+    ``EXGRPO_MLFLOW_UI``, or a running ``exgrpo ui``."""
+    uri = resolve_tracking_uri(tracking_uri)
+    if uri.startswith(("http://", "https://")) or os.environ.get("EXGRPO_MLFLOW_UI") or _serving_ui(uri):
+        return None
+    return "exgrpo ui" + ("" if uri == default_tracking_uri() else f" --tracking-uri {uri}")
+
+
 def ui_note(tracking_uri: str | None = None) -> str:
     """What serves the store's links, for the line that prints one: the server itself or a running
     ``exgrpo ui``, else the command that would serve it."""
     uri = resolve_tracking_uri(tracking_uri)
     if uri.startswith(("http://", "https://")) or os.environ.get("EXGRPO_MLFLOW_UI"):
         return ""
-    if _serving_ui(uri):
-        return " (served by the running `exgrpo ui`)"
-    store = "" if uri == default_tracking_uri() else f" --tracking-uri {uri}"
-    return f" (nothing serves this store now: `exgrpo ui{store}` does)"
+    command = ui_command(uri)
+    return " (served by the running `exgrpo ui`)" if command is None else f" (nothing serves this store now: `{command}` does)"
+
+
+def run_link(url: str, tracking_uri: str | None = None) -> dict[str, str]:
+    """A finished run's MLflow entry for a command's JSON record: ``{"mlflow_url": url}`` where a UI
+    serves the store now; else ``{"mlflow_ui": ...}``, the command that serves it (a link to a port
+    nothing listens on would only fail)."""
+    command = ui_command(tracking_uri)
+    if command is None:
+        return {"mlflow_url": url}
+    return {"mlflow_ui": f"nothing serves this store now; `{command}` does, and lists the run under its experiment"}
 
 
 def ui_link(base: str, route: str, through_page: bool = True) -> str:
