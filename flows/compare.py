@@ -151,6 +151,7 @@ def compare_flow(
     ray_address: str | None = None,
     resume: bool = False,
     adaptive: bool = False,
+    new_test: bool = False,
 ) -> dict[str, Any]:
     """Train every arm of a comparison YAML over seeds (Ray tasks or a process pool), then log the
     statistics on an MLflow parent run and publish the table as Prefect artifacts. ``seeds``: N (0..N-1),
@@ -158,7 +159,8 @@ def compare_flow(
     with checkpoints continue from them (finished ones end at once), so a killed comparison goes on
     and one with more seeds or steps trains only what is new. ``adaptive``: seeds in stages until
     AdaStop's test decides every pair (the file's ``adaptive:`` section); each stage's decisions are
-    an artifact."""
+    an artifact. A resumed adaptive comparison keeps the settings its test began with; ``new_test``
+    (with ``resume``) starts a new test over its runs instead."""
     from exgrpo.compare.tracked import run_tracked_compare  # torch: when the flow runs, not when Prefect reads it
 
     log = get_run_logger()
@@ -179,7 +181,7 @@ def compare_flow(
         res = run_tracked_compare(cc, tracking_uri=tracking_uri, executor=executor, workers=workers,
                                   ray_address=ray_address, on_done=shows.done, on_parent=shows.started,
                                   on_progress=shows.stepped, on_failed=shows.failed, on_started=shows.run_started,
-                                  resume=resume, adaptive=adaptive, on_stage=shows.stage)
+                                  resume=resume, adaptive=adaptive, on_stage=shows.stage, new_test=new_test)
     except user_errors() as e:
         return failed_run(e)
     if adaptive:  # the test decided before the most seeds it could take: the comparison is done

@@ -34,6 +34,9 @@ def add_parser(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
     c.add_argument("--adaptive", action="store_true",
                    help="add seeds in stages until AdaStop's sequential test decides every pair, with the family-wise "
                    "error held (the file's adaptive: section; default: the file's fixed seeds)")
+    c.add_argument("--new-test", action="store_true",
+                   help="with --adaptive --resume: start a new sequential test over the comparison's runs, with "
+                   "other settings (default: a resume keeps the settings the test began with, and refuses others)")
     c.add_argument("--workers", type=int, help="runs trained at once (default: as many as the cores, or the Ray "
                    "cluster, hold at train.threads each)")
     c.add_argument("--set", action="append", metavar="FIELD=VALUE",
@@ -63,6 +66,12 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--seeds {args.seeds}: an adaptive comparison chooses its seeds stage by stage; set the "
                           "first with --set adaptive.first_seed=N (and adaptive.seeds_per_stage, adaptive.max_stages)")
     cc = cc.select(args.arms, args.seeds)
+    if args.new_test and not args.adaptive:
+        raise ConfigError("--new-test starts a new sequential test: it goes with --adaptive --resume")
+    if args.adaptive:
+        from exgrpo.compare.adaptive_record import check_settings
+
+        check_settings(cc, args.resume, args.new_test)
     from exgrpo.cluster import check_cluster, cluster_address
     from exgrpo.compare import RunOutcome, format_table, summarize
     from exgrpo.report import comparison_figure, mechanism_figure
@@ -79,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
             flow = load_flow("compare", "compare_flow")
             out = flow(config=str(args.config), seeds=args.seeds, arms=args.arms, overrides=overrides,
                        tracking_uri=args.tracking_uri, executor="ray", workers=args.workers, resume=args.resume,
-                       ray_address=args.ray_address, adaptive=args.adaptive)
+                       ray_address=args.ray_address, adaptive=args.adaptive, new_test=args.new_test)
         except (TrackingError, FlowMissing) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
@@ -135,6 +144,11 @@ def _compare_locally(cc: CompareConfig, args: argparse.Namespace) -> tuple[list,
         prepare_warm_starts((cfg for cfg, _ in jobs(cc)), say=bar.console.print, progress=not args.no_progress)
         if not args.adaptive:
             return run_stage(cc), failed, None
+
+        from exgrpo.compare.adaptive_record import begin
+
+        if (note := begin(cc, args.resume, args.new_test)) is not None:
+            bar.console.print(f"note: {note}")
 
         def stage(state):
             bar.console.print(f"stage {state.stages_done}: " + "; ".join(

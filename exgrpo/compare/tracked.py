@@ -32,6 +32,7 @@ from exgrpo.compare import (
     split_params,
     summarize,
 )
+from exgrpo.compare import adaptive_record
 from exgrpo.compare.adaptive import SequentialState, StageIncomplete, format_decisions, run_adaptive
 from exgrpo.config import CompareConfig, ExperimentConfig
 from exgrpo.launch import tracked_train
@@ -156,12 +157,15 @@ def run_tracked_compare(
     resume: bool = False,
     adaptive: bool = False,
     on_stage: Callable[[SequentialState], None] | None = None,
+    new_test: bool = False,
 ) -> TrackedComparison:
     """Train every (arm, seed) as an MLflow child run, then log the statistics on the parent.
     ``resume``: a run whose directory holds checkpoints continues from them (a finished one ends at
     once), so a killed comparison goes on, and one with more seeds or steps trains only what is new.
     ``adaptive``: seeds run in stages (``cc.adaptive``, :mod:`exgrpo.compare.adaptive`) for the arms
-    still undecided; each stage's decisions go on the parent run and to ``on_stage(state)``.
+    still undecided; each stage's decisions go on the parent run and to ``on_stage(state)``. A resumed
+    adaptive comparison keeps the settings its test began with (:mod:`exgrpo.compare.adaptive_record`);
+    ``new_test`` starts a new test over its runs instead.
 
     A failed child marks its run FAILED; the others finish, the statistics cover them, and the
     call then raises listing the failures (the parent run ends FAILED; an adaptive comparison runs
@@ -172,11 +176,15 @@ def run_tracked_compare(
     own training), at the latest just before its ``on_done`` or ``on_failed``."""
     ray_address = cluster_address(ray_address) if executor == "ray" else None
     require_shared_stores(ray_address, tracking_uri)  # before any work
+    if adaptive:
+        adaptive_record.check_settings(cc, resume, new_test)
     tracker = Tracker(tracking_uri)  # unreachable store: an error here, before any training
     if ray_address is None:  # the runs share this machine's cache: its warm starts first, said in a line
         prepare_warm_starts(cfg for cfg, _ in jobs(cc))
     base = cc.base_config()
     exp_id = tracker.experiment_id(base.name)
+    if adaptive and (note := adaptive_record.begin(cc, resume, new_test)) is not None:
+        print(f"note: {note}", flush=True)
     parent = _start_parent(tracker, cc, base, run_name, resume, adaptive)
     if on_parent is not None:
         on_parent(parent, run_url(exp_id, parent, tracker.uri))
