@@ -27,7 +27,10 @@ def test_the_temp_dirs_of_the_rays_this_process_started_are_removed_after_shutdo
 
     monkeypatch.setattr(ray, "init", init)
     monkeypatch.setattr(ray, "is_initialized", lambda: bool(started))
-    monkeypatch.setattr(ray, "shutdown", lambda: started.append("shutdown"))
+    def shutdown():  # what each session dir is when Ray shuts down: still there, its processes may still write
+        started.append(("shutdown", [os.path.isdir(d) for d in started[:2]]))
+
+    monkeypatch.setattr(ray, "shutdown", shutdown)
     raylocal.init_local_ray(1)
     raylocal.init_local_ray(1)  # a second private Ray in the same process (e.g. one with a job server)
     ours = started[:2]
@@ -38,5 +41,5 @@ def test_the_temp_dirs_of_the_rays_this_process_started_are_removed_after_shutdo
     handler(**{**kwargs, "pid": os.getpid() + 1})  # in a forked child: its parent's to remove
     assert all(os.path.isdir(d) for d in ours)
     handler(**kwargs)
-    assert started[2:] == ["shutdown"]  # shut down first, then removed
-    assert not any(os.path.exists(d) for d in ours) and other.is_dir()
+    assert started[2:] == [("shutdown", [True, True])]  # shut down first, while both dirs were there
+    assert not any(os.path.exists(d) for d in ours) and other.is_dir()  # then removed, only this process's
