@@ -122,3 +122,55 @@ def test_smollm2_trains_one_step_through_the_cli(tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "smollm2-arith" / "seed0" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1] and all("val/accuracy" in r for r in rows)
     assert rows[1]["actor/grad_norm"] > 0
+
+
+def _replayed_success_gain(tmp_path, shaping):
+    """Three steps of the tiny LM where row 0 of every group is the one success: the first switches
+    replay on, the second stores each question's row 0, the third replays them beside K - 1 fresh
+    failures. Returns the change, over that third update, of each replayed row's sequence log-prob."""
+    import torch
+
+    run = cfg(tmp_path / shaping, **{"algorithm.experience_ratio": 0.5, "train.mini_batches": 1, "train.lr": 1e-3,
+                                     "algorithm.entropy_coeff": 0.0, "algorithm.shaping": shaping})
+    trainer = Trainer(run)
+    k = run.algorithm.group_size
+    trainer.task.rewards = lambda row_qids, tokens, mask: torch.tensor(  # (G*K,): row 0 of each group
+        [1.0 if i % k == 0 else 0.0 for i in range(len(row_qids))])
+    for _ in range(2):
+        trainer.train_step()
+    assert len(trainer.replay.pool) > 0
+    seen = {}
+    real_update = trainer._update
+
+    def update(batch, adv):
+        rows = batch.off_policy.nonzero().flatten()
+        assert len(rows) and bool((adv[rows, 0] > 0).all())  # each replayed success leads its group
+
+        def replayed_log_prob():  # (G_r,) sequence log-prob of each replayed row
+            with torch.no_grad():
+                s = trainer.policy.score(trainer.task.prompts([batch.row_qids[i] for i in rows.tolist()]),
+                                         batch.tokens[rows], batch.mask[rows])
+            return (s.log_prob * batch.mask[rows]).sum(1)
+
+        before = replayed_log_prob()
+        out = real_update(batch, adv)
+        seen["gain"] = replayed_log_prob() - before
+        return out
+
+    trainer._update = update
+    trainer.train_step()
+    return seen["gain"]
+
+
+def test_a_replayed_success_among_failures_is_learned_on_the_lm_at_full_weight_and_damped_by_policy_shaping(tmp_path):
+    """The LM replay path moves the policy toward what it replays: a stored trajectory replayed as
+    the one success of its group (the K - 1 fresh rollouts fail) is more likely after the update
+    when its tokens' gradient is at full weight (truncation min(w, c); w = 1 here). A replayed row
+    dropped from the loss, given the wrong advantage or misaligned with its tokens would not rise.
+    Under the paper's policy shaping w / (w + 0.1) the same rows, in the same batch, gain less: a
+    replayed token's gradient at w = 1 is 0.083 of a fresh token's, and the fresh failures of its
+    group push their shared tokens down at full weight."""
+    full = _replayed_success_gain(tmp_path, "truncate")
+    shaped = _replayed_success_gain(tmp_path, "policy_shaping")
+    assert float(full.mean()) > 0, f"replayed successes' log-prob changed by {full.tolist()}"
+    assert float(full.mean()) > float(shaped.mean()) + 0.1, (full.tolist(), shaped.tolist())
