@@ -117,3 +117,27 @@ def value_at(x: float, xs: Sequence[float], ys: Sequence[float]) -> float | None
     if not xs or len(xs) != len(ys) or x < xs[0] or x > xs[-1]:
         return None
     return float(np.interp(x, np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)))
+
+
+def t_test_p_value(diff: Estimate, level: float = 0.95) -> float:
+    """The two-sided p-value of the Student-t test behind a t interval (:func:`mean_ci`,
+    :func:`paired_difference`) at ``level``, read back from its mean, half-width and n: the same test
+    as ``scipy.stats.ttest_rel`` on the paired values. 1.0 for a degenerate interval at zero."""
+    if diff.n < 2:
+        raise ValueError("t_test_p_value: one value gives no interval and no test")
+    if diff.half_width == 0:
+        return 1.0 if diff.mean == 0 else 0.0
+    se = diff.half_width / float(st.t.ppf(0.5 + level / 2, diff.n - 1))
+    return float(2 * st.t.sf(abs(diff.mean) / se, diff.n - 1))
+
+
+def holm(p_values: Sequence[float], alpha: float = 0.05) -> tuple[list[float], list[bool]]:
+    """Holm's step-down adjustment (Holm 1979): the adjusted p-values, in the input's order, and which
+    hypotheses are rejected with the family-wise error held at ``alpha`` over all of them."""
+    p = np.asarray(p_values, dtype=float)
+    m = len(p)
+    order = np.argsort(p, kind="stable")
+    stepped = np.maximum.accumulate(np.minimum(1.0, (m - np.arange(m)) * p[order]))
+    adjusted = np.empty(m)
+    adjusted[order] = stepped
+    return [float(a) for a in adjusted], [bool(a <= alpha) for a in adjusted]

@@ -454,3 +454,18 @@ def test_accuracy_at_equal_sampled_tokens_is_interpolated_on_the_evaluation_grid
     # a run without a token curve (a backend that does not log it) gives no reading, not a wrong one
     bare = [RunOutcome(a, s, 0.5, [0, 1], [0.1, 0.5]) for a in ("grpo", "extra") for s in range(2)]
     assert {r.arm: r for r in summarize(bare, ["grpo", "extra"], "grpo")}["extra"].diff_at_equal_tokens is None
+
+
+def test_holm_holds_the_family_wise_error_over_a_pages_rows():
+    from exgrpo.stats import Estimate, holm, t_test_p_value
+
+    # Holm by hand: sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1 -> 0.02, 0.03, 0.06, 0.04 -> monotone 0.06
+    adjusted, reject = holm([0.01, 0.04, 0.03, 0.005], alpha=0.05)
+    assert adjusted == pytest.approx([0.03, 0.06, 0.06, 0.02]) and reject == [True, False, False, True]
+    assert holm([0.9], alpha=0.05) == ([0.9], [False]) and holm([0.5, 0.5, 0.5], 0.05)[0] == [1.0, 1.0, 1.0]
+    # a paired t interval read back as its p-value: the two-sided test whose 95% interval ends at zero has p = 0.05
+    d = paired_difference([0.3, 0.5, 0.4, 0.6], [0.2, 0.2, 0.3, 0.3])
+    assert t_test_p_value(Estimate(d.mean, d.mean - d.half_width, d.mean + d.half_width, 4)) == pytest.approx(
+        0.0405, abs=1e-4)  # scipy.stats.ttest_rel([.3, .5, .4, .6], [.2, .2, .3, .3]).pvalue
+    assert t_test_p_value(Estimate(0.1, 0.0, 0.2, 10)) == pytest.approx(0.05)
+    assert t_test_p_value(Estimate(0.0, -0.1, 0.1, 10)) == pytest.approx(1.0)
