@@ -79,3 +79,50 @@ def test_the_command_refuses_a_changed_resume_before_any_work(tmp_path, capsys):
     assert sorted(p.name for p in (out / "cmp").iterdir()) == before == [RECORD_FILE]  # nothing trained
     code = main(["compare", str(cfg), "--new-test", "--no-prefect", "--output-dir", str(out)])
     assert code == 2 and "--new-test starts a new sequential test" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("n, permutations, stages", [(5, 10_000, 3), (3, 500, 3), (5, 70_000, 3), (2, 100, 3)])
+def test_the_p_values_step_is_what_adastop_counts(n, permutations, stages):
+    """``adaptive.permutations`` is a bound, not a count: the size of the permutation distribution after
+    each stage (what the decisions' table gives as the p-values' step) is AdaStop's own, on data with no
+    difference."""
+    import numpy as np
+
+    from exgrpo.compare.adaptive import _comparator, permutation_values
+
+    cc = CompareConfig(base={"tier": "toy"}, arms={"grpo": {}, "exgrpo": {}}, baseline="grpo", seeds=[0],
+                       adaptive={"seeds_per_stage": n, "max_stages": stages + 1, "permutations": permutations})
+    comparator = _comparator(cc)
+    rng = np.random.default_rng(0)
+    values: dict[str, list[float]] = {"grpo": [], "exgrpo": []}
+    for stage in range(1, stages + 1):
+        for arm in values:
+            values[arm] += list(rng.normal(size=n))
+        comparator.partial_compare({a: np.asarray(v) for a, v in values.items()}, verbose=False)
+        assert permutation_values(n, permutations, stage) == comparator.normalization, stage
+    assert permutation_values(5, 10_000, 1) == permutation_values(5, 63_503, 4) == 252
+
+
+def test_permutations_that_cannot_hold_a_stages_splits_are_refused_in_one_line():
+    """At or under C(2n, n), AdaStop 0.1.3 samples stage 1 and then reads every later stage as if its
+    permutation distribution held one value."""
+    with pytest.raises(ConfigError) as err:
+        load_compare_dict({"adaptive": {"seeds_per_stage": 8}})
+    detail = str(err.value).splitlines()[-1].strip()
+    assert "adaptive.permutations=10000 must exceed the 12870 splits of a stage of 8 seeds" in detail
+    assert "adaptive.permutations=12871 or more" in detail
+    assert load_compare_dict({"adaptive": {"seeds_per_stage": 8, "permutations": 12871}}).adaptive.permutations == 12871
+
+
+def load_compare_dict(extra: dict) -> CompareConfig:
+    """A comparison file of two toy arms and ``extra``, loaded as the command loads it."""
+    import tempfile
+    from pathlib import Path
+
+    from exgrpo.config import load_compare
+
+    with tempfile.TemporaryDirectory() as d:
+        f = Path(d) / "cmp.yaml"
+        f.write_text(json.dumps({"base": {"tier": "toy"}, "arms": {"grpo": {}, "exgrpo": {}}, "baseline": "grpo",
+                                 "seeds": [0], **extra}))
+        return load_compare(f)

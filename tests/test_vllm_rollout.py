@@ -60,6 +60,35 @@ def test_vllm_cpu_fixes_guard_the_upstream_code_they_rely_on():
     assert len(out.stdout.splitlines()) == 13  # every guarded function was found and hashed
 
 
+def test_each_vllm_request_carries_the_seed_of_its_run_weight_version_and_row():
+    """The seeded server sets each request's SamplingParams seed from (run seed, the weight version it
+    holds, the request's row) before veRL's generate sees it (which keeps it: its setdefault is guarded
+    above); unseeded, it passes veRL's parameters on untouched. veRL's generate is replaced by a recorder
+    here: what is under test is what reaches it."""
+    out = _job(
+        "import asyncio, json, types\n"
+        "from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer\n"
+        "from exgrpo.backends.verl.platform.vllm_seeded import SeededVLLMHttpServer\n"
+        "from exgrpo.backends.verl.platform.seeds import request_seed\n"
+        "got = []\n"
+        "async def recorder(self, prompt_ids, sampling_params, request_id, *a, **k):\n"
+        "    got.append((request_id, dict(sampling_params)))\n"
+        "vLLMHttpServer.generate = recorder\n"
+        "server = object.__new__(SeededVLLMHttpServer)\n"
+        "server.config = types.SimpleNamespace(seed=7)\n"
+        "async def send(seeded, step):\n"
+        "    server.seeded, server.global_steps = seeded, step\n"
+        "    for rid in ('det-0', 'det-1', 'det-5'):\n"
+        "        await server.generate([1, 2], {'temperature': 1.0}, rid)\n"
+        "asyncio.run(send(True, 0)); asyncio.run(send(True, 3)); asyncio.run(send(False, 3))\n"
+        "want = [request_seed(7, step, rid) for step in (0, 3) for rid in ('det-0', 'det-1', 'det-5')]\n"
+        "print(json.dumps({'seeds': [p.get('seed') for _, p in got], 'want': want}))\n")
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["seeds"][:6] == got["want"] and len(set(got["want"])) == 6  # one stream per (step, row)
+    assert got["seeds"][6:] == [None, None, None]  # unseeded: veRL's own parameters
+
+
 def test_the_plugin_aliases_vllm_cpu_and_keeps_linear_weights_in_vllms_processes():
     """veRL's version lookup of "vllm" answers the CPU build; in a process where vLLM is loaded, the
     CPU GEMM dispatch keeps ``layer.weight`` (and its loader) so weights can be synced in place."""

@@ -77,6 +77,24 @@ def compared_pairs(cc: CompareConfig) -> list[tuple[str, str]]:
     return [(a, cc.baseline) for a in arms if a != cc.baseline]
 
 
+def permutation_values(n: int, permutations: int, stage: int) -> int:
+    """The size of the permutation distribution one pair's p-value is read from after ``stage`` (1-based)
+    stages of ``n`` seeds per arm, as AdaStop 0.1.3 counts it with ``B = permutations`` (its
+    ``normalization``): p-values move in steps of one over this number.
+
+    Stage 1 takes every split of its 2n runs into two groups of n, C(2n, n) of them (B > C(2n, n) is
+    required: :class:`exgrpo.config.AdaptiveConfig`). Stage k takes every combination with the earlier
+    stages' splits while C(2n, n)^k is under B; past that it pairs each split it holds with one random
+    split of the new block, and the count stays at the largest power of C(2n, n) under B. At n = 5
+    (252 splits) every B from 253 to 63,503 reads every stage's p-values in steps of 1/252."""
+    c = math.comb(2 * n, n)
+    if stage == 1:
+        return c if permutations > c else permutations
+    if permutations > c ** stage:
+        return c ** stage
+    return int(c ** np.floor(np.log(permutations) / np.log(c)))
+
+
 def _comparator(cc: CompareConfig):
     """AdaStop's comparator for this comparison, imported where it is used (it imports matplotlib).
 
@@ -185,8 +203,9 @@ def format_decisions(state: SequentialState, cc: CompareConfig) -> str:
         diff = "—" if math.isnan(p.mean_diff) else f"{p.mean_diff:+.4f}"
         lines.append(f"| {p.arm} vs {p.other} | {DECISION_WORDS[p.decision]} | {stage} | {p.seeds} | {diff} |")
     status = "every pair decided" if state.finished else f"next: stage {state.stages_done + 1} for {', '.join(state.next_arms)}"
+    steps = permutation_values(a.seeds_per_stage, a.permutations, max(state.stages_done, 1))
     lines += ["", f"AdaStop over {state.stages_done} of at most {a.max_stages} stages of {a.seeds_per_stage} seeds, "
-              f"family-wise error {a.alpha:g} over {len(state.pairs)} pair(s); {status}. "
+              f"family-wise error {a.alpha:g} over {len(state.pairs)} pair(s), p-values in steps of 1/{steps}; {status}. "
               "ahead/behind: the first arm's final metric is larger/smaller than the second's; no difference found: "
               "not decided within the stages (not proof that the arms are equal: read the CI for its size)."]
     return "\n".join(lines)
