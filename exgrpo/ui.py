@@ -165,14 +165,36 @@ def stop(svcs: list[Service], grace: float = 10.0) -> None:
             s.proc.wait(timeout=5)
 
 
+def kill(svcs: list[Service]) -> None:
+    """SIGKILL each service's process group now (a second Ctrl-C while they stop)."""
+    for s in svcs:
+        if s.proc is not None and s.proc.returncode is None:
+            try:
+                os.killpg(s.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 def main(host: str = "127.0.0.1", prefect_port: int = 4200, mlflow_port: int = 5000, optuna_port: int = 8080,
          tracking_uri: str | None = None, storage: str | None = None) -> int:
     svcs = services(host, prefect_port, mlflow_port, optuna_port, tracking_uri, storage)
     home = prefect_home()
     log_dir = home / "ui-logs"
 
+    # the signal that stops it, first; once it stops, another signal kills what is left instead of
+    # interrupting the stop, which would leave the services running (they are in sessions of their own)
+    stopping: list[int] = []
+
     def _interrupt(signum, frame):  # SIGTERM, and SIGINT even when started in the background
+        if stopping:
+            kill(svcs)
+            return
+        stopping.append(signum)
         raise KeyboardInterrupt
+
+    def stopped_by(signum: int) -> bool:  # (an interrupt raised elsewhere counts as Ctrl-C)
+        stopping.append(signum)
+        return stopping[0] == signal.SIGTERM
 
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
@@ -181,8 +203,9 @@ def main(host: str = "127.0.0.1", prefect_port: int = 4200, mlflow_port: int = 5
     try:
         start(svcs, log_dir)
     except KeyboardInterrupt:
+        terminated = stopped_by(signal.SIGINT)
         stop(svcs)
-        return 130
+        return 143 if terminated else 130
     try:
         api = f"http://{host}:{prefect_port}/api"
         mlflow = next((s.url for s in svcs if s.name == "mlflow"), None)
@@ -201,12 +224,14 @@ def main(host: str = "127.0.0.1", prefect_port: int = 4200, mlflow_port: int = 5
         print("Ctrl-C stops all.", flush=True)
         while all(s.proc.poll() is None for s in svcs):
             time.sleep(1)
+        stopped_by(0)
         dead = [s for s in svcs if s.proc.poll() is not None]
         print(f"{dead[0].name} exited (code {dead[0].proc.returncode}); stopping the others", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
+        terminated = stopped_by(signal.SIGINT)
         print("\nstopping ...", flush=True)
-        return 0
+        return 143 if terminated else 0  # Ctrl-C is how it is meant to end; SIGTERM, as every command, 143
     finally:
         withdraw_server(home)
         stop(svcs)

@@ -46,18 +46,9 @@ def _user_env(project: Path, mlflow_ui: str) -> dict[str, str]:
     return env
 
 
-@pytest.fixture(scope="module")
-def ui(tmp_path_factory):
-    """A project (its own pyproject.toml) where `exgrpo compare` ran (2 arms x 1 seed), then `exgrpo ui`."""
-    project = tmp_path_factory.mktemp("project")
-    shutil.copy(REPO / "pyproject.toml", project / "pyproject.toml")
-    (project / "cmp.yaml").write_text(COMPARE)
-    ports = SimpleNamespace(prefect=free_port(), mlflow=free_port(), optuna=free_port())
-    mlflow_ui = f"http://127.0.0.1:{ports.mlflow}"
-    env = _user_env(project, mlflow_ui)
-    cmp = subprocess.run([sys.executable, "-m", "exgrpo.cli", "compare", "cmp.yaml", "--no-progress"],
-                         cwd=project, env=env, capture_output=True, text=True, timeout=600)
-    assert cmp.returncode == 0, cmp.stderr[-3000:]
+def _start_ui(project: Path, env: dict[str, str], ports: SimpleNamespace) -> tuple[subprocess.Popen, str, queue.Queue]:
+    """`exgrpo ui` in ``project``, once it says it is ready (or within 180 s); -> (its process, what it said,
+    the lines it says from then on: "" at its end)."""
     proc = subprocess.Popen([sys.executable, "-m", "exgrpo.cli", "ui", "--prefect-port", str(ports.prefect),
                              "--mlflow-port", str(ports.mlflow), "--optuna-port", str(ports.optuna)],
                             cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -76,7 +67,23 @@ def ui(tmp_path_factory):
         lines.append(line)
         if "Ctrl-C stops all" in line:
             break
-    state = SimpleNamespace(project=project, ports=ports, compare=cmp.stdout + cmp.stderr, out="".join(lines),
+    return proc, "".join(lines), said
+
+
+@pytest.fixture(scope="module")
+def ui(tmp_path_factory):
+    """A project (its own pyproject.toml) where `exgrpo compare` ran (2 arms x 1 seed), then `exgrpo ui`."""
+    project = tmp_path_factory.mktemp("project")
+    shutil.copy(REPO / "pyproject.toml", project / "pyproject.toml")
+    (project / "cmp.yaml").write_text(COMPARE)
+    ports = SimpleNamespace(prefect=free_port(), mlflow=free_port(), optuna=free_port())
+    mlflow_ui = f"http://127.0.0.1:{ports.mlflow}"
+    env = _user_env(project, mlflow_ui)
+    cmp = subprocess.run([sys.executable, "-m", "exgrpo.cli", "compare", "cmp.yaml", "--no-progress"],
+                         cwd=project, env=env, capture_output=True, text=True, timeout=600)
+    assert cmp.returncode == 0, cmp.stderr[-3000:]
+    proc, out, _ = _start_ui(project, env, ports)
+    state = SimpleNamespace(project=project, ports=ports, compare=cmp.stdout + cmp.stderr, out=out,
                             proc=proc, prefect=f"http://127.0.0.1:{ports.prefect}", mlflow=mlflow_ui)
     try:
         yield state
@@ -175,3 +182,36 @@ def test_ui_stops_its_servers_and_withdraws_its_server_record(ui):
     time.sleep(1)
     assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
     assert not (ui.project / ".prefect" / "exgrpo-ui.json").exists()
+
+
+@pytest.mark.parametrize("first, second", [(signal.SIGTERM, None), (signal.SIGINT, signal.SIGINT)],
+                         ids=["sigterm", "ctrl-c-twice"])
+def test_ui_stopped_by_a_signal_stops_every_service_even_when_a_second_one_comes_while_it_stops(tmp_path, first, second):
+    """Ctrl-C is its own way to end (0); SIGTERM ends it as every command (143). A second signal while
+    it stops kills what is left at once instead of interrupting the stop: the services, in sessions of
+    their own, ran on."""
+    import psutil
+
+    project = tmp_path / "project"
+    project.mkdir()
+    shutil.copy(REPO / "pyproject.toml", project / "pyproject.toml")
+    ports = SimpleNamespace(prefect=free_port(), mlflow=free_port(), optuna=free_port())
+    proc, out, said = _start_ui(project, _user_env(project, f"http://127.0.0.1:{ports.mlflow}"), ports)
+    try:
+        assert "Ctrl-C stops all" in out, out
+        services = psutil.Process(proc.pid).children(recursive=True)
+        assert len(services) >= 3
+        proc.send_signal(first)
+        if second is not None:
+            while "stopping" not in (line := said.get(timeout=60)):  # a hang guard
+                assert line, "it ended before it said it stops"
+            proc.send_signal(second)
+        proc.wait(timeout=60)  # a hang guard
+        _, alive = psutil.wait_procs(services, timeout=30)
+    finally:
+        proc.kill()
+        proc.wait()
+    for p in alive:  # not left to the next test
+        p.kill()
+    assert not alive, [" ".join(p.cmdline()) for p in alive if p.is_running()]
+    assert proc.returncode == (143 if first == signal.SIGTERM else 0)
