@@ -147,8 +147,14 @@ def _final_model_dir_evaluation(model_dir: Path) -> dict[str, float]:
     return eval_names(as_in_training(model_dir)[2])
 
 
+def _pruned(exc: BaseException) -> bool:
+    return type(exc).__name__ == "TrialPruned"  # by name: optuna is not imported where no sweep runs
+
+
 def _status_for(exc: BaseException) -> str:
-    return "KILLED" if type(exc).__name__ in ("TrialPruned", "KeyboardInterrupt") else "FAILED"
+    """KILLED for a pruned trial and for a stopped command (Ctrl-C, or SIGTERM as the CLI raises it: a
+    KeyboardInterrupt of its own class), FAILED for anything else."""
+    return "KILLED" if _pruned(exc) or isinstance(exc, KeyboardInterrupt) else "FAILED"
 
 
 def _log_steps_before_resume(logger: MLflowStepLogger, history: list[dict[str, float]], seen: set[int],
@@ -234,13 +240,13 @@ def _train_logged(cfg: ExperimentConfig, tracker: Tracker, rec: _Record, callbac
 
 
 def _end_failed(tracker: Tracker, cfg: ExperimentConfig, run_id: str, e: BaseException, monitor: Any) -> None:
-    """End the run of a training that raised ``e``: KILLED (pruned; tag ``pruned=true``) or FAILED (tag
-    ``error``); when the store is down too, a marker beside the run lets ``exgrpo sync`` end it."""
+    """End the run of a training that raised ``e``: KILLED (pruned, tag ``pruned=true``; or stopped) or
+    FAILED (tag ``error``); when the store is down too, a marker beside the run lets ``exgrpo sync`` end it."""
     status = _status_for(e)
     try:
-        if status == "KILLED":
+        if _pruned(e):
             tracker.client.set_tag(run_id, "pruned", "true")
-        else:
+        elif status == "FAILED":
             tracker.client.set_tag(run_id, "error", f"{type(e).__name__}: {e}"[:5000])
         tracker.end_run(run_id, status)
     except Exception:  # noqa: BLE001 - the store is down too: the run is ended by `exgrpo sync`
@@ -284,7 +290,7 @@ def tracked_train(
     """Train ``cfg`` into one MLflow run of experiment ``experiment`` (default ``cfg.name``):
     tags, curated params, the resolved config, per-step metrics, the final checkpoint.
 
-    The run ends FINISHED, FAILED (tag ``error``) or KILLED (pruned; tag ``pruned=true``); the
+    The run ends FINISHED, FAILED (tag ``error``) or KILLED (pruned, tag ``pruned=true``; or stopped); the
     exception is re-raised. ``on_start(run_id)`` is called once the run exists. System metrics
     (CPU, memory; ``system/*``) are sampled when ``system_metrics`` is true, or when it is None and
     ``MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING=true``. ``defer_if_unreachable`` (a comparison's runs): when

@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -171,39 +172,46 @@ def run_local(prepared: PreparedRun, progress: bool = True, log_tail: int = 40, 
     tail: deque[str] = deque(maxlen=log_tail)
     last_poll = time.monotonic()
     stalled = False
-    with log_path.open("a") as log, subprocess.Popen(
-        prepared.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-    ) as proc:
-        assert proc.stdout is not None
-        lines: queue.Queue[str | None] = queue.Queue()
+    # a process group of its own: a terminal's Ctrl-C reaches this process alone, which stops the job as it
+    # stops it on SIGTERM (one path, bounded), and the group holds what the job starts (Ray's processes)
+    proc = subprocess.Popen(prepared.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            bufsize=1, start_new_session=True)
+    assert proc.stdout is not None
+    lines: queue.Queue[str | None] = queue.Queue()
 
-        def read(stream=proc.stdout) -> None:
+    def read(stream=proc.stdout) -> None:  # owns the stream: closed here, never under its feet
+        with stream:
             for text in stream:
                 lines.put(text)
-            lines.put(None)
+        lines.put(None)
 
-        threading.Thread(target=read, daemon=True, name="verl-output").start()
-        while True:
-            try:
-                line = lines.get(timeout=stall_seconds)
-            except queue.Empty:
-                stalled = True
-                stop_child(proc)
-                break
-            if line is None:
-                break
-            log.write(line)
-            tail.append(line.rstrip())
-            if progress:
-                print(line, end="", flush=True)
-            elif notify is not None and (message := own_line(line)):
-                notify(message)
-            if feed is not None and time.monotonic() - last_poll >= poll_seconds:
-                last_poll = time.monotonic()
-                if not feed.poll():
+    threading.Thread(target=read, daemon=True, name="verl-output").start()
+    try:
+        with log_path.open("a") as log:
+            while True:
+                try:
+                    line = lines.get(timeout=stall_seconds)
+                except queue.Empty:
+                    stalled = True
                     stop_child(proc)
-                    break  # processes the job started may hold its output open: do not wait for the end
+                    break
+                if line is None:
+                    break
+                log.write(line)
+                tail.append(line.rstrip())
+                if progress:
+                    print(line, end="", flush=True)
+                elif notify is not None and (message := own_line(line)):
+                    notify(message)
+                if feed is not None and time.monotonic() - last_poll >= poll_seconds:
+                    last_poll = time.monotonic()
+                    if not feed.poll():
+                        stop_child(proc)
+                        break  # processes the job started may hold its output open: do not wait for the end
         rc = proc.wait()
+    except BaseException:  # Ctrl-C, SIGTERM (the CLI's Terminated), a callback's error: the job stops too
+        stop_child(proc)
+        raise
     if stalled:
         raise VerlRunError(f"veRL run stalled: no output for {stall_seconds:.0f} s (backend.verl.stall_timeout_s), "
                            f"so it was stopped; {last_error(tail)}see {log_path}. Last lines:\n" + "\n".join(tail))
@@ -212,13 +220,25 @@ def run_local(prepared: PreparedRun, progress: bool = True, log_tail: int = 40, 
                            "Last lines:\n" + "\n".join(tail))
 
 
-def stop_child(proc: subprocess.Popen, grace_seconds: float = 30.0) -> None:
-    """SIGTERM the job's driver (Ray's exit handler shuts its private cluster down), SIGKILL if it lingers."""
-    proc.terminate()
+STOP_GRACE_SECONDS = 30.0
+"""How long a stopped job may take to shut its private Ray down before its process group is killed."""
+
+
+def stop_child(proc: subprocess.Popen, grace_seconds: float = STOP_GRACE_SECONDS) -> None:
+    """Stop a job started by :func:`run_local`: SIGTERM its driver (Ray's handler shuts the private
+    cluster down), then SIGKILL its process group, at once if the driver lingers past ``grace_seconds``
+    or a second interrupt arrives meanwhile, else whatever of the group outlived it."""
     try:
+        if proc.poll() is None:
+            proc.terminate()
         proc.wait(grace_seconds)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        pass
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(10)
 
 
 def _launch(prepared: PreparedRun, v: VerlSettings, feed: StepFeed, echo: bool, mlflow_run: MLflowRun | None,
