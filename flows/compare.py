@@ -121,14 +121,18 @@ class _Reporter:
 
 
 def _publish(cc: Any, res: Any, adaptive: bool) -> dict[str, Any]:
-    """The comparison's table and its runs' links as artifacts; the flow's return value."""
+    """The comparison's table, its figures (drawn and logged on the parent run by the comparison) and its
+    runs' links as artifacts; the flow's return value."""
     links = "\n".join(f"- [{o.arm} seed {o.seed}]({res.child_url(o)}): {o.final:.4f}"
                       for o in sorted(res.outcomes, key=lambda o: (o.arm, o.seed)))
     key = _key(cc.name, "comparison")
     over = "adaptive seeds" if adaptive else f"{len(cc.seeds)} seeds"
+    figures = "\n".join(f"- {name}: `{path}` (and the parent run's artifact `{path.rsplit('/', 1)[-1]}`)"
+                        for name, path in res.figures.items())
     create_markdown_artifact(
         f"# {cc.name}: {', '.join(cc.arms)} over {over}\n\n{res.table}\n\n"
-        f"MLflow parent run: [{res.parent_run_id}]({res.url})\n\n## Runs\n{links}\n",
+        f"MLflow parent run: [{res.parent_run_id}]({res.url})\n\n## Figures\n{figures or '(no run finished)'}\n\n"
+        f"## Runs\n{links}\n",
         key=key, description=f"{cc.metric}: mean ± 95% CI and paired difference vs {cc.baseline}",
     )
     create_table_artifact(res.table_rows(), key=_key(cc.name, "comparison-table"),
@@ -136,7 +140,7 @@ def _publish(cc: Any, res: Any, adaptive: bool) -> dict[str, Any]:
     return {"parent_run_id": res.parent_run_id, "experiment_id": res.experiment_id, "table": res.table,
             "rows": res.table_rows(), "runs": {f"{o.arm}/seed{o.seed}": o.run_id for o in res.outcomes},
             "outcomes": [dataclasses.asdict(o) for o in res.outcomes],
-            "adaptive": None if res.adaptive is None else res.adaptive.to_dict()}
+            "adaptive": None if res.adaptive is None else res.adaptive.to_dict(), "figures": res.figures}
 
 
 @flow(name="compare", log_prints=True)

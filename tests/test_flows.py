@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -274,7 +275,13 @@ def test_an_adaptive_comparison_resumes_at_its_stage_and_records_each_decision(t
     assert parent.data.tags["adaptive.same_vs_grpo"] == "equal at stage 2 (6 seeds each)"
     assert [(m.step, m.value) for m in client.get_metric_history(parent.info.run_id, "adaptive/undecided_pairs")] \
         == [(1, 1.0), (2, 0.0)]
-    assert {"adaptive.json", "adaptive.md", "comparison.md"} <= {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"adaptive.json", "adaptive.md", "comparison.md", "comparison.png", "comparison-mechanism.png"} <= {
+        a.path for a in client.list_artifacts(parent.info.run_id)}
+    # the flow drew the figures (a deployment run of it leaves them too), into the comparison's directory
+    assert {k: Path(v).name for k, v in out["figures"].items()} == {
+        "comparison": "comparison.png", "mechanism": "comparison-mechanism.png"}
+    assert all(Path(v).parent == tmp_path / "runs" / "adaptive" and Path(v).stat().st_size > 10_000
+               for v in out["figures"].values())
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
@@ -287,6 +294,11 @@ def test_an_adaptive_comparison_resumes_at_its_stage_and_records_each_decision(t
     assert "Sequential test: when each pair was decided" in html and "after stage 2</th>" in html
     row = html.split('id="adaptive-table"')[1].split("</tr>")[1]
     assert "easy vs grpo" in row and row.count("ahead") == 2  # decided at stage 1, so ahead after stages 1 and 2
+
+    # a resume that would re-spend the test's error budget fails before any work, naming the field
+    changed = compare_flow(config=str(cfg), tracking_uri=uri, executor="ray", adaptive=True, resume=True,
+                           overrides={"adaptive.max_stages": 3}, return_state=True)
+    assert changed.is_failed() and changed.message.startswith("adaptive.max_stages=3 differs from 2"), changed.message
 
 
 def test_unreachable_tracking_server_fails_the_flow_before_training(tmp_path):

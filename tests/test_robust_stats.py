@@ -40,7 +40,7 @@ def test_the_comparison_figure_reads_the_arms_at_steps_tokens_and_minutes(tmp_pa
 
     from exgrpo.compare import RunOutcome
     from exgrpo.compare import mean_along
-    from exgrpo.report import comparison_figure
+    from exgrpo.compare.figures import comparison_figure
 
     outcomes = [RunOutcome(arm, seed, final, [10.0, 20.0], [final / 2, final], curve_tokens=[1e6 * k, 2e6 * k + seed],
                            curve_seconds=[60.0, 120.0])
@@ -65,7 +65,7 @@ def test_the_mechanism_series_are_means_over_seeds_of_what_the_trainer_logged(tm
     from PIL import Image
 
     from exgrpo.compare import RunOutcome
-    from exgrpo.report import _mean_curve, _replayed_token_share, _read, mechanism_figure
+    from exgrpo.compare.figures import _mean_curve, _replayed_token_share, _read, mechanism_figure
 
     def step(s, replayed, seed):  # 32 questions a step; a replayed question's stored row is not re-sampled
         return {"step": s, "compute/rollout_tokens": 100.0 - replayed, "compute/grad_tokens": 100.0,

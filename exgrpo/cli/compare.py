@@ -43,7 +43,8 @@ def add_parser(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
                    help="override a base config field (repeatable; default: none, the file's values)")
     c.add_argument("--output-dir", help="root of run directories (default: runs/)")
     c.add_argument("--json", help="also write per-run outcomes to this JSON file (default: not written)")
-    c.add_argument("--report", help="comparison figure path (default OUTPUT_DIR/NAME/comparison.png)")
+    c.add_argument("--report", help="also copy the comparison figure here (default: only OUTPUT_DIR/NAME/comparison.png, "
+                   "beside comparison-mechanism.png; both on the MLflow parent run too)")
     c.add_argument("--no-progress", action="store_true", help="no progress bar")
     c.add_argument("--tracking-uri", help="MLflow store (default: MLFLOW_TRACKING_URI, else <project>/mlruns/mlflow.db)")
     c.add_argument("--ray-address", help=RAY_ADDRESS_HELP)
@@ -74,15 +75,22 @@ def run(args: argparse.Namespace) -> int:
         check_settings(cc, args.resume, args.new_test)
     from exgrpo.cluster import check_cluster, cluster_address
     from exgrpo.compare import RunOutcome, format_table, summarize
-    from exgrpo.report import comparison_figure, mechanism_figure
     from exgrpo.tracking import TrackingError
 
     if args.no_prefect and cluster_address(args.ray_address) is not None:
         raise ConfigError("--ray-address (or RAY_ADDRESS) runs on Ray, --no-prefect in local processes: drop one")
     check_cluster(cluster_address(args.ray_address), args.tracking_uri)  # before Prefect starts
-    decisions, failed = None, []
+    failed: list[str] = []
     if args.no_prefect:
+        from exgrpo.compare.figures import draw_figures
+
         outcomes, failed, decisions = _compare_locally(cc, args)
+        table = format_table(summarize(outcomes, list(cc.arms), cc.baseline), cc.metric, cc.baseline,
+                             max((o.curve_steps[-1] for o in outcomes if o.curve_steps), default=None))
+        if decisions is not None:
+            table += f"\n\nSequential test (adaptive seeds):\n{decisions}"
+        base = cc.base_config()
+        figures = draw_figures(outcomes, list(cc.arms), cc.metric, Path(base.output_dir) / base.name) if outcomes else {}
     else:
         try:
             flow = load_flow("compare", "compare_flow")
@@ -92,23 +100,20 @@ def run(args: argparse.Namespace) -> int:
         except (TrackingError, FlowMissing) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-        outcomes = [RunOutcome(**o) for o in out["outcomes"]]
-        if out.get("adaptive") is not None:
-            from exgrpo.compare.adaptive import decide, finals_of, format_decisions
-
-            decisions = format_decisions(decide(cc, finals_of(outcomes)), cc)
+        # what the flow computed, drew and recorded: the same a Prefect deployment run of it leaves
+        outcomes, table, figures = [RunOutcome(**o) for o in out["outcomes"]], out["table"], out["figures"]
         from exgrpo.tracking.mlflow_tracking import run_url, ui_note
 
         print(f"MLflow parent run: {run_url(out['experiment_id'], out['parent_run_id'], args.tracking_uri)}"
               f"{ui_note(args.tracking_uri)}\nits report: `exgrpo dashboard --run-id {out['parent_run_id']}`")
-    rows = summarize(outcomes, list(cc.arms), cc.baseline)
-    horizon = max((o.curve_steps[-1] for o in outcomes if o.curve_steps), default=None)
-    print(format_table(rows, cc.metric, cc.baseline, horizon))
-    if decisions is not None:
-        print(f"\nSequential test (adaptive seeds):\n{decisions}")
-    report = Path(args.report or cc.base_config().output_dir / cc.name / "comparison.png")
-    print(f"report: {comparison_figure(outcomes, list(cc.arms), cc.metric, report)}")
-    print(f"why: {mechanism_figure(outcomes, list(cc.arms), report.with_name(report.stem + '-mechanism.png'))}")
+    print(table)
+    if args.report and figures:
+        import shutil
+
+        Path(args.report).parent.mkdir(parents=True, exist_ok=True)
+        figures = {**figures, "comparison": shutil.copyfile(figures["comparison"], args.report)}
+    if figures:
+        print(f"report: {figures['comparison']}\nwhy: {figures['mechanism']}")
     if args.json:
         Path(args.json).write_text(json.dumps([o.__dict__ for o in outcomes], indent=2))
     if failed:

@@ -33,6 +33,7 @@ from exgrpo.compare import (
     summarize,
 )
 from exgrpo.compare import adaptive_record
+from exgrpo.compare.figures import draw_figures
 from exgrpo.compare.adaptive import SequentialState, StageIncomplete, format_decisions, run_adaptive
 from exgrpo.config import CompareConfig, ExperimentConfig
 from exgrpo.launch import tracked_train
@@ -79,6 +80,9 @@ class TrackedComparison:
     """Why the statistics are not on the parent run (MLflow unreachable at the end), else None."""
     adaptive: SequentialState | None = None
     """The sequential test's decisions of an adaptive comparison, else None."""
+    figures: dict[str, str] = field(default_factory=dict)
+    """name -> path of each figure (:data:`exgrpo.compare.figures.FIGURES`), drawn into the comparison's
+    directory and logged on the parent run."""
 
     @property
     def url(self) -> str:
@@ -201,6 +205,8 @@ def run_tracked_compare(
                                     on_done, on_progress, failed_run, on_started)
         outcomes, state = _train_all(cc, train_stage, tracker, parent, adaptive, on_stage)
         result = _comparison(cc, tracker, parent, exp_id, outcomes, state, failures)
+        if outcomes:
+            result.figures = draw_figures(outcomes, list(cc.arms), cc.metric, Path(base.output_dir) / base.name)
         if not _summarise_on_parent(tracker, result, base, failures):
             status = None  # the marker ends the parent run
         if failures:
@@ -271,6 +277,8 @@ def _summarise_on_parent(tracker: Tracker, result: TrackedComparison, base: Expe
         tracker.client.log_text(parent, result.table + "\n", "comparison.md")
         tracker.client.set_tag(parent, "mlflow.note.content", result.description)  # the run's description in the MLflow UI
         tracker.client.log_dict(parent, [o.__dict__ for o in outcomes], "outcomes.json")
+        for path in result.figures.values():
+            tracker.client.log_artifact(parent, path)
         if failures:
             tracker.client.set_tag(parent, "error", "; ".join(failures)[:5000])
         return True
@@ -278,7 +286,8 @@ def _summarise_on_parent(tracker: Tracker, result: TrackedComparison, base: Expe
         result.summary_error = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
         where = _save_locally(base, result.table, outcomes)
         write_pending(where, tracker.uri, parent, "FAILED" if failures else "FINISHED", metrics,
-                      "; ".join(failures)[:5000] or None, artifacts={"comparison.md": "", "outcomes.json": ""},
+                      "; ".join(failures)[:5000] or None, artifacts={"comparison.md": "", "outcomes.json": "",
+                                                                     **{Path(f).name: "" for f in result.figures.values()}},
                       tags={"mlflow.note.content": result.description})
         print(f"note: MLflow is unreachable ({result.summary_error}); the comparison's table and outcomes are "
               f"in {where}; `exgrpo sync {where}` puts them on parent run {parent} once MLflow is back",

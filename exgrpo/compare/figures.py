@@ -1,8 +1,10 @@
-"""Comparison report: learning curves with 95% CI bands per arm, pool dynamics and the performance
+"""A comparison's figures: learning curves with 95% CI bands per arm, pool dynamics and the performance
 profile of the final scores, as one PNG; and the mechanism behind them (how much of each batch is
 replay, the pool's buckets, the importance ratios, the fresh questions each arm saw), as another.
 
-Built from each run's ``metrics.jsonl`` (what the trainer always writes), so it needs no server.
+Built from each run's ``metrics.jsonl`` (what the trainer always writes), so it needs no server. The
+compare flow draws them at the end of a comparison and logs them on its parent run
+(:mod:`exgrpo.compare.tracked`).
 """
 
 from __future__ import annotations
@@ -181,3 +183,16 @@ def mechanism_figure(outcomes: Sequence[RunOutcome], arms: Sequence[str], out: s
     axes[2].axhline(1.0, color="0.5", lw=0.8)
     axes[3].set(title="questions drawn fresh so far", xlabel="step")
     return _save(fig, axes, out)
+
+
+FIGURES = {"comparison": "comparison.png", "mechanism": "comparison-mechanism.png"}
+"""Each figure of a comparison, and its file in the comparison's directory (and on its MLflow parent run)."""
+
+
+def draw_figures(outcomes: Sequence[RunOutcome], arms: Sequence[str], metric: str, directory: str | Path
+                 ) -> dict[str, str]:
+    """Both figures of a comparison into ``directory`` (``<output_dir>/<name>``): name -> path. What the
+    compare flow draws and logs on its parent run, and ``exgrpo compare --no-prefect`` draws itself."""
+    directory = Path(directory)
+    return {"comparison": str(comparison_figure(outcomes, arms, metric, directory / FIGURES["comparison"])),
+            "mechanism": str(mechanism_figure(outcomes, arms, directory / FIGURES["mechanism"]))}
