@@ -133,8 +133,8 @@ def sigterm_kept() -> Iterator[None]:
     finally:
         ray_utils.set_sigterm_handler = set_handler
         signal.signal(signal.SIGTERM, before)
-    if held:
-        before(signal.SIGTERM, None)
+        if held:  # also when Ray failed to start: the stop asked for wins over that error
+            before(signal.SIGTERM, None)
 
 
 def init_local_ray(num_cpus: int, **kwargs: Any):
