@@ -283,12 +283,17 @@ SIGTERM_IN_INIT = (
     "def signalled_connect(*args, **kwargs):\n"  # inside ray.init for sure: its node is up, its driver not yet
     "    os.kill(os.getpid(), signal.SIGTERM)\n"
     "    time.sleep(1)\n"  # a handler in place runs within this
+    "    if sys.argv[1:] == ['fail']:\n"
+    "        raise ConnectionError('the driver cannot connect')\n"
     "    return connect(*args, **kwargs)\n"
     "worker.connect = signalled_connect\n"
     "try:\n"
     "    init_local_ray(1)\n"
     "    print('NOT DELIVERED', flush=True)\n"
     "except Stop:\n"
+    "    if sys.argv[1:] == ['fail']:\n"
+    "        print('OURS AFTER A FAILED INIT', flush=True)\n"
+    "        sys.exit(0)\n"
     "    print('OURS AFTER INIT', ray.is_initialized(), ray.get(ray.remote(lambda: 42).remote()), flush=True)\n"
     "os.kill(os.getpid(), signal.SIGTERM)\n"  # and still ours after it
     "time.sleep(1)\n"
@@ -301,3 +306,9 @@ def test_a_sigterm_during_ray_init_reaches_the_processs_own_handler_once_ray_is_
     out = subprocess.run([sys.executable, "-c", SIGTERM_IN_INIT], capture_output=True, text=True, timeout=300)
     assert out.stdout.splitlines()[:1] == ["OURS AFTER INIT True 42"], (out.returncode, out.stdout, out.stderr[-2000:])
     assert out.returncode == 1 and "Stop" in out.stderr.splitlines()[-1], out.stderr[-2000:]
+
+
+def test_a_sigterm_during_a_ray_init_that_fails_still_reaches_the_processs_own_handler():
+    """The stop asked for wins over Ray's failure to start (which a caller may report and go on from)."""
+    out = subprocess.run([sys.executable, "-c", SIGTERM_IN_INIT, "fail"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.splitlines() == ["OURS AFTER A FAILED INIT"], (out.stdout, out.stderr[-2000:])
