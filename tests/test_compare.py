@@ -451,6 +451,8 @@ def test_accuracy_at_equal_sampled_tokens_is_interpolated_on_the_evaluation_grid
     text = format_table(list(rows.values()), "val/accuracy", "grpo")
     assert f"| +{d.mean:.4f} [{d.low:+.4f}, {d.high:+.4f}] at 2.00 M |" in text
     assert "diff vs grpo at equal tokens" in text
+    one = {r.arm: r for r in summarize([o for o in outs if o.seed == 0], ["grpo", "extra"], "grpo")}
+    assert "(one seed, no interval) at 2.00 M" in format_table(list(one.values()), "val/accuracy", "grpo")
     # a run without a token curve (a backend that does not log it) gives no reading, not a wrong one
     bare = [RunOutcome(a, s, 0.5, [0, 1], [0.1, 0.5]) for a in ("grpo", "extra") for s in range(2)]
     assert {r.arm: r for r in summarize(bare, ["grpo", "extra"], "grpo")}["extra"].diff_at_equal_tokens is None

@@ -379,7 +379,8 @@ def format_table(rows: list[ArmSummary], metric: str, baseline: str, horizon: fl
         fresh = "—" if r.fresh_questions is None else f"{r.fresh_questions:,.0f}"
         e = r.diff_at_equal_tokens
         at = "—" if e is None or r.equal_tokens is None else (
-            f"{e.mean:+.4f} [{e.low:+.4f}, {e.high:+.4f}] at {r.equal_tokens / 1e6:.2f} M")
+            f"{e.mean:+.4f} {'(one seed, no interval)' if e.n < 2 else f'[{e.low:+.4f}, {e.high:+.4f}]'} "
+            f"at {r.equal_tokens / 1e6:.2f} M")
         lines.append(f"| {r.arm} | {reach} | {tokens} | {then} | {compute} | {fresh} | {_minutes(r.train_seconds)} | {at} |")
     n = max((r.final.n for r in rows), default=0)
     lines += [

@@ -355,8 +355,9 @@ def _equal_tokens_cell(r: ArmSummary) -> str:
     e = r.diff_at_equal_tokens
     if e is None or r.equal_tokens is None:
         return H.td("—", arm=r.arm, col="diff_equal_tokens")
-    return H.td(f"{e.mean:+.4f} [{e.low:+.4f}, {e.high:+.4f}] at {r.equal_tokens / 1e6:.2f} M"
-                + (" ✱" if e.low > 0 or e.high < 0 else ""), arm=r.arm, col="diff_equal_tokens",
+    interval = "(one seed, no interval)" if e.n < 2 else f"[{e.low:+.4f}, {e.high:+.4f}]"
+    return H.td(f"{e.mean:+.4f} {interval} at {r.equal_tokens / 1e6:.2f} M"
+                + (" ✱" if e.n > 1 and (e.low > 0 or e.high < 0) else ""), arm=r.arm, col="diff_equal_tokens",
                 value=repr(e.mean), low=repr(e.low), high=repr(e.high), tokens=repr(r.equal_tokens), n=e.n)
 
 
