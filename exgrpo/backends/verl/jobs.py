@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from exgrpo.backends.verl.live import StepFeed
-from exgrpo.backends.verl.prepared import PreparedRun, VerlRunError, diagnosed, last_error
+from exgrpo.backends.verl.prepared import DIAGNOSIS_LINES, PreparedRun, VerlRunError, diagnosed, last_error
 from exgrpo.cluster import runtime_env
 from exgrpo.raylocal import init_local_ray
 
@@ -95,6 +95,6 @@ def run_ray_job(prepared: PreparedRun, address: str, on_line: Callable[[str], No
         last = "\n".join(tail)
         why = (f"stalled: no output for {stall_seconds:.0f} s (backend.verl.stall_timeout_s), so it was stopped"
                if stalled else (info.message or "no message").strip().splitlines()[0][:300])  # the job's log follows
-        raise VerlRunError(diagnosed(tail) or f"Ray Job {job_id} {final}: {why}; {last_error(tail)}see {log_path}. "
+        raise VerlRunError(diagnosed(tail) or f"Ray Job {job_id} {final}: {why}; {last_error(text.splitlines()[-DIAGNOSIS_LINES:])}see {log_path}. "
                                               f"Last lines:\n{last}")
     return job_id

@@ -40,14 +40,25 @@ def diagnosed(lines) -> str | None:
     return None
 
 
+DIAGNOSIS_LINES = 2000
+"""How many of a failed job's last lines its error is read from: a dead vLLM engine's cause is its
+worker's traceback, tens of lines above the death's report."""
+
 ERROR_CHARS = 1000
 """The most of an error line a failure's one-line reason quotes: cut at a word, with the exception's name."""
 
 
 def last_error(lines) -> str:
     """The last line of ``lines`` that names an error (e.g. a rollout server's exception), as a clause:
-    whole, or its first :data:`ERROR_CHARS` characters cut at a word (never mid-word)."""
-    for line in reversed(list(lines)):
+    whole, or its first :data:`ERROR_CHARS` characters cut at a word (never mid-word). When a vLLM
+    engine died, the exception that killed it follows (the death's own line says only "See stack
+    trace (above)")."""
+    from exgrpo.evaluation.vllm_engine import engine_death_cause  # (not with the job's entry point, which reads JOB_ERROR)
+
+    lines = list(lines)
+    for line in reversed(lines):
         if "Error" in line or "Exception" in line:
-            return textwrap.shorten(line.strip(), ERROR_CHARS, placeholder=" ...") + "; "
+            cause = engine_death_cause(lines)
+            why = f"; its cause: {textwrap.shorten(cause, ERROR_CHARS, placeholder=' ...')}" if cause else ""
+            return textwrap.shorten(line.strip(), ERROR_CHARS, placeholder=" ...") + why + "; "
     return ""

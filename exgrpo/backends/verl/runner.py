@@ -26,7 +26,7 @@ from exgrpo.atomic import torch_save_atomic, write_text_atomic
 from exgrpo.backends.base import HFCheckpoint, MLflowRun, TrainResult
 from exgrpo.backends.verl.jobs import local_job_server, run_ray_job
 from exgrpo.backends.verl.live import FILE_LOGGER_ENV, LOOPBACK_ENV, RUN_ID_ENV, StepFeed, TRACKING_URI_ENV, verl_row
-from exgrpo.backends.verl.prepared import SPEC_FILE, PreparedRun, VerlRunError, diagnosed, last_error
+from exgrpo.backends.verl.prepared import DIAGNOSIS_LINES, SPEC_FILE, PreparedRun, VerlRunError, diagnosed, last_error
 from exgrpo.config import ConfigError, ExperimentConfig
 from exgrpo.config.backend import VerlSettings, verl_model
 from exgrpo.progress import StepProgress, console, is_watched
@@ -170,6 +170,7 @@ def run_local(prepared: PreparedRun, progress: bool = True, log_tail: int = 40, 
     env = {**os.environ, **prepared.env, LAUNCHER_ENV: str(os.getpid())}  # the job stops if this process dies
     log_path = prepared.run_dir / "verl.log"
     tail: deque[str] = deque(maxlen=log_tail)
+    recent: deque[str] = deque(maxlen=DIAGNOSIS_LINES)  # what the error line is read from
     last_poll = time.monotonic()
     stalled = False
     # a process group of its own: a terminal's Ctrl-C reaches this process alone, which stops the job as it
@@ -199,6 +200,7 @@ def run_local(prepared: PreparedRun, progress: bool = True, log_tail: int = 40, 
                     break
                 log.write(line)
                 tail.append(line.rstrip())
+                recent.append(line.rstrip())
                 if progress:
                     print(line, end="", flush=True)
                 elif notify is not None and (message := own_line(line)):
@@ -214,9 +216,9 @@ def run_local(prepared: PreparedRun, progress: bool = True, log_tail: int = 40, 
         raise
     if stalled:
         raise VerlRunError(f"veRL run stalled: no output for {stall_seconds:.0f} s (backend.verl.stall_timeout_s), "
-                           f"so it was stopped; {last_error(tail)}see {log_path}. Last lines:\n" + "\n".join(tail))
+                           f"so it was stopped; {last_error(recent)}see {log_path}. Last lines:\n" + "\n".join(tail))
     if rc != 0:
-        raise VerlRunError(diagnosed(tail) or f"veRL run failed (exit code {rc}): {last_error(tail)}see {log_path}. "
+        raise VerlRunError(diagnosed(tail) or f"veRL run failed (exit code {rc}): {last_error(recent)}see {log_path}. "
                            "Last lines:\n" + "\n".join(tail))
 
 
