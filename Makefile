@@ -97,6 +97,12 @@ test: $(STAMP) $(JOB_STAMP) lint docs services
 test-fast: $(STAMP) lint   # the inner loop: core, config, rewards and unit tests (no servers, Ray or veRL)
 	$(PY) -m pytest -q -n 2 -m "not e2e and not slow"
 
+# The toy pages' recorded per-seed finals (docs/seeds.md, docs/results/toy.md), re-trained: the first
+# seed of each arm, 4 runs (about 70 s of CPU); `$(PY) scripts/check_results.py --all` re-runs them all
+.PHONY: check-results
+check-results: $(STAMP)
+	$(PY) scripts/check_results.py --jobs 2
+
 docs: $(STAMP)   # the documentation site (mkdocs.yml, MkDocs Material) into site/; --strict fails on a broken link or a page left out of nav
 	$(PY) -m mkdocs build --strict
 
