@@ -59,7 +59,7 @@ def _cell(per_seed: dict[int, float], n_runs: int, base: dict[int, float] | None
     return text
 
 
-def table(comparison: Path, specs: Sequence[str], vs: str | None = None) -> str:
+def table(comparison: Path, specs: Sequence[str], vs: str | None = None, seeds: range | None = None) -> str:
     """The Markdown table: one row per arm, one column per ``metric:reducer`` spec; with ``vs``, the
     paired difference from that arm after each cell."""
     parsed = []
@@ -70,7 +70,7 @@ def table(comparison: Path, specs: Sequence[str], vs: str | None = None) -> str:
         parsed.append((metric, how))
     lines = ["| arm | seeds | " + " | ".join(f"{m} ({h})" for m, h in parsed) + " |",
              "|---|---|" + "---|" * len(parsed)]
-    arms = arm_runs(comparison)
+    arms = {a: {s: p for s, p in runs.items() if seeds is None or s in seeds} for a, runs in arm_runs(comparison).items()}
     if vs is not None and vs not in arms:
         raise SystemExit(f"--vs {vs}: no such arm under {comparison} (arms: {', '.join(arms)})")
 
@@ -92,8 +92,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("comparison", type=Path, help="a comparison's run directory, e.g. runs/tiny-lm-chain-sparse")
     ap.add_argument("metrics", nargs="+", help="METRIC:first|mean|last, e.g. batch/solve_none:mean")
     ap.add_argument("--vs", help="also the paired difference from this arm (default: none)")
+    ap.add_argument("--seeds", help="only seeds A-B (default: every run found)")
     args = ap.parse_args(argv)
-    print(table(args.comparison, args.metrics, args.vs))
+    seeds = None
+    if args.seeds:
+        first, _, last = args.seeds.partition("-")
+        seeds = range(int(first), int(last or first) + 1)
+    print(table(args.comparison, args.metrics, args.vs, seeds))
     return 0
 
 
