@@ -207,7 +207,9 @@ def run(cfg: ExperimentConfig, tracking_uri: str | None = None) -> int:
             for f in check():
                 print(f, flush=True)
                 ok = ok and f.ok
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
+        if type(e) is not KeyboardInterrupt:  # the command's SIGTERM: it ends the command as "terminated" (143)
+            raise
         print("interrupted", file=sys.stderr)
         return 130
     return 0 if ok else 1
