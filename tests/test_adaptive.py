@@ -43,11 +43,27 @@ def test_a_clear_difference_is_decided_at_the_first_stage_and_only_the_undecided
 
 
 def test_the_decisions_replay_the_same_from_the_same_runs_and_stages_start_at_first_seed():
+    """A resume replays the test from whatever runs the comparison's directory holds: in another order,
+    among seeds outside the stages' blocks (a fixed comparison's, or seeds past the last stage), and
+    read back from ``outcomes.json``. The decisions must be those of the stage blocks alone."""
+    import json
+    import random
+
+    from exgrpo.compare.adaptive import finals_of
+
     cc = _cc(first_seed=100, seeds_per_stage=3)
     rng = np.random.default_rng(1)
-    finals = _finals(rng, {"grpo": 0.0, "exgrpo": 0.3}, first=100)
-    a, b = decide(cc, finals), decide(cc, finals)
-    assert a.to_dict() == b.to_dict()
+    finals = _finals(rng, {"grpo": 0.0, "exgrpo": 0.6}, seeds=12, first=100)  # the four stages' blocks
+    alone = decide(cc, finals)
+    outcomes = [RunOutcome(arm, seed, v) for arm, by_seed in finals.items() for seed, v in by_seed.items()]
+    outside = _finals(np.random.default_rng(2), {"grpo": 5.0, "exgrpo": -5.0}, seeds=100)  # seeds 0-99
+    outside.update({a: {**outside[a], **{s: 9.0 * (a == "exgrpo") for s in range(112, 130)}} for a in outside})
+    outcomes += [RunOutcome(arm, seed, v) for arm, by_seed in outside.items() for seed, v in by_seed.items()]
+    random.Random(3).shuffle(outcomes)
+    written = json.dumps([o.__dict__ for o in outcomes], default=str)  # as the comparison writes outcomes.json
+    replayed = decide(cc, finals_of(RunOutcome(**d) for d in json.loads(written)))
+    assert replayed.to_dict() == alone.to_dict()
+    assert alone.stages_done >= 1 and [p.seeds for p in alone.pairs] == [3 * alone.stages_done]
     assert decide(cc, {}).next_seeds == [100, 101, 102]
     assert decide(cc, {arm: {s: 0.0 for s in range(3)} for arm in ("grpo", "exgrpo")}).stages_done == 0  # seeds 0-2 are not stage 1
 
@@ -106,11 +122,12 @@ def test_seeds_and_adaptive_together_are_refused_before_any_work(tmp_path, capsy
 
 
 def _simulate(rng, effect: float, sims: int, cc: CompareConfig) -> tuple[float, float]:
-    """Share of comparisons in which any pair was decided larger or smaller, and mean stages run."""
+    """Share of comparisons in which any pair was decided larger or smaller, and mean stages run; every
+    arm but the baseline ``effect`` standard deviations from it."""
     rejected, stages = 0, []
     n = cc.adaptive.seeds_per_stage * cc.adaptive.max_stages
     for _ in range(sims):
-        finals = _finals(rng, {"grpo": 0.0, "exgrpo": effect}, seeds=n)
+        finals = _finals(rng, {arm: 0.0 if arm == cc.baseline else effect for arm in cc.arms}, seeds=n)
         state = decide(cc, finals)
         rejected += any(p.decision in ("larger", "smaller") for p in state.pairs)
         stages.append(state.stages_done)
@@ -152,3 +169,4 @@ def test_compare_adaptive_in_local_processes_prints_each_stage_and_the_decisions
     assert "| easy vs grpo | ahead | 1 | 3 |" in out and "| same vs grpo | no difference found | 2 | 6 | +0.0000 |" in out
     assert sorted(p.parent.name for p in (tmp_path / "runs").glob("adaptive/adaptive-easy/seed*/checkpoints")) == \
         ["seed0", "seed1", "seed2"]
+
