@@ -21,8 +21,8 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from exgrpo.backends.verl.path_lines import verdicts
 from exgrpo.paths import project_root
@@ -34,8 +34,9 @@ STEP_TIMEOUT_S = 1800
 """The longest one command of the smoke may take (start-up, compile and two steps of a tiny model)."""
 
 
-@dataclass(frozen=True)
-class Check:
+class Check(NamedTuple):
+    """One path's verdict: whether it ran as it should, its name, and its line (or why not)."""
+
     ok: bool
     path: str
     text: str
