@@ -9,7 +9,7 @@ kernels torch ran them with (``torch.backends.cpu.get_cpu_capability()``)::
     | seed | grpo | notebook | exgrpo | exgrpo-early |
     |---|---|---|---|---|
     | 0 | 0.1818 | 0.3580 | 0.2727 | 0.0341 |
-    | 5 | 0.1705 | — | 0.2273 | — |
+    | 5 | 0.1477 | — | 0.1477 | — |
 
 Each cell is the run's final value of the file's metric (``val/accuracy``), at 4 decimals; "—" is a
 run the page did not make. This script trains the recorded runs again (``exgrpo train FILE --arm A
@@ -18,7 +18,8 @@ final differs from the page's by more than its rounding. A run recorded on sever
 once and checked against each.
 
     python scripts/check_results.py            # the first recorded seed of every arm (make check-results)
-    python scripts/check_results.py --all      # every recorded run (40, about 25 minutes of CPU)
+    python scripts/check_results.py --all      # every recorded run
+    python scripts/check_results.py --only experiments/toy.yaml   # its tables only (the CI test's subset)
     python scripts/check_results.py --all --runs runs  # the runs of a comparison under runs/, not trained
     python scripts/check_results.py --table runs experiments/toy.yaml   # a page's table of runs trained here
 
@@ -228,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
                    "ones: a run still training is read at its latest evaluation)")
     p.add_argument("--jobs", type=int, default=1, help="runs trained at once (default 1)")
     p.add_argument("--pages", nargs="+", default=list(PAGES), help=f"pages to check (default: {' '.join(PAGES)})")
+    p.add_argument("--only", metavar="FILE", help="check the tables of this comparison file only")
     p.add_argument("--table", nargs=2, metavar=("RUNS", "FILE"), help="print the table of FILE's runs under RUNS")
     a = p.parse_args(argv)
     if a.table:
@@ -237,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     if not records:
         print(f"no recorded finals in {', '.join(a.pages)}", file=sys.stderr)
         return 1
+    if a.only:
+        records = [r for r in records if r.key.config == a.only]
     records, notes = on_this_cpu(records, cpu_capability())
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
