@@ -39,13 +39,16 @@ def test_job_environment_holds_verl_vllm_cpu_and_no_prefect():
     assert absent.split() == ["True", "True"]
 
 
-def test_vllm_cpu_fixes_guard_the_upstream_code_they_rely_on():
-    """Each fix of exgrpo/backends/verl/platform/vllm_cpu.py, and the per-request seeding of
-    vllm_seeded.py, is written against the upstream source whose sha256 it records: an upgrade that
-    changes one fails here, naming it."""
+@pytest.fixture(scope="module")
+def seeding_probe() -> dict:
+    """One job-environment process (importing vLLM costs most of it): the sha256 of every upstream
+    function the vLLM fixes and the seeding rely on, then what the seeded server sends to veRL's
+    generate for three requests at two weight versions, seeded and not. veRL's generate is replaced by a
+    recorder after the hashes are taken: what is under test is what reaches it."""
     out = _job(
-        "import hashlib, importlib, inspect, verl\n"
+        "import asyncio, hashlib, importlib, inspect, json, types, verl\n"
         "from exgrpo.backends.verl.platform import vllm_cpu, vllm_seeded\n"
+        "guards = {}\n"
         "for name, want in {**vllm_cpu.GUARDED, **vllm_seeded.GUARDED}.items():\n"
         "    mod, qual = name.split(':')\n"
         "    obj = importlib.import_module(mod)\n"
@@ -53,28 +56,14 @@ def test_vllm_cpu_fixes_guard_the_upstream_code_they_rely_on():
         "        obj = getattr(obj, part)\n"
         "    obj = getattr(obj, '__exgrpo_original__', obj)\n"
         "    got = hashlib.sha256(inspect.getsource(obj).encode()).hexdigest()\n"
-        "    print(name, 'ok' if got == want else 'CHANGED ' + got)\n")
-    assert out.returncode == 0, out.stderr[-2000:]
-    changed = [line for line in out.stdout.splitlines() if " ok" not in line]
-    assert not changed, f"upstream code the vLLM fixes rely on changed; re-check vllm_cpu.py, vllm_seeded.py: {changed}"
-    assert len(out.stdout.splitlines()) == 13  # every guarded function was found and hashed
-
-
-def test_each_vllm_request_carries_the_seed_of_its_run_weight_version_and_row():
-    """The seeded server sets each request's SamplingParams seed from (run seed, the weight version it
-    holds, the request's row) before veRL's generate sees it (which keeps it: its setdefault is guarded
-    above); unseeded, it passes veRL's parameters on untouched. veRL's generate is replaced by a recorder
-    here: what is under test is what reaches it."""
-    out = _job(
-        "import asyncio, json, types\n"
+        "    guards[name] = 'ok' if got == want else 'CHANGED ' + got\n"
         "from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer\n"
-        "from exgrpo.backends.verl.platform.vllm_seeded import SeededVLLMHttpServer\n"
         "from exgrpo.backends.verl.platform.seeds import request_seed\n"
         "got = []\n"
         "async def recorder(self, prompt_ids, sampling_params, request_id, *a, **k):\n"
         "    got.append((request_id, dict(sampling_params)))\n"
         "vLLMHttpServer.generate = recorder\n"
-        "server = object.__new__(SeededVLLMHttpServer)\n"
+        "server = object.__new__(vllm_seeded.SeededVLLMHttpServer)\n"
         "server.config = types.SimpleNamespace(seed=7)\n"
         "async def send(seeded, step):\n"
         "    server.seeded, server.global_steps = seeded, step\n"
@@ -82,9 +71,26 @@ def test_each_vllm_request_carries_the_seed_of_its_run_weight_version_and_row():
         "        await server.generate([1, 2], {'temperature': 1.0}, rid)\n"
         "asyncio.run(send(True, 0)); asyncio.run(send(True, 3)); asyncio.run(send(False, 3))\n"
         "want = [request_seed(7, step, rid) for step in (0, 3) for rid in ('det-0', 'det-1', 'det-5')]\n"
-        "print(json.dumps({'seeds': [p.get('seed') for _, p in got], 'want': want}))\n")
+        "print(json.dumps({'guards': guards, 'seeds': [p.get('seed') for _, p in got], 'want': want}))\n")
     assert out.returncode == 0, out.stderr[-3000:]
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_vllm_cpu_fixes_guard_the_upstream_code_they_rely_on(seeding_probe):
+    """Each fix of exgrpo/backends/verl/platform/vllm_cpu.py, and the per-request seeding of
+    vllm_seeded.py, is written against the upstream source whose sha256 it records: an upgrade that
+    changes one fails here, naming it."""
+    guards = seeding_probe["guards"]
+    changed = {name: state for name, state in guards.items() if state != "ok"}
+    assert not changed, f"upstream code the vLLM fixes rely on changed; re-check vllm_cpu.py, vllm_seeded.py: {changed}"
+    assert len(guards) == 13  # every guarded function was found and hashed
+
+
+def test_each_vllm_request_carries_the_seed_of_its_run_weight_version_and_row(seeding_probe):
+    """The seeded server sets each request's SamplingParams seed from (run seed, the weight version it
+    holds, the request's row) before veRL's generate sees it (which keeps it: its setdefault is guarded
+    above); unseeded, it passes veRL's parameters on untouched."""
+    got = seeding_probe
     assert got["seeds"][:6] == got["want"] and len(set(got["want"])) == 6  # one stream per (step, row)
     assert got["seeds"][6:] == [None, None, None]  # unseeded: veRL's own parameters
 
