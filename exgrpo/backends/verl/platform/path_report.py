@@ -50,9 +50,15 @@ async def sleep_and_report(server: Any, sleep) -> None:
         await sleep()
         report("sleep-mode", "off (rollout.free_cache_engine=False): vLLM keeps its weights and KV cache")
         return
-    before = device_free_gib()
+    try:
+        before = device_free_gib()
+    except Exception:  # noqa: BLE001 - a report must never stop the sleep it reports on
+        before = None
     await sleep()
-    after = device_free_gib()
+    try:
+        after = device_free_gib()
+    except Exception:  # noqa: BLE001
+        after = None
     if server.node_rank != 0:
         return
     freed = "" if before is None or after is None else f": the GPU's free memory went from {before:.1f} to {after:.1f} GiB"
@@ -90,7 +96,10 @@ def wrap_engine(engine_cls: type) -> type:
         finally:
             if hook is not None:
                 hook.remove()
-        report_actor(self, seen)
+        try:
+            report_actor(self, seen)
+        except Exception as e:  # noqa: BLE001 - a report must never stop the training it reports on
+            report("actor", f"not reported ({type(e).__name__}: {e})")
         return out
 
     forward_backward_batch.__exgrpo_reports__ = True  # type: ignore[attr-defined]
