@@ -298,12 +298,12 @@ def _add_doctor(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
 
 
 def _add_gpu_smoke(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
+    what = ("Train a random Qwen2 (or --model) with experiments/gpu-smoke.yaml for 2 steps, resume to step 3, "
+            "score the checkpoint with exgrpo eval, and print one line per path only CUDA takes (vLLM's sleep mode, "
+            "the CUDA IPC weight sync, FSDP in bf16, NCCL) and for the checkpoint, the resume and the evaluation. "
+            "Exit 1 when a path did not run as it should (docs/gpu.md, \"First contact\").")
     s = sub.add_parser("gpu-smoke", help="a GPU node's first contact: 2 veRL steps on vLLM, a resume, an eval",
-                       description="Write a random Qwen2 (or take --model) and a few questions, train them with "
-                       "experiments/gpu-smoke.yaml for 2 steps, resume to step 3, score the checkpoint with exgrpo "
-                       "eval, and print one line per path only CUDA takes (vLLM's sleep mode, the CUDA IPC weight "
-                       "sync, FSDP in bf16, NCCL) and for the checkpoint, the resume and the evaluation. Exit 1 when "
-                       "a path did not run as it should (docs/gpu.md, \"First contact\").")
+                       description=what)
     s.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cuda (default), or cpu: the same on the CPU job environment, each path in its CPU form")
     s.add_argument("--model", help="an HF model directory to train (default: a random Qwen2 written under --output-dir; e.g. your Qwen2.5-0.5B)")
