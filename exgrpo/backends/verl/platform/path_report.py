@@ -122,6 +122,10 @@ def report_actor(engine: Any, seen: dict[str, Any]) -> None:
 def install() -> None:
     """Wrap the engine class veRL picks for the actor (``EngineRegistry.get_engine_cls``; idempotent). The
     vLLM server and rollout adapter report from their subclasses (:mod:`.vllm_seeded`)."""
+    import os
+
+    if not os.environ.get("VERL_ENGINE_DEVICE"):  # not a veRL job (every job's runner sets it): a native run
+        return  # imports veRL's losses only, and the engine module's device probe would warn there
     from verl.workers.engine.base import EngineRegistry
 
     original = EngineRegistry.get_engine_cls
