@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from exgrpo.config import ConfigError, ExperimentConfig, FileTaskConfig, HFPolicyConfig
 from exgrpo.backends.verl import resources
 from exgrpo.backends.verl.runner import job_python
+from exgrpo.raylocal import sigterm_kept
 from exgrpo.cluster import ClusterError, alive_nodes, cluster_address, describe, join_failure, probe
 from exgrpo.tracking.mlflow_tracking import TrackingError, check_reachable, resolve_tracking_uri
 from exgrpo.versions import VLLM_DISTRIBUTION, version_problems
@@ -141,7 +142,6 @@ def ray_cluster(cfg: ExperimentConfig) -> list[Finding]:
         return [Finding(False, str(e))]
     import ray
 
-    from exgrpo.raylocal import sigterm_kept
 
     try:
         with sigterm_kept():  # SIGTERM ends the doctor as the CLI ends it (143, one line), not by Ray's sys.exit

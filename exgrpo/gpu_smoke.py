@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
+from exgrpo.atomic import directory_atomic
+from exgrpo.backends.verl.checkpoints import POOL_FILE, why_torn
 from exgrpo.backends.verl.path_lines import verdicts
 from exgrpo.paths import project_root
 
@@ -53,7 +55,6 @@ def write_model(out: Path) -> Path:
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    from exgrpo.atomic import directory_atomic
     from exgrpo.policies.lm.smollm2 import ensure_smollm2
 
     if (out / "config.json").is_file():
@@ -142,8 +143,6 @@ def first_steps(metrics_dir: Path) -> list[int]:
 
 def run_checks(run_dir: Path, device: str) -> list[Check]:
     """What the run directory and its job log say of every path (after the two trains)."""
-    from exgrpo.backends.verl.checkpoints import POOL_FILE, why_torn
-
     log = (run_dir / "verl.log").read_text() if (run_dir / "verl.log").is_file() else ""
     checks = [Check(ok, name, text) for ok, name, text in verdicts(log, device)]
     step2 = run_dir / "checkpoints" / "global_step_2"
