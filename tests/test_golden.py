@@ -20,7 +20,8 @@ RECORDED = json.loads(FIXTURES.read_text())
 DROPPED = {"notebook/lambda"}
 """Keys the old trainer logged for every algorithm; now only the notebook strategy reports them."""
 ADDED = {"compute/rollout_tokens", "compute/grad_tokens", "compute/fresh_questions", "compute/replay_term_tokens",
-         "train/accuracy"}
+         "train/accuracy", "replay/single_success_share", "replay/single_success_share_run",
+         "replay/single_success_log_prob", "replay/single_success_log_prob_run"}
 """Keys logged since the recording (new metrics, not changed numbers)."""
 RECORDED_ON = "AuthenticAMD"
 """The CPU vendor the fixtures were recorded on (``vendor_id`` of /proc/cpuinfo)."""
