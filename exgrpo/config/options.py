@@ -6,8 +6,10 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
+from exgrpo.errors import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError, ValueError):
     """A configuration problem, phrased for the user: which field, which value, what is allowed."""
 
 
