@@ -29,6 +29,13 @@ class HeldOut(StrEnum):
     TEST = "test"  # report on these: never seen by any choice made on the tuning split
 
 
+class Gold(StrEnum):
+    """What a text-arithmetic question's graded answer is."""
+
+    RESULT = "result"  # the arithmetic's value: learnable by computing it, on any question
+    SECRET = "secret"  # the value plus a fixed offset per question: learnable only by memorising a rewarded answer
+
+
 class NotebookSampling(StrEnum):
     """How the notebook variant draws its ``per`` replayed trajectories from the buffer."""
 
