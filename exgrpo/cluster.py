@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from exgrpo.config import ConfigError
+from exgrpo.errors import UserError, one_line
 from exgrpo.raylocal import init_local_ray, sigterm_kept
 from exgrpo.tracking import resolve_tracking_uri
 
@@ -45,7 +46,7 @@ CODE_KEYS = ("working_dir", "py_modules", "excludes")
 """The runtime_env fields that ship the code."""
 
 
-class ClusterError(RuntimeError):
+class ClusterError(UserError, RuntimeError):
     """The cluster cannot be joined, or can never run the work; one line, naming the fix."""
 
 
@@ -318,8 +319,25 @@ def ensure_ray(address: str | None = None, num_cpus: int = 2) -> None:
     runtime_env = {"env_vars": {"OMP_NUM_THREADS": "1"}}
     if address:
         join(address, log_to_driver=True, runtime_env=runtime_env)
-    else:
+        return
+    try:
         init_local_ray(num_cpus, include_dashboard=False, log_to_driver=True, runtime_env=runtime_env)
+    except Exception as e:  # a deployment's flow run, a sweep or a compare ends on this one line
+        raise ClusterError(local_start_failure(e)) from e
+
+
+def local_start_failure(error: BaseException) -> str:
+    """The one line for a private local Ray that did not start: its cause, and what to do about it."""
+    cause = one_line(error, 240)
+    if "AF_UNIX path length" in cause:
+        fix = ("Ray's socket paths must fit in 107 characters: set RAY_TMPDIR to a short directory "
+               "(e.g. `export RAY_TMPDIR=/tmp`)")
+    elif isinstance(error, TimeoutError) or "timed out" in cause.lower():
+        fix = ("a machine too loaded to start Ray's processes in time (they need a few seconds of CPU): run it "
+               "again when the machine is quieter, or give --ray-address of a running cluster")
+    else:
+        fix = "Ray's own logs are under its session directory (RAY_TMPDIR, else the system temp dir, exgrpo-ray-*)"
+    return f"the private local Ray did not start ({cause}); {fix}"
 
 
 def task_cpus(cfg: Any) -> int:

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -93,28 +94,53 @@ def test_building_the_parser_imports_no_torch():
     assert out.stdout == "[]\n"
 
 
+def _trickling_server(stop: threading.Event) -> tuple[socket.socket, threading.Thread]:
+    """A server that answers an HTTP request a byte every 0.2 s until ``stop``: a client's read timeout
+    (the doctor's MLflow check: 3 s) restarts at each byte, so the check waits as long as the test wants."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.sendall(b"HTTP/1.1 200 OK\r\n")
+            while not stop.wait(0.2):
+                try:
+                    conn.sendall(b"X")
+                except OSError:  # the client is gone
+                    return
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return server, thread
+
+
 def test_ctrl_c_in_a_commands_first_second_ends_it_with_one_line():
     """SIGINT in `exgrpo doctor`'s first second, once it has printed its first check: exit 130 and
-    "interrupted", no traceback. Its MLflow check waits on a silent port, so the command is still
-    running when the signal lands (sent earlier, it could land before main, where no command runs)."""
+    "interrupted", no traceback. Its MLflow check reads a response that never ends, so the command is
+    still running when the signal lands however late the signal is sent: a silent port let the check
+    time out in 3 s and the doctor end on its own (exit 1) on a loaded machine."""
     code = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); import exgrpo.cli; "
             "print('started', flush=True); sys.exit(exgrpo.cli.main(sys.argv[1:]))")
-    with socket.socket() as silent:
-        silent.bind(("127.0.0.1", 0))
-        silent.listen(8)
-        uri = f"http://127.0.0.1:{silent.getsockname()[1]}"
-        proc = subprocess.Popen([sys.executable, "-u", "-c", code, "doctor", "--tracking-uri", uri], cwd=ROOT,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            assert proc.stdout.readline() == "started\n"
-            # the doctor's first line: main is running, and its next check waits on the silent port
-            assert proc.stdout.readline().startswith("ok ")
-            proc.send_signal(signal.SIGINT)
-            out, err = proc.communicate(timeout=30)  # a hang guard
-        finally:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 130, err[-2000:]
+    stop = threading.Event()
+    server, thread = _trickling_server(stop)
+    uri = f"http://127.0.0.1:{server.getsockname()[1]}"
+    proc = subprocess.Popen([sys.executable, "-u", "-c", code, "doctor", "--tracking-uri", uri], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "started\n"
+        # the doctor's first line: main is running, and its next check waits on the endless response
+        assert proc.stdout.readline().startswith("ok ")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)  # a hang guard
+    finally:
+        proc.kill()
+        proc.wait()
+        stop.set()
+        server.close()
+        thread.join(timeout=5)
+    assert proc.returncode == 130, out[-2000:] + err[-2000:]
     assert "Traceback" not in err and err.strip().splitlines()[-1] == "interrupted", err[-2000:]
 
 

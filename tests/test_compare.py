@@ -237,6 +237,7 @@ def test_a_missing_flow_is_a_one_line_error_not_a_silent_fallback(monkeypatch, c
     assert len(err) == 1 and "flows/compare.py:compare_flow cannot be loaded" in err[0] and "--no-prefect" in err[0]
 
 
+@pytest.mark.extended
 def test_compare_cli_shows_live_progress_from_the_ray_workers(tmp_path):
     """Two Ray workers, output captured as a non-terminal stream: per-run progress lines (step/total,
     pass@1) arrive while the runs are still going, and the runs done are counted."""
@@ -419,6 +420,7 @@ def test_sigterm_stops_what_a_comparison_started_and_ends_it_in_one_line(tmp_pat
                      "warm start: not in the cache, training it now")
 
 
+@pytest.mark.extended
 def test_sigterm_while_ray_trains_a_comparisons_runs_stops_them_and_the_ray_too(tmp_path):
     """SIGTERM once the runs train on the comparison's private Ray, whose ``ray.init`` installs a handler of
     its own (``sys.exit``): that crashed the flow, aborted the command (exit 134) and left its Prefect server

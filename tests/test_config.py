@@ -78,7 +78,7 @@ def test_bad_arm_override_fails_at_load(tmp_path):
 def test_a_flow_runs_config_error_is_one_line_naming_the_field():
     """A deployment's flow run ends Failed with its error on one line (its state's message): the field
     is on the error's second line, the source on its first."""
-    from flows import one_line
+    from exgrpo.errors import one_line
 
     with pytest.raises(ConfigError) as bad:
         load_experiment("experiments/toy-exgrpo.yaml", {"train.lr": "fast"})

@@ -102,9 +102,10 @@ def test_mlflow_down_at_the_end_is_finished_by_exgrpo_sync(server, tmp_path, cap
     assert _history(server.url, run.run_id, "batch/solved") == list(range(1, 31))
 
 
-def test_sweep_driver_records_every_trial_and_goes_on_when_mlflow_dies(server, tmp_path):
+def test_sweep_driver_records_every_trial_and_goes_on_when_mlflow_dies(server, tmp_path, capsys):
     """MLflow dies after the first trial: the later trials are recorded FAIL in Optuna, the driver
-    returns its result instead of a traceback, and the same command writes the summary later."""
+    returns its result instead of a traceback, and its summary waits on disk for `exgrpo sync`, as a
+    comparison's does."""
     import ray
 
     from exgrpo.sweep import load_sweep, run_sweep
@@ -131,16 +132,20 @@ def test_sweep_driver_records_every_trial_and_goes_on_when_mlflow_dies(server, t
         assert seen == ["COMPLETE", "FAIL", "FAIL"]
         assert res.counts == {"COMPLETE": 1, "PRUNED": 0, "FAIL": 2} and res.best_value is not None
         assert res.summary_error is not None
-
-        server.start()
-        again = run_sweep(sc, storage=storage, tracking_uri=server.url)
-        assert again.outcomes == [] and again.summary_error is None
     finally:
         ray.shutdown()
+    where = tmp_path / "runs" / "sweeps" / "outage"
+    assert (where / PENDING_FILE).is_file() and (where / "trials.csv").is_file()
+    assert f"exgrpo sync {where}" in capsys.readouterr().out
+
+    server.start()
+    assert cli.main(["sync", str(where)]) == 0
     from mlflow import MlflowClient
 
     parent = MlflowClient(server.url).get_run(res.parent_run_id)
     assert parent.info.status == "FINISHED" and parent.data.metrics["trials_fail"] == 2.0
+    assert "best/algorithm.experience_ratio" in parent.data.tags
+    assert "sweep/trials.csv" in {a.path for a in MlflowClient(server.url).list_artifacts(res.parent_run_id, "sweep")}
 
 
 def test_compare_parent_run_is_kept_for_exgrpo_sync_when_mlflow_dies_at_the_end(server, tmp_path, capsys):

@@ -312,3 +312,58 @@ def test_a_sigterm_during_a_ray_init_that_fails_still_reaches_the_processs_own_h
     """The stop asked for wins over Ray's failure to start (which a caller may report and go on from)."""
     out = subprocess.run([sys.executable, "-c", SIGTERM_IN_INIT, "fail"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.splitlines() == ["OURS AFTER A FAILED INIT"], (out.stdout, out.stderr[-2000:])
+
+
+_JOB_SERVER = (
+    "import os, sys\n"
+    "from exgrpo.backends.verl.jobs import local_job_server\n"
+    "print(local_job_server(num_cpus=1), os.environ['RAY_AUTH_TOKEN'], flush=True)\n"
+    "sys.stdin.read()\n"  # stay up until the test closes stdin
+)
+_FOLLOW = (
+    "import sys\n"
+    "from pathlib import Path\n"
+    "from exgrpo.backends.verl.jobs import run_ray_job\n"
+    "from exgrpo.backends.verl.prepared import PreparedRun\n"
+    "job = PreparedRun(Path(sys.argv[2]), [sys.executable, '-c', \"import time; print('up', flush=True); "
+    "time.sleep(600)\"], {})\n"
+    "run_ray_job(job, sys.argv[1], on_submit=lambda job_id: print('JOB', job_id, flush=True), poll_seconds=0.2)\n"
+)
+
+_STATUS = (
+    "import sys, time\n"
+    "from ray.job_submission import JobSubmissionClient\n"
+    "client = JobSubmissionClient(sys.argv[1])\n"
+    "deadline = time.monotonic() + 60\n"
+    "while str(client.get_job_status(sys.argv[2])).rsplit('.', 1)[-1] != 'STOPPED' and time.monotonic() < deadline:\n"
+    "    time.sleep(1)\n"
+    "print(str(client.get_job_status(sys.argv[2])).rsplit('.', 1)[-1])\n"
+)
+
+
+def test_a_ray_job_whose_driver_is_interrupted_is_stopped_on_the_cluster(tmp_path):
+    """`launch: ray_job` on a cluster's job server: Ctrl-C (or SIGTERM) of the command that follows the
+    job stops the job there too, not only the command (the job ran on, holding the cluster's CPUs)."""
+    import signal
+
+    server = subprocess.Popen([sys.executable, "-c", _JOB_SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        address, token = server.stdout.readline().split()
+        env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
+        follower = subprocess.Popen([sys.executable, "-c", _FOLLOW, address, str(tmp_path)], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, env=env)
+        lines = []
+        for line in follower.stdout:  # the job id, then the job's own first line
+            lines.append(line.strip())
+            if line.strip() == "up":
+                break
+        job_id = next(line.split()[1] for line in lines if line.startswith("JOB "))
+        follower.send_signal(signal.SIGINT)
+        follower.wait(timeout=60)
+        status = subprocess.run([sys.executable, "-c", _STATUS, address, job_id], capture_output=True, text=True,
+                                env=env, timeout=120)
+        assert status.stdout.split() == ["STOPPED"], status.stdout + status.stderr[-2000:]
+    finally:
+        server.stdin.close()
+        server.wait(timeout=60)

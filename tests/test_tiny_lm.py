@@ -22,6 +22,7 @@ from exgrpo.tasks.text_arithmetic import (
     question_text,
     sample_problem,
     sample_sft_problems,
+    secret_answers,
     worked_solution,
 )
 
@@ -180,6 +181,24 @@ def test_task_rewards_on_constructed_strings():
     tokens2 = tokens.clone()
     tokens2[~mask] = tok.encode("7")[0]
     assert task.rewards(q, tokens2, mask).tolist() == [1.0, 0.0, 0.0, 1.0]
+
+
+def test_a_secret_gold_is_the_result_moved_by_a_fixed_offset_that_only_memory_finds():
+    """gold: secret (the constructed control for replay): each question's graded answer is its result
+    moved by ±1..±spread, fixed by data_seed and the question, the same in every split; the worked
+    solution, which computes the result, scores 0, and the secret scores 1."""
+    plain = TextArithmetic(SMALL_TASK)
+    secret = TextArithmetic(SMALL_TASK.model_copy(update={"gold": "secret", "secret_spread": 3}))
+    assert secret.questions == plain.questions
+    moved = [s - r for s, r in zip(secret.answers, plain.answers, strict=True)]
+    assert set(moved) == {-3, -2, -1, 1, 2, 3}
+    test = TextArithmetic(SMALL_TASK.model_copy(update={"gold": "secret", "secret_spread": 3, "held_out": "test"}))
+    assert test.answers[: len(secret.answers)] == secret.answers  # a question keeps its secret in every split
+    assert secret_answers(plain.questions, plain.answers, 3, seed=8) != secret.answers  # another data_seed, other secrets
+    q = secret.train_ids[:2]
+    texts = [secret.solution_text(q[0]), f"\\boxed{{{secret.answers[q[1]]}}}"]
+    tokens, mask = pad_right([secret.tokenizer.encode(t, add_eos=True) for t in texts], pad=secret.tokenizer.pad_id)
+    assert secret.rewards(q, tokens, mask).tolist() == [0.0, 1.0]
 
 
 # ---------------------------------------------------------------------------------- tiny LM

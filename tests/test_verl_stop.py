@@ -33,8 +33,8 @@ def _of_the_run(ray_dir):
 
 
 # SIGTERM only in the suite: Ctrl-C takes the same path in the runner (any interrupt stops the job's
-# process group the same way), and each case is a whole veRL run; EXGRPO_STOP_CTRL_C=1 runs the Ctrl-C case too
-@pytest.mark.parametrize("how", ["sigterm", "ctrl-c"] if os.environ.get("EXGRPO_STOP_CTRL_C") else ["sigterm"])
+# process group the same way), and each case is a whole veRL run: the Ctrl-C case is in the extended tier
+@pytest.mark.parametrize("how", ["sigterm", pytest.param("ctrl-c", marks=pytest.mark.extended)])
 def test_a_stopped_verl_run_ends_killed_and_leaves_no_process(how, tmp_path, exgrpo_cache):
     from mlflow import MlflowClient
 

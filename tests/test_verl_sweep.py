@@ -13,6 +13,7 @@ from exgrpo.config import load_experiment
 from verlutil import GRPO, ONE_VAL_QUESTION, _cli_val_score, _env
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_a_verl_sweep_through_the_cli_registers_a_champion_that_evaluates_to_the_best_value(tmp_path, exgrpo_cache):
     """`exgrpo sweep experiments/verl-tiny-sweep.yaml` (2 trials of 3 steps, the paper's defaults
@@ -43,7 +44,7 @@ def test_a_verl_sweep_through_the_cli_registers_a_champion_that_evaluates_to_the
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("launch", ["process", "ray_job"])
+@pytest.mark.parametrize("launch", [pytest.param("process", marks=pytest.mark.extended), "ray_job"])
 def test_verl_callbacks_see_each_step_while_the_job_runs_and_a_pruning_callback_stops_it(tmp_path, exgrpo_cache, monkeypatch,
                                                                                          launch):
     """The caller's callbacks (live progress, a sweep's pruning) get veRL's steps as the job writes

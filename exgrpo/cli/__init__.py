@@ -12,6 +12,7 @@ from typing import Any
 from exgrpo.cli import compare as _compare
 from exgrpo.cli import eval as _eval
 from exgrpo.cli.common import RAY_ADDRESS_HELP, FlowMissing, load_flow as _load_flow
+from exgrpo.errors import one_line
 
 # Each command imports what it runs inside its function: `exgrpo --help`, `--version` and a bad config's
 # one-line error stay free of torch, Ray, MLflow and Prefect. This package's modules import only the
@@ -105,7 +106,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
             res = run_sweep(sc, storage=args.storage, tracking_uri=args.tracking_uri, ray_address=args.ray_address,
                             n_trials=args.n_trials,
                             on_trial=lambda o: print(f"  trial {o['number']}: {o['state']} {o.get('value')}"
-                                                     f" {(o.get('error') or '').splitlines()[0] if o.get('error') else ''}",
+                                                     f" {o.get('error') or ''}",
                                                      flush=True))
             print(res.table())
             print(json.dumps({"study": res.study_name, "storage": res.storage, "best_value": res.best_value,
@@ -136,13 +137,13 @@ def _cmd_sync(args: argparse.Namespace) -> int:
             done += 1
         except Exception as e:  # noqa: BLE001 - one line per run; the others still sync
             failed += 1
-            print(f"error: {d}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", file=sys.stderr)
+            print(f"error: {d}: {one_line(e)}", file=sys.stderr)
     for d in recorded:  # runs MLflow shows RUNNING whose process is gone (killed)
         try:
             line = end_if_orphaned(d)
         except Exception as e:  # noqa: BLE001
             failed += 1
-            print(f"error: {d}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", file=sys.stderr)
+            print(f"error: {d}: {one_line(e)}", file=sys.stderr)
             continue
         if line is not None:
             print(f"{d}: {line}")

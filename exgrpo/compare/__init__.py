@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import multiprocessing as mp
 
 from exgrpo.config import CompareConfig, ExperimentConfig
+from exgrpo.errors import one_line
 from exgrpo.stats import (Estimate, iqm_ci, mean_ci, paired_difference, probability_of_improvement, steps_to_target,
                           value_at)
 from exgrpo.backends.base import train
@@ -220,12 +221,6 @@ def split_params(by_arm: dict[str, dict[str, str]]) -> tuple[dict[str, str], lis
     differ = sorted(n for n in names if len({arm.get(n) for arm in by_arm.values()}) > 1)
     first = next(iter(by_arm.values()), {})
     return {n: v for n, v in first.items() if n not in differ}, differ
-
-
-def one_line(e: BaseException) -> str:
-    """A failed run's error in one line: its type and the last line of its message (a Ray task's
-    error carries the remote traceback above it)."""
-    return f"{type(e).__name__}: {str(e).splitlines()[-1] if str(e) else ''}"
 
 
 class RunsFailed(RuntimeError):

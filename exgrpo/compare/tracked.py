@@ -15,8 +15,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
-from exgrpo.atomic import write_text_atomic
-from exgrpo.cluster import announce, cluster_address, ensure_ray, on_cluster, require_shared_stores, task_cpus
+from exgrpo.batch import ParentSummary, finish_parent, start_on_ray
+from exgrpo.cluster import cluster_address, on_cluster, require_shared_stores, task_cpus
 from exgrpo.compare import (
     ArmSummary,
     RunOutcome,
@@ -24,7 +24,6 @@ from exgrpo.compare import (
     format_table,
     jobs,
     eval_compute,
-    one_line,
     outcome_extras,
     prepare_warm_starts,
     run_description,
@@ -38,10 +37,10 @@ from exgrpo.compare.adaptive import SequentialState, StageIncomplete, format_dec
 from exgrpo.config import CompareConfig, ExperimentConfig
 from exgrpo.launch import tracked_train
 from exgrpo.slots import launch_slots, run_as_slots_free
-from exgrpo.live_progress import ProgressBoard, ProgressReporter, progress_display
+from exgrpo.errors import one_line
+from exgrpo.live_progress import ProgressReporter, progress_display
 from exgrpo.tracking.mlflow_tracking import Tracker, curated_params, model_tag, run_url
 from exgrpo.tracking.run_record import end_if_orphaned, write_record
-from exgrpo.tracking.sync import write_pending
 
 
 def tracked_run_one(cfg: ExperimentConfig, arm: str, metric: str = "val/accuracy", *, tracking_uri: str,
@@ -121,15 +120,6 @@ class TrackedComparison:
         return out
 
 
-def _save_locally(base: ExperimentConfig, table: str, outcomes: list[RunOutcome]) -> Path:
-    """The comparison's table and outcomes under ``<output_dir>/<name>/`` (when MLflow cannot take them)."""
-    where = Path(base.output_dir) / base.name
-    where.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(where / "comparison.md", table + "\n")
-    write_text_atomic(where / "outcomes.json", json.dumps([o.__dict__ for o in outcomes], indent=1, default=str))
-    return where
-
-
 def pending_note(outcomes: list[RunOutcome]) -> str:
     """The runs whose MLflow records wait on disk (MLflow was down), with the command that delivers them."""
     pending = sorted((o for o in outcomes if o.records_pending), key=lambda o: (o.arm, o.seed))
@@ -192,7 +182,7 @@ def run_tracked_compare(
     parent = _start_parent(tracker, cc, base, run_name, resume, adaptive)
     if on_parent is not None:
         on_parent(parent, run_url(exp_id, parent, tracker.uri))
-    status = "FAILED"
+    ended = False
     try:
         _log_setup(tracker, parent, cc, adaptive)
         failures: list[str] = []
@@ -207,16 +197,15 @@ def run_tracked_compare(
         result = _comparison(cc, tracker, parent, exp_id, outcomes, state, failures)
         if outcomes:
             result.figures = draw_figures(outcomes, list(cc.arms), cc.metric, Path(base.output_dir) / base.name)
-        if not _summarise_on_parent(tracker, result, base, failures):
-            status = None  # the marker ends the parent run
+        result.summary_error = finish_parent(tracker, parent, _parent_summary(result, failures),
+                                             Path(base.output_dir) / base.name, "comparison")
+        ended = True
         if failures:
             raise RuntimeError(f"{len(failures)} of {train_stage.launched} runs failed: " + "; ".join(failures))
-        if status is not None:
-            status = "FINISHED"
         return result
     finally:
-        if status is not None:
-            tracker.end_run(parent, status)
+        if not ended:
+            tracker.end_run(parent, "FAILED")
 
 
 def _start_parent(tracker: Tracker, cc: CompareConfig, base: ExperimentConfig, run_name: str | None, resume: bool,
@@ -265,34 +254,19 @@ def _comparison(cc: CompareConfig, tracker: Tracker, parent: str, exp_id: str, o
                              adaptive=state)
 
 
-def _summarise_on_parent(tracker: Tracker, result: TrackedComparison, base: ExperimentConfig,
-                         failures: list[str]) -> bool:
-    """The statistics on the parent run: metrics, the table, the description, the outcomes, the
-    failures. False when MLflow went away: they wait on disk, with a marker that ``exgrpo sync``
-    delivers and that ends the parent run (``result.summary_error`` says why)."""
-    parent, outcomes = result.parent_run_id, result.outcomes
-    metrics = {k: v for k, v in _summary_metrics(result.rows, result.baseline).items() if _finite(v)}
-    try:
-        tracker.log_metrics(parent, metrics)
-        tracker.client.log_text(parent, result.table + "\n", "comparison.md")
-        tracker.client.set_tag(parent, "mlflow.note.content", result.description)  # the run's description in the MLflow UI
-        tracker.client.log_dict(parent, [o.__dict__ for o in outcomes], "outcomes.json")
-        for path in result.figures.values():
-            tracker.client.log_artifact(parent, path)
-        if failures:
-            tracker.client.set_tag(parent, "error", "; ".join(failures)[:5000])
-        return True
-    except Exception as e:  # noqa: BLE001 - MLflow went away: the statistics wait on disk for `exgrpo sync`
-        result.summary_error = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
-        where = _save_locally(base, result.table, outcomes)
-        write_pending(where, tracker.uri, parent, "FAILED" if failures else "FINISHED", metrics,
-                      "; ".join(failures)[:5000] or None, artifacts={"comparison.md": "", "outcomes.json": "",
-                                                                     **{Path(f).name: "" for f in result.figures.values()}},
-                      tags={"mlflow.note.content": result.description})
-        print(f"note: MLflow is unreachable ({result.summary_error}); the comparison's table and outcomes are "
-              f"in {where}; `exgrpo sync {where}` puts them on parent run {parent} once MLflow is back",
-              flush=True)
-        return False
+def _parent_summary(result: TrackedComparison, failures: list[str]) -> ParentSummary:
+    """What the parent run holds at the end: the statistics as metrics, the table, the description,
+    the outcomes, the figures, the failures."""
+    tags = {"mlflow.note.content": result.description}  # the run's description in the MLflow UI
+    if failures:
+        tags["error"] = "; ".join(failures)[:5000]
+    return ParentSummary(
+        "FAILED" if failures else "FINISHED",
+        {k: v for k, v in _summary_metrics(result.rows, result.baseline).items() if _finite(v)},
+        tags=tags,
+        texts={"comparison.md": result.table + "\n",
+               "outcomes.json": json.dumps([o.__dict__ for o in result.outcomes], indent=1, default=str)},
+        files=list(result.figures.values()))
 
 
 def _log_setup(tracker: Tracker, parent: str, cc: CompareConfig, adaptive: bool) -> None:
@@ -393,16 +367,8 @@ class _StageTrainer:
         return self.outcomes[before:]
 
     def _ray_board(self) -> Any:
-        import ray
-
-        if self._board is None:
-            try:
-                ensure_ray(self.ray_address)
-            except Exception as e:  # e.g. a cluster that refuses us: say why on the parent run (it ends FAILED)
-                self.tracker.client.set_tag(self.parent, "error", str(e)[:5000])
-                raise
-            announce(self.ray_address, self.tracker.client, self.parent)
-            self._board = ray.remote(num_cpus=0)(ProgressBoard).remote()
+        if self._board is None:  # once per comparison: an adaptive one trains stage after stage
+            self._board = start_on_ray(self.ray_address, self.tracker.client, self.parent)
         return self._board
 
     def _on_ray(self, todo: list[tuple[ExperimentConfig, str]]) -> None:

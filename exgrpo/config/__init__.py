@@ -49,6 +49,7 @@ from exgrpo.config.options import (
     SelectionMetric,
     SelectionMode,
     Shaping,
+    Gold,
     HeldOut,
     Tier,
 )
@@ -68,6 +69,7 @@ from exgrpo.config.tasks import (
 __all__ = [
     "AdaptiveConfig",
     "seed_list",
+    "Gold",
     "HeldOut",
     "ALGORITHM_CONFIGS",
     "AlgorithmConfig",

@@ -6,8 +6,10 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
+from exgrpo.errors import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError, ValueError):
     """A configuration problem, phrased for the user: which field, which value, what is allowed."""
 
 
@@ -25,6 +27,13 @@ class HeldOut(StrEnum):
 
     TUNING = "tuning"  # choose regimes, learning rates and sweep trials on these
     TEST = "test"  # report on these: never seen by any choice made on the tuning split
+
+
+class Gold(StrEnum):
+    """What a text-arithmetic question's graded answer is."""
+
+    RESULT = "result"  # the arithmetic's value: learnable by computing it, on any question
+    SECRET = "secret"  # the value plus a fixed offset per question: learnable only by memorising a rewarded answer
 
 
 class NotebookSampling(StrEnum):

@@ -8,7 +8,7 @@ from typing import Final, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from exgrpo.config.options import DEFAULT_MAX_ANSWER_CHARS, AnswerFormat, HeldOut, _Strict
+from exgrpo.config.options import DEFAULT_MAX_ANSWER_CHARS, AnswerFormat, Gold, HeldOut, _Strict
 
 
 class ToyTaskConfig(_Strict):
@@ -139,6 +139,13 @@ class TextArithmeticTaskConfig(GradedTaskConfig):
     """The n_val questions that val/* reads: tuning (split off beside the training questions; choose
     regimes, learning rates and sweep trials on it) or test (n_val more drawn after them, in no
     training or tuning set; report on it). The training questions are the same for both."""
+    gold: Gold = Gold.RESULT
+    """The graded answer: result (the arithmetic's value), or secret (the value plus an offset drawn once
+    per question from data_seed, uniform over ±1..±secret_spread): no computation finds a secret, so a
+    policy solves a question again only by remembering a rewarded answer to it. The constructed positive
+    control for replay: its progress is train/accuracy (val/* questions have secrets of their own)."""
+    secret_spread: int = Field(2, ge=1, le=9)
+    """The largest offset of a secret answer from the result (gold: secret)."""
 
     @model_validator(mode="after")
     def _enough_questions(self) -> TextArithmeticTaskConfig:

@@ -12,11 +12,13 @@ from pathlib import Path
 from collections.abc import Iterator
 from typing import Any
 
-from exgrpo.cluster import announce, cluster_address, ensure_ray, require_shared_stores, task_cpus
+from exgrpo.batch import ParentSummary, finish_parent, start_on_ray
+from exgrpo.cluster import cluster_address, require_shared_stores, task_cpus
+from exgrpo.errors import one_line
 from exgrpo.slots import launch_slots, run_as_slots_free
 from exgrpo.sweep.space import SweepConfig, base_config, resolve_storage, space_signature, trial_config
 from exgrpo.sweep.study import make_pruner, open_study
-from exgrpo.live_progress import ProgressBoard, ProgressReporter, progress_display
+from exgrpo.live_progress import ProgressReporter, progress_display
 from exgrpo.tracking import Tracker, run_tags
 from exgrpo.tracking.registry import CHAMPION, register_champion
 
@@ -106,7 +108,7 @@ def run_trial(payload: dict[str, Any]) -> dict[str, Any]:
     try:
         trial = _load_trial(payload, sc)
     except Exception as e:  # storage unreachable from the worker
-        out["error"] = f"{type(e).__name__}: {e}"
+        out["error"] = one_line(e, None)
         out["traceback"] = traceback.format_exc()
         return out
 
@@ -135,7 +137,7 @@ def run_trial(payload: dict[str, Any]) -> dict[str, Any]:
     except optuna.TrialPruned as e:
         out.update(state="PRUNED", error=str(e))
     except Exception as e:
-        out.update(state="FAIL", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
+        out.update(state="FAIL", error=one_line(e, None), traceback=traceback.format_exc())
         if out["run_id"] is None:  # failed before training (e.g. an invalid combination): still one run
             try:
                 out["run_id"] = _record_unstarted(payload, sc, tags, out["error"])
@@ -224,7 +226,11 @@ def run_sweep(
     todo = max(0, target - len(study.get_trials(deepcopy=False, states=finished)))
     result = SweepResult(sc.study.name, url, parent, exp_id, tracker.uri)
     if todo:
-        _run_trials(sc, base, study, todo, tracker, parent, experiment, url, ray_address, result, on_trial)
+        try:
+            _run_trials(sc, base, study, todo, tracker, parent, experiment, url, ray_address, result, on_trial)
+        except BaseException:  # Ray refused, the driver interrupted: the parent run never stays RUNNING
+            tracker.end_run(parent, "FAILED")
+            raise
 
     # the study's outcome (from Optuna's storage), then its summary on the parent run
     trials = study.get_trials(deepcopy=False)
@@ -233,13 +239,8 @@ def run_sweep(
     if any(t.state == TrialState.COMPLETE for t in trials):
         best = study.best_trial
         result.best_value, result.best_params = best.value, dict(best.params)
-    try:
-        _summarise_on_parent(tracker, parent, study, result, len(trials))
-    except Exception as e:  # noqa: BLE001 - MLflow went away during the sweep: the study itself is safe
-        result.summary_error = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
-        print(f"note: MLflow is unreachable ({result.summary_error}); the study is complete in {url}, but its "
-              f"summary is not on parent run {parent}. Run the same sweep command again once MLflow is back: "
-              "it runs no new trial and writes the summary", flush=True)
+    result.summary_error = finish_parent(tracker, parent, _parent_summary(tracker, parent, study, result, len(trials)),
+                                         Path(base.output_dir).resolve() / "sweeps" / sc.study.name, "study")
     return result
 
 
@@ -284,15 +285,7 @@ def _run_trials(sc: SweepConfig, base: Any, study: Any, todo: int, tracker: Trac
     import ray
 
     dists = {k: v.distribution() for k, v in sc.space.items()}
-    try:
-        ensure_ray(ray_address)
-    except Exception as e:  # e.g. a cluster that refuses us: the parent run must not stay RUNNING
-        tracker.client.set_tag(parent, "error", str(e)[:5000])
-        tracker.end_run(parent, "FAILED")
-        raise
-
-    announce(ray_address, tracker.client, parent)
-    board = ray.remote(num_cpus=0)(ProgressBoard).remote()
+    board = start_on_ray(ray_address, tracker.client, parent)
     remote = ray.remote(num_cpus=task_cpus(base), max_retries=0)(run_trial)
     slots = launch_slots([base], ray_address, config_of=lambda _trial: base)  # veRL jobs on this cluster
     sweep_json = sc.model_dump(mode="json")
@@ -312,7 +305,7 @@ def _run_trials(sc: SweepConfig, base: Any, study: Any, todo: int, tracker: Trac
     def ended(trial: Any, out: dict[str, Any] | None, error: BaseException | None) -> None:
         if error is not None:  # the worker died (OOM, killed): still a FAIL, the study goes on
             out = {"number": trial.number, "state": "FAIL", "value": None, "run_id": None,
-                   "error": f"{type(error).__name__}: {error}"}
+                   "error": one_line(error, None)}
         out["params"] = dict(trial.params)
         printer.finished(f"trial {trial.number} ({out['state']})")
         _tell(study, trial, out)
@@ -324,41 +317,42 @@ def _run_trials(sc: SweepConfig, base: Any, study: Any, todo: int, tracker: Trac
         run_as_slots_free(trials(), launch, ended, slots=slots, limit=sc.study.parallel, poll=printer.poll)
 
 
-def _summarise_on_parent(tracker: Any, parent: str, study: Any, result: SweepResult, n_trials: int) -> None:
-    """Counts, the best trial and the trials table on the study's parent run, which ends FINISHED."""
-    metrics: dict[str, float] = {f"trials_{k.lower()}": float(v) for k, v in result.counts.items()}
+def _parent_summary(tracker: Any, parent: str, study: Any, result: SweepResult, n_trials: int) -> ParentSummary:
+    """What the study's parent run holds at the end: the counts, the best trial (its params as
+    ``best/*`` tags, its checkpoint registered as the champion when MLflow takes it) and the trials table."""
+    summary = ParentSummary("FINISHED", {f"trials_{k.lower()}": float(v) for k, v in result.counts.items()},
+                            step=n_trials)
     if result.best_value is not None:
         best = study.best_trial
-        metrics["best_value"] = float(best.value)
-        metrics["best_trial"] = float(best.number)
-        for k, v in best.params.items():
-            tracker.client.set_tag(parent, f"best/{k}", str(v))
-        _register_best(tracker, parent, study, best, result)
-    tracker.log_metrics(parent, metrics, step=n_trials)
+        summary.metrics.update(best_value=float(best.value), best_trial=float(best.number))
+        summary.tags.update({f"best/{k}": str(v) for k, v in best.params.items()})
+        if (champion := _register_best(tracker, study, best, result)) is not None:
+            summary.tags["champion_model"] = champion
     try:
         df = study.trials_dataframe(attrs=("number", "value", "state", "params", "user_attrs", "duration"))
     except Exception:  # noqa: BLE001 - the table is a convenience; the trials are in Optuna's storage
         df = None
     if df is not None:
-        tracker.client.log_text(parent, df.to_csv(index=False), "sweep/trials.csv")
-    tracker.end_run(parent, "FINISHED")
+        summary.texts["sweep/trials.csv"] = df.to_csv(index=False)
+    return summary
 
 
-def _register_best(tracker: Any, parent: str, study: Any, best: Any, result: SweepResult) -> None:
-    """The best trial's checkpoint as ``models:/exgrpo-<study>@champion`` (tag ``champion_model`` on
-    the parent); a trial without a checkpoint leaves a note instead of failing the summary."""
+def _register_best(tracker: Any, study: Any, best: Any, result: SweepResult) -> str | None:
+    """The best trial's checkpoint as ``models:/exgrpo-<study>@champion``: the parent's ``champion_model``
+    tag, or None with a note (a trial without a checkpoint, MLflow unreachable) instead of failing the
+    summary; the same sweep command run again registers it."""
     run_id = best.user_attrs.get("mlflow_run_id")
-    checkpoint = tracker.client.get_run(run_id).data.tags.get("checkpoint") if run_id else None
     try:
+        checkpoint = tracker.client.get_run(run_id).data.tags.get("checkpoint") if run_id else None
         if not checkpoint or checkpoint == "None":
             raise FileNotFoundError(f"trial {best.number} logged no checkpoint")
         name, version = register_champion(tracker.client, study.study_name, run_id, checkpoint, {
             "study": study.study_name, "trial": str(best.number), "value": f"{best.value:.6g}"})
     except Exception as e:  # noqa: BLE001 - the registry is a convenience on top of the study
-        print(f"note: the best trial was not registered as a model ({type(e).__name__}: {e})", flush=True)
-        return
+        print(f"note: the best trial was not registered as a model ({one_line(e, 300)})", flush=True)
+        return None
     result.champion = f"models:/{name}@{CHAMPION}"
-    tracker.client.set_tag(parent, "champion_model", f"{result.champion} (version {version})")
+    return f"{result.champion} (version {version})"
 
 
 def safe_tell(study, trial, *args, **kwargs) -> None:

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from exgrpo.tasks.tokenizers import CharTokenizer
-from exgrpo.config import AnswerFormat, ArithmeticProblemsConfig, HeldOut, TextArithmeticTaskConfig
+from exgrpo.config import AnswerFormat, ArithmeticProblemsConfig, Gold, HeldOut, TextArithmeticTaskConfig
 from exgrpo.rewards.extraction import DEFAULT_MAX_ANSWER_CHARS, extract_answer, warn_if_lenient
 
 __all__ = [
@@ -147,6 +147,16 @@ def extract_final_integer(
 # ------------------------------------------------------------------------------------------------
 # The task
 # ------------------------------------------------------------------------------------------------
+def secret_answers(questions: Sequence[str], results: Sequence[int], spread: int, seed: int) -> list[int]:
+    """Each result moved by its question's own offset, ±1..±``spread`` (never 0), a hash of ``seed`` and the
+    question's text: a question keeps its secret whichever split or question set it is in."""
+    out = []
+    for q, r in zip(questions, results, strict=True):
+        h = int.from_bytes(hashlib.sha256(f"{seed}:{q}".encode()).digest()[:8], "little")
+        out.append(int(r + (1 if h & 1 else -1) * (1 + (h >> 1) % spread)))
+    return out
+
+
 class TextArithmetic:
     """Task protocol (interfaces.py): ``train_ids``, ``val_ids``, ``prompts``, ``rewards``."""
 
@@ -171,6 +181,8 @@ class TextArithmetic:
             self.val_ids = list(range(total, total + cfg.n_val))
         else:
             self.val_ids = self.tuning_ids
+        if cfg.gold == Gold.SECRET:
+            self.answers = secret_answers(self.questions, self.answers, cfg.secret_spread, cfg.data_seed)
         self._prompt_ids = [self.tokenizer.encode(q, add_bos=True, strict=True) for q in self.questions]
 
     def _draw(self, rng: np.random.Generator, seen: set[str], until: int, requested: int) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from exgrpo.config import ExperimentConfig, flatten, mlflow_param_keys
+from exgrpo.errors import UserError
 from exgrpo.paths import project_root, running_ui  # project_root re-exported: callers import it from here and exgrpo.tracking
 from exgrpo.sqlite_wal import ensure_wal, sqlite_file
 from exgrpo.tracking.code_version import code_version_tags
@@ -31,7 +32,7 @@ from exgrpo.tracking.names import sanitize_metric_name
 from exgrpo.tracking.step_logger import MLflowStepLogger
 
 
-class TrackingError(RuntimeError):
+class TrackingError(UserError, RuntimeError):
     """The tracking store cannot be used (unreachable server, unwritable sqlite directory...)."""
 
 

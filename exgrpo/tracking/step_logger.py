@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from exgrpo.errors import one_line
 from exgrpo.tracking.names import sanitize_metric_name
 
 logger = logging.getLogger(__name__)
@@ -128,8 +129,7 @@ class MLflowStepLogger:
         """Account for a finished write; what it did not deliver goes back to the front of the buffer."""
         if error is not None:
             if not self.offline:
-                first = str(error).splitlines()[0][:120] if str(error) else ""
-                self.warn(f"MLflow is unreachable ({type(error).__name__}: {first}); "
+                self.warn(f"MLflow is unreachable ({one_line(error, 160)}); "
                           f"training goes on, metrics are buffered and kept in metrics.jsonl")
             self.offline = True
             self._buf[:0] = undelivered

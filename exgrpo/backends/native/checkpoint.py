@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import torch
 
 from exgrpo.atomic import torch_save_atomic
+from exgrpo.errors import one_line
 
 logger = logging.getLogger(__name__)
 _STEP = re.compile(r"step_(\d+)\.pt$")
@@ -86,16 +87,12 @@ def load_state(path: Path) -> dict:
         if "weights_only" in str(e).lower() or "weights only" in str(e).lower():
             raise CheckpointError(f"{path}: refused to load: it holds Python objects, not only tensors (exgrpo "
                                   f"checkpoints load with weights_only=True; a foreign or hostile pickle)") from e
-        raise CheckpointError(f"{path}: not a readable exgrpo checkpoint ({_first_line(e)})") from e
+        raise CheckpointError(f"{path}: not a readable exgrpo checkpoint ({one_line(e, 160)})") from e
     except Exception as e:  # noqa: BLE001 - torch.load raises many types for torn or foreign files
-        raise CheckpointError(f"{path}: not a readable exgrpo checkpoint (torn or another format: {_first_line(e)})") from e
+        raise CheckpointError(f"{path}: not a readable exgrpo checkpoint (torn or another format: {one_line(e, 160)})") from e
     if not isinstance(state, dict) or not {"config", "model"} <= set(state):
         raise CheckpointError(f"{path}: not an exgrpo checkpoint (no 'config' and 'model' entries)")
     return state
-
-
-def _first_line(e: Exception) -> str:
-    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:160]}"
 
 
 def load(trainer: Checkpointed, path: Path) -> None:

@@ -9,11 +9,13 @@ Both private Rays use token authentication (:mod:`exgrpo.raylocal`): the job inh
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from exgrpo.backends.verl.live import StepFeed
 from exgrpo.backends.verl.prepared import DIAGNOSIS_LINES, PreparedRun, VerlRunError, diagnosed, last_error
@@ -64,11 +66,35 @@ def run_ray_job(prepared: PreparedRun, address: str, on_line: Callable[[str], No
             time.sleep(2)
     on_submit(job_id)
     tail: deque[str] = deque(maxlen=log_tail)
-    seen = 0
     log_path = Path(prepared.run_dir) / "verl.log"
+    try:
+        status, stalled, text = _follow(client, job_id, log_path, tail, on_line, poll_seconds, feed, stall_seconds)
+    except BaseException:  # Ctrl-C, SIGTERM, an error here: the job must not run on without its driver
+        with contextlib.suppress(Exception):
+            client.stop_job(job_id)
+        raise
+    final = str(status.value if isinstance(status, JobStatus) else status)
+    if final != "SUCCEEDED":
+        info = client.get_job_info(job_id)
+        last = "\n".join(tail)
+        why = (f"stalled: no output for {stall_seconds:.0f} s (backend.verl.stall_timeout_s), so it was stopped"
+               if stalled else (info.message or "no message").strip().splitlines()[0][:300])  # the job's log follows
+        raise VerlRunError(diagnosed(tail) or f"Ray Job {job_id} {final}: {why}; {last_error(text.splitlines()[-DIAGNOSIS_LINES:])}see {log_path}. "
+                                              f"Last lines:\n{last}")
+    return job_id
+
+
+def _follow(client, job_id: str, log_path: Path, tail: deque[str], on_line: Callable[[str], None],
+            poll_seconds: float, feed: StepFeed | None, stall_seconds: float | None) -> tuple[Any, bool, str]:
+    """Stream the job's log to ``on_line``, ``tail`` and ``log_path`` until it ends; (its final status,
+    whether it was stopped for stalling, its whole log)."""
+    from ray.job_submission import JobStatus
+
+    seen = 0
     status = None
     stopping = stalled = False
     last_output = time.monotonic()
+    text = ""
     with log_path.open("a") as log:
         while True:
             if feed is not None and not feed.poll() and not stopping:
@@ -89,12 +115,4 @@ def run_ray_job(prepared: PreparedRun, address: str, on_line: Callable[[str], No
             if str(status.value if isinstance(status, JobStatus) else status) in TERMINAL:
                 break
             time.sleep(poll_seconds)
-    final = str(status.value if isinstance(status, JobStatus) else status)
-    if final != "SUCCEEDED":
-        info = client.get_job_info(job_id)
-        last = "\n".join(tail)
-        why = (f"stalled: no output for {stall_seconds:.0f} s (backend.verl.stall_timeout_s), so it was stopped"
-               if stalled else (info.message or "no message").strip().splitlines()[0][:300])  # the job's log follows
-        raise VerlRunError(diagnosed(tail) or f"Ray Job {job_id} {final}: {why}; {last_error(text.splitlines()[-DIAGNOSIS_LINES:])}see {log_path}. "
-                                              f"Last lines:\n{last}")
-    return job_id
+    return status, stalled, text
