@@ -118,7 +118,9 @@ TCP_SECONDS = 5.0
 """How long a TCP connection to the cluster's address may take."""
 GCS_SECONDS = 5.0
 """How long the GCS may take to give its cluster ID once connected (Ray's client adds up to 10 s of
-its own connection waits): the whole probe ends within about 20 s."""
+its own connection waits): the whole probe ends within about 20 s. ``EXGRPO_RAY_GCS_SECONDS`` sets
+another (a head reached over a slow link)."""
+GCS_SECONDS_VAR = "EXGRPO_RAY_GCS_SECONDS"
 TOKEN_FILE = Path("~/.ray/auth_token")
 """Where Ray looks for a token when neither RAY_AUTH_TOKEN nor RAY_AUTH_TOKEN_PATH is set."""
 
@@ -150,7 +152,7 @@ def split_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def probe(address: str, tcp_seconds: float = TCP_SECONDS, gcs_seconds: float = GCS_SECONDS) -> None:
+def probe(address: str, tcp_seconds: float = TCP_SECONDS, gcs_seconds: float | None = None) -> None:
     """Check, in seconds, that ``address`` is a Ray cluster this process may join: the token is set
     where token mode asks for one, a TCP connection is accepted, and the GCS answers with its cluster
     ID. Raise :class:`ClusterError` (one line: the address, what was tried, the fix) otherwise.
@@ -174,6 +176,8 @@ def probe(address: str, tcp_seconds: float = TCP_SECONDS, gcs_seconds: float = G
             "(6379 unless set), reachable from this machine") from None
     if "://" in address:  # Ray Client (ray://): its server speaks its own protocol
         return
+    if gcs_seconds is None:
+        gcs_seconds = float(os.environ.get(GCS_SECONDS_VAR) or GCS_SECONDS)
     error = _gcs_answer(address, gcs_seconds)
     if error is not None:
         raise ClusterError(error)

@@ -21,9 +21,9 @@ not slow"``): the core, config, rewards and unit tests."""
 
 
 LONGEST_FIRST = [
-    "test_vllm_rollout", "test_vllm_cpu_heads", "test_verl_sweep", "test_vllm_resume", "test_verl_flows", "test_ray_cluster",
-    "test_verl_resume", "test_prefect_server", "test_verl_grpo_run", "test_verl_stop", "test_compare", "test_ray_local",
-    "test_bench_scripts", "test_mlflow_outage", "test_lm_tier", "test_golden", "test_team_mode", "test_verl_platform",
+    "test_verl_resume", "test_vllm_resume", "test_vllm_rollout", "test_verl_flows", "test_verl_grpo_run", "test_ray_cluster",
+    "test_prefect_server", "test_compare", "test_verl_stop", "test_ray_local", "test_mlflow_outage", "test_bench_scripts",
+    "test_lm_tier", "test_golden", "test_team_mode", "test_verl_platform", "test_verl_sweep", "test_vllm_cpu_heads",
 ]
 """Modules by how long they take (``--durations`` of a whole run), longest first. ``make test`` runs
 the suite on two workers, a module to a worker at a time (``-n 2 --dist loadfile

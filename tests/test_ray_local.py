@@ -360,7 +360,8 @@ def test_a_ray_job_whose_driver_is_interrupted_is_stopped_on_the_cluster(tmp_pat
                 break
         job_id = next(line.split()[1] for line in lines if line.startswith("JOB "))
         follower.send_signal(signal.SIGINT)
-        follower.wait(timeout=60)
+        out, err = follower.communicate(timeout=120)  # a hang guard
+        assert follower.returncode != 0 and "KeyboardInterrupt" in err, out + err[-2000:]
         status = subprocess.run([sys.executable, "-c", _STATUS, address, job_id], capture_output=True, text=True,
                                 env=env, timeout=120)
         assert status.stdout.split() == ["STOPPED"], status.stdout + status.stderr[-2000:]

