@@ -321,7 +321,8 @@ _JOB_SERVER = (
     "sys.stdin.read()\n"  # stay up until the test closes stdin
 )
 _FOLLOW = (
-    "import sys\n"
+    "import signal, sys\n"
+    "signal.signal(signal.SIGINT, signal.default_int_handler)\n"  # Ctrl-C acting, as in a terminal
     "from pathlib import Path\n"
     "from exgrpo.backends.verl.jobs import run_ray_job\n"
     "from exgrpo.backends.verl.prepared import PreparedRun\n"
