@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 TESTS = Path(__file__).resolve().parent
 
 SLOW_TEARDOWN = '''
@@ -29,6 +31,7 @@ def test_a_teardown_that_outlasts_execnets_grace():
 '''
 
 
+@pytest.mark.slow
 def test_a_slow_worker_teardown_ends_without_a_keyboard_interrupt(tmp_path):
     (tmp_path / "test_slow_teardown.py").write_text(SLOW_TEARDOWN)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),

@@ -30,6 +30,7 @@ def test_resume_refuses_a_checkpoint_made_with_another_config(tmp_path):
     Trainer(cfg(tmp_path, **{"train.max_steps": 8, "train.lr": 1e-2})).fit(progress=False, resume=True, force_resume=True)
 
 
+@pytest.mark.slow
 def test_cli_resume_mismatch_is_one_line(tmp_path):
     base = [sys.executable, "-m", "exgrpo.cli", "train", "experiments/toy-exgrpo.yaml", "--no-progress",
             "--output-dir", str(tmp_path), *[f"--set={k}={v}" for k, v in SMALL.items()]]

@@ -170,6 +170,7 @@ def test_failed_run_is_marked_failed(tmp_path):
     assert r.data.tags["algo"] == "grpo"
 
 
+@pytest.mark.slow
 def test_tracked_compare_on_a_process_pool(tmp_path):
     """The compare runner hook: spawned processes, each (arm, seed) an MLflow child of one parent."""
     from exgrpo.config import load_compare

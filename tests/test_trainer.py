@@ -90,6 +90,7 @@ def test_resume_equals_uninterrupted_bit_for_bit(tmp_path):
     assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa if k != "format")
 
 
+@pytest.mark.slow
 def test_cli_train_killed_then_resumed_matches_uninterrupted(tmp_path):
     """A real SIGKILL of `exgrpo train` mid-run, then `--resume`."""
     sets = [f"--set={k}={v}" for k, v in {**SMALL, "train.epochs": 60, "train.checkpoint_every": 10}.items()]
