@@ -30,7 +30,7 @@ class HeldOut(StrEnum):
 
 
 class Gold(StrEnum):
-    """What a text-arithmetic question's graded answer is."""
+    """What an arithmetic question's graded answer is (text arithmetic, reasoning-gym)."""
 
     RESULT = "result"  # the arithmetic's value: learnable by computing it, on any question
     SECRET = "secret"  # the value plus a fixed offset per question: learnable only by memorising a rewarded answer

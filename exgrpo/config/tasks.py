@@ -81,6 +81,19 @@ class GradedTaskConfig(_Strict):
     """Longest graded answer; a longer one scores 0 instead of being truncated."""
 
 
+class IntegerGoldTaskConfig(GradedTaskConfig):
+    """A graded task whose gold answers are integers (the arithmetic tasks), which may be made secret."""
+
+    gold: Gold = Gold.RESULT
+    """The graded answer: result (the arithmetic's value), or secret (the value plus an offset drawn once
+    per question, a hash of the task's seed and the question, uniform over ±1..±secret_spread): no
+    computation finds a secret, so a policy solves a question again only by remembering a rewarded answer
+    to it. The constructed positive control for replay: its progress is train/accuracy (val/* questions
+    have secrets of their own)."""
+    secret_spread: int = Field(2, ge=1, le=9)
+    """The largest offset of a secret answer from the result (gold: secret)."""
+
+
 DATA_FILE_SUFFIXES: Final[tuple[str, ...]] = (".parquet", ".jsonl")
 """The formats of a task file (exgrpo.tasks.rlhf_file reads each)."""
 
@@ -122,7 +135,7 @@ class FileTaskConfig(GradedTaskConfig):
         return self
 
 
-class TextArithmeticTaskConfig(GradedTaskConfig):
+class TextArithmeticTaskConfig(IntegerGoldTaskConfig):
     """Text arithmetic questions with worked answers (tiny-lm tier)."""
 
     kind: Literal["text_arithmetic"] = "text_arithmetic"
@@ -139,13 +152,6 @@ class TextArithmeticTaskConfig(GradedTaskConfig):
     """The n_val questions that val/* reads: tuning (split off beside the training questions; choose
     regimes, learning rates and sweep trials on it) or test (n_val more drawn after them, in no
     training or tuning set; report on it). The training questions are the same for both."""
-    gold: Gold = Gold.RESULT
-    """The graded answer: result (the arithmetic's value), or secret (the value plus an offset drawn once
-    per question from data_seed, uniform over ±1..±secret_spread): no computation finds a secret, so a
-    policy solves a question again only by remembering a rewarded answer to it. The constructed positive
-    control for replay: its progress is train/accuracy (val/* questions have secrets of their own)."""
-    secret_spread: int = Field(2, ge=1, le=9)
-    """The largest offset of a secret answer from the result (gold: secret)."""
 
     @model_validator(mode="after")
     def _enough_questions(self) -> TextArithmeticTaskConfig:
@@ -294,7 +300,7 @@ def check_dataset_name(name: str) -> str:
     return name
 
 
-class ReasoningGymTaskConfig(GradedTaskConfig):
+class ReasoningGymTaskConfig(IntegerGoldTaskConfig):
     """A mixture of reasoning-gym generators with train/held-out splits by seed."""
 
     kind: Literal["reasoning_gym"] = "reasoning_gym"

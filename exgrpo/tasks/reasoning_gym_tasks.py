@@ -57,8 +57,9 @@ from exgrpo.config.tasks import (
     _KNOBS,
     check_dataset_name,
 )
-from exgrpo.config import AnswerFormat
+from exgrpo.config import AnswerFormat, Gold
 from exgrpo.rewards.extraction import DEFAULT_MAX_ANSWER_CHARS, extract_answer, warn_if_lenient
+from exgrpo.tasks.secret_gold import secret_answers
 from exgrpo.tasks.tokenizers import CharTokenizer, chat_prompt_ids
 
 __all__ = [
@@ -205,6 +206,11 @@ class ReasoningGymTask:
         if overlap:  # pragma: no cover - guarded by construction
             raise AssertionError(f"{len(overlap)} question(s) in both splits, e.g. {next(iter(overlap))!r}")
         items = train + val
+        if cfg.gold == Gold.SECRET:
+            # every grader (and veRL's exported ground truth) reads entry["answer"]: the secret replaces it
+            results = [int(e["answer"]) for _, e in items]
+            secrets = secret_answers([e["question"] for _, e in items], results, cfg.secret_spread, cfg.train_seed)
+            items = [(name, dict(e, answer=str(s))) for (name, e), s in zip(items, secrets, strict=True)]
         self.sources: list[str] = [name for name, _ in items]
         self.entries: list[dict[str, Any]] = [e for _, e in items]
         self.questions: list[str] = [e["question"] for e in self.entries]

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from exgrpo.tasks.secret_gold import secret_answers
 from exgrpo.tasks.tokenizers import CharTokenizer
 from exgrpo.config import AnswerFormat, ArithmeticProblemsConfig, Gold, HeldOut, TextArithmeticTaskConfig
 from exgrpo.rewards.extraction import DEFAULT_MAX_ANSWER_CHARS, extract_answer, warn_if_lenient
@@ -147,16 +148,6 @@ def extract_final_integer(
 # ------------------------------------------------------------------------------------------------
 # The task
 # ------------------------------------------------------------------------------------------------
-def secret_answers(questions: Sequence[str], results: Sequence[int], spread: int, seed: int) -> list[int]:
-    """Each result moved by its question's own offset, ±1..±``spread`` (never 0), a hash of ``seed`` and the
-    question's text: a question keeps its secret whichever split or question set it is in."""
-    out = []
-    for q, r in zip(questions, results, strict=True):
-        h = int.from_bytes(hashlib.sha256(f"{seed}:{q}".encode()).digest()[:8], "little")
-        out.append(int(r + (1 if h & 1 else -1) * (1 + (h >> 1) % spread)))
-    return out
-
-
 class TextArithmetic:
     """Task protocol (interfaces.py): ``train_ids``, ``val_ids``, ``prompts``, ``rewards``."""
 
