@@ -197,3 +197,20 @@ def test_no_partial_credit_for_substrings(task):
     assert task.score_text(q, f"\\boxed{{{var} = {gold}}}") == 1.0
     p = next(q for q in task.train_ids if task.sources[q] == "products")
     assert task.score_text(p, f"\\boxed{{+0{task.answers[p]}}}") == 1.0  # reasoning-gym's own score_answer
+
+
+def test_a_secret_gold_moves_every_dataset_s_result_and_only_the_secret_scores(task):
+    """gold: secret on reasoning-gym (the constructed control on a pretrained model): each question keeps its
+    text and split, its graded answer is the result moved by ±1..±spread, fixed by the question, and every
+    grader (reasoning-gym's own, the decimal one) and the exported ground truth read the secret."""
+    secret = ReasoningGymTask.with_char_tokenizer(ReasoningGymTaskConfig(**SMALL, gold="secret", secret_spread=2))
+    assert secret.questions == task.questions and secret.train_ids == task.train_ids
+    moved = [int(s) - int(r) for s, r in zip(secret.answers, task.answers, strict=True)]
+    assert set(moved) == {-2, -1, 1, 2}
+    assert [e["answer"] for e in secret.entries] == secret.answers
+    again = ReasoningGymTask.with_char_tokenizer(ReasoningGymTaskConfig(**SMALL, gold="secret", secret_spread=2))
+    assert again.answers == secret.answers
+    for name in ("chain_sum", "products", "basic_arithmetic", "simple_equations"):
+        q = next(q for q in secret.train_ids if secret.sources[q] == name)
+        assert secret.score_text(q, f"\\boxed{{{task.answers[q]}}}") == 0.0, name  # computing it finds nothing
+        assert secret.score_text(q, f"\\boxed{{{secret.answers[q]}}}") == 1.0, name

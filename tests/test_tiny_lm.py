@@ -22,9 +22,9 @@ from exgrpo.tasks.text_arithmetic import (
     question_text,
     sample_problem,
     sample_sft_problems,
-    secret_answers,
     worked_solution,
 )
+from exgrpo.tasks.secret_gold import secret_answers
 
 SMALL_TASK = TextArithmeticTaskConfig(n_train=200, n_val=50, data_seed=7)
 
