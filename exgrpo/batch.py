@@ -55,9 +55,10 @@ class ParentSummary:
 
 
 def finish_parent(tracker: Any, parent: str, summary: ParentSummary, where: Path, what: str) -> str | None:
-    """Log ``summary`` on ``parent`` and end it with ``summary.status``; None when done. When MLflow is
-    unreachable, the summary is written to ``where`` with a marker that ``exgrpo sync <where>`` delivers
-    (it also ends the parent), a note naming that command is printed, and the error's line is returned.
+    """Log ``summary`` on ``parent`` and end it with ``summary.status``; None when done. When MLflow does not
+    take it (unreachable, or refusing a value), the summary is written to ``where`` with a marker that
+    ``exgrpo sync <where>`` delivers (it also ends the parent), a note naming that command and saying
+    which of the two it was is printed, and the error's line is returned.
     ``what`` names the batch in the note ("comparison", "study")."""
     try:
         if summary.metrics:
@@ -69,14 +70,28 @@ def finish_parent(tracker: Any, parent: str, summary: ParentSummary, where: Path
         for path in summary.files:
             tracker.client.log_artifact(parent, path)
         tracker.end_run(parent, summary.status)
-    except Exception as e:  # noqa: BLE001 - MLflow went away: the summary waits on disk for `exgrpo sync`
+    except Exception as e:  # noqa: BLE001 - whatever refused it, the summary waits on disk for `exgrpo sync`
         error = one_line(e, 160)
         _leave_for_sync(tracker.uri, parent, summary, Path(where))
-        print(f"note: MLflow is unreachable ({error}); the {what}'s summary is in {where}; `exgrpo sync {where}` "
-              f"puts it on parent run {parent} once MLflow is back", flush=True)
+        if _reachable(tracker.uri):  # not an outage: say what failed, not that MLflow went away
+            print(f"note: MLflow did not take the {what}'s summary ({error}); it is in {where}; `exgrpo sync {where}` "
+                  f"puts it on parent run {parent}", flush=True)
+        else:
+            print(f"note: MLflow is unreachable ({error}); the {what}'s summary is in {where}; `exgrpo sync {where}` "
+                  f"puts it on parent run {parent} once MLflow is back", flush=True)
         return error
     (Path(where) / PENDING_FILE).unlink(missing_ok=True)  # an earlier outage's marker: delivered now
     return None
+
+
+def _reachable(uri: str) -> bool:
+    from exgrpo.tracking.mlflow_tracking import TrackingError, check_reachable
+
+    try:
+        check_reachable(uri)
+    except TrackingError:
+        return False
+    return True
 
 
 def _leave_for_sync(uri: str, parent: str, summary: ParentSummary, where: Path) -> None:

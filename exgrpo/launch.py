@@ -28,13 +28,8 @@ from exgrpo.cluster import (
 from exgrpo.config import ConfigError, ExperimentConfig
 from exgrpo.policies.build import prepare_warm_starts
 from exgrpo.policies.inputs import check_inputs
-from exgrpo.evaluation.runner import (
-    CheckpointPolicy,
-    as_in_training,
-    eval_names,
-    evaluate_as_in_training,
-    load_checkpoint_policy,
-)
+from exgrpo.evaluation.metrics import Score
+from exgrpo.evaluation.runner import CheckpointPolicy, load_checkpoint_policy, score_checkpoint
 from exgrpo.tracking.code_version import code_version_tags
 from exgrpo.tracking.finished_run import log_finished_run
 from exgrpo.tracking.mlflow_tracking import (
@@ -75,7 +70,7 @@ def record_finished(tracker: Tracker, run_id: str, cfg: ExperimentConfig, result
     trained calls it at once; a run whose end MLflow missed, when ``exgrpo sync`` delivers it
     (:func:`sync_pending`)."""
     log_finished_run(tracker, run_id, cfg, result, step, load_policy=load_checkpoint_policy, evaluate=_final_evaluation,
-                     evaluate_model_dir=_final_model_dir_evaluation, log_checkpoint=log_checkpoint, log_model=log_model)
+                     log_checkpoint=log_checkpoint, log_model=log_model)
 
 
 def finish_record(cfg: ExperimentConfig, result: Any, *, log_checkpoint: bool = True,
@@ -137,14 +132,10 @@ def _train_unrecorded(cfg: ExperimentConfig, uri: str, creation: dict[str, Any],
     return TrackedRun(result, synced.run_id, synced.experiment_id, uri)
 
 
-def _final_evaluation(final: CheckpointPolicy) -> dict[str, float]:
-    """``eval/*``: the final policy evaluated as the run evaluates."""
-    return eval_names(evaluate_as_in_training(final))
-
-
-def _final_model_dir_evaluation(model_dir: Path) -> dict[str, float]:
-    """``eval/*`` of an external HF model's final checkpoint (its merged HF directory), scored by vLLM."""
-    return eval_names(as_in_training(model_dir)[2])
+def _final_evaluation(final: CheckpointPolicy | Path) -> list[Score]:
+    """``eval/*``: the final policy (or an external HF model's merged directory) scored as the run evaluates
+    (:func:`exgrpo.evaluation.runner.score_checkpoint`, as ``exgrpo eval`` and the evaluate flow score it)."""
+    return score_checkpoint(final).scores
 
 
 def _pruned(exc: BaseException) -> bool:

@@ -1,6 +1,12 @@
-"""Prefect flow: evaluate a checkpoint (greedy val accuracy, as the run evaluates) and log it to MLflow.
+"""Prefect flow: evaluate a checkpoint and log its scores to MLflow, as ``exgrpo eval`` does.
 
     prefect deployment run 'evaluate/evaluate' --param checkpoint=runs/toy/seed0/checkpoints/step_0000100.pt
+
+By default as the run evaluates (greedy on its held-out split and its training probe:
+``eval/val/avg_at_1``, ``eval/train/avg_at_1``); ``benchmarks`` and ``settings`` name others, as
+``exgrpo eval``'s options do. Both call one function (:func:`exgrpo.recorded_eval.evaluate_into_run`):
+the same scores under the same names, into the run named, else the checkpoint's own run, else a new run
+tagged ``kind=evaluate``.
 
 A checkpoint is a native ``step_*.pt`` or a veRL run's ``global_step_N/`` (its FSDP shards merged:
 :mod:`exgrpo.backends.verl.actor_weights`); a veRL run of an external HF model (``policy.path`` or ``backend.verl.model_path``)
@@ -8,7 +14,8 @@ is merged into an HF directory and scored by the job environment's vLLM (:mod:`e
 the train or train-verl deployment completes (a
 deployment trigger in prefect.yaml on Prefect's ``prefect.flow-run.Completed`` event): it is given
 the train flow run, finds the MLflow run that flow created (tag ``prefect_flow_run_id``) and its
-final checkpoint, and logs ``eval/*`` on that same run.
+final checkpoint, and logs ``eval/*`` on that same run (a value the run already has at that step is not
+logged twice; one that differs goes under ``evaluate/*``).
 
 ``async`` as the train flow is (see :mod:`flows.train`): a synchronous flow run waits up to 1 s for
 Prefect's heartbeat thread at its end. From Python: ``asyncio.run(evaluate_flow(...))``.
@@ -20,11 +27,10 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from exgrpo.tracking import Tracker, run_tags
-from exgrpo.tracking.eval_record import one_series_per_meaning
-from exgrpo.tracking.registry import checkpoint_at
+from exgrpo.evaluation.metrics import EvalSettings
+from exgrpo.tracking import Tracker
 
-__all__ = ["evaluate_flow", "find_train_run", "one_series_per_meaning"]
+__all__ = ["evaluate_flow", "find_train_run"]
 
 
 def find_train_run(train_flow_run: str, tracking_uri: str | None) -> tuple[str, str, str | None]:
@@ -52,29 +58,21 @@ def find_train_run(train_flow_run: str, tracking_uri: str | None) -> tuple[str, 
 
 @flow(name="evaluate", log_prints=True)
 async def evaluate_flow(checkpoint: str | None = None, run_id: str | None = None, tracking_uri: str | None = None,
-                        train_flow_run: str | None = None) -> dict[str, Any]:
-    """Evaluate ``checkpoint`` (a path or ``models:/<name>@<alias>``); log ``eval/*`` into MLflow run ``run_id`` (default: a new run
-    tagged kind=evaluate in the config's experiment). With ``train_flow_run`` (what the trigger
-    passes), the checkpoint and the run are those of that train flow run."""
+                        train_flow_run: str | None = None, benchmarks: str | None = None,
+                        settings: EvalSettings = EvalSettings()) -> dict[str, Any]:
+    """Evaluate ``checkpoint`` (a path or ``models:/<name>@<alias>``) on ``benchmarks`` (None: as its run
+    evaluates) sampled with ``settings``; log ``eval/<benchmark>/<metric>`` into MLflow run ``run_id``
+    (default: the checkpoint's own run, else a new run tagged kind=evaluate). With ``train_flow_run`` (what
+    the trigger passes), the checkpoint and the run are those of that train flow run."""
     if train_flow_run is not None:
         checkpoint, run_id, tracking_uri = find_train_run(train_flow_run, tracking_uri)
     if checkpoint is None:
         raise ValueError("evaluate: give checkpoint=<path to step_N.pt or a veRL global_step_N/> (or "
                          "train_flow_run=<flow run id>)")
     # torch: when the flow runs, not when Prefect reads it
-    from exgrpo.evaluation.runner import as_in_training, eval_names
+    from exgrpo.recorded_eval import evaluate_into_run
 
-    tracker = Tracker(tracking_uri)
-    # a registered checkpoint (e.g. a sweep's models:/exgrpo-<study>@champion) is downloaded for the evaluation only;
-    # an external HF model's (policy.path or backend.verl.model_path) is scored by the job environment's vLLM
-    with checkpoint_at(checkpoint, tracking_uri) as path:
-        cfg, step, metrics = as_in_training(str(path))
-    if run_id is None:
-        run_id = tracker.start_run(cfg.name, f"eval-seed{cfg.seed}-step{step}",
-                                   run_tags(cfg, extra={"kind": "evaluate", "checkpoint": checkpoint}))
-        tracker.log_metrics(run_id, eval_names(metrics), step=step)
-        tracker.end_run(run_id)
-    else:
-        tracker.log_metrics(run_id, one_series_per_meaning(tracker.client, run_id, eval_names(metrics), step), step=step)
-    get_run_logger().info("%s step %d: %s", checkpoint, step, metrics)
-    return {"run_id": run_id, "step": step, **metrics}
+    done = evaluate_into_run(checkpoint, benchmarks, settings, run_id=run_id, tracking_uri=tracking_uri)
+    scores = {s.key: s.value for s in done.evaluation.scores}
+    get_run_logger().info("%s step %d: %s", checkpoint, done.evaluation.step, scores)
+    return {"run_id": done.run_id, "step": done.evaluation.step, "scores": scores, "logged": done.logged}

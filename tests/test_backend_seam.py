@@ -10,7 +10,7 @@ import torch
 from exgrpo.backends.base import register_backend
 from exgrpo.backends.native.trainer import Trainer
 from exgrpo.config import load_experiment
-from exgrpo.evaluation.runner import evaluate_as_in_training, load_checkpoint_policy, read_checkpoint
+from exgrpo.evaluation.runner import load_checkpoint_policy, read_checkpoint, score_checkpoint
 from exgrpo.policies.build import build_task_and_policy
 from exgrpo.tracking.finished_run import policy_checkpoint
 
@@ -60,9 +60,15 @@ def test_evaluation_and_recording_read_a_registered_backends_checkpoint(other_ch
 
 
 def test_evaluating_a_checkpoint_scores_as_the_trainer_evaluates(other_checkpoint):
+    """score_checkpoint (exgrpo eval, the evaluate flow, a finished run's record) with no benchmark named
+    gives the run's own greedy evaluation, under eval/<benchmark>/<metric> names."""
     cfg, policy, path = other_checkpoint
     task, _ = build_task_and_policy(cfg)
-    assert evaluate_as_in_training(path) == Trainer(cfg, task, policy).evaluate()
+    own = Trainer(cfg, task, policy).evaluate()
+    scores = {s.key: s.value for s in score_checkpoint(path).scores}
+    assert scores == pytest.approx({"val/avg_at_1": own["val/accuracy"], "val/pass_at_1": own["val/accuracy"],
+                                    "train/avg_at_1": own["train/accuracy"], "train/pass_at_1": own["train/accuracy"]},
+                                   abs=1e-7)  # the trainer averages in float32
 
 
 def test_evaluating_a_checkpoint_runs_on_its_thread_count_and_gives_the_callers_back(monkeypatch):
@@ -72,21 +78,20 @@ def test_evaluating_a_checkpoint_runs_on_its_thread_count_and_gives_the_callers_
     loaded = runner.CheckpointPolicy(cfg, task=None, policy=None, step=0)
     seen = []
 
-    def greedy_accuracy(task, policy, generator, probe):
+    def score_policy(loaded, spec, settings, workers):
         seen.append(torch.get_num_threads())
         if len(seen) == 2:
             raise RuntimeError("evaluation failed")
-        return {"val/accuracy": 0.5}, []
+        return ["scored"]
 
-    monkeypatch.setattr(runner, "greedy_accuracy", greedy_accuracy)
-    monkeypatch.setattr(runner, "train_probe", lambda task: [])
+    monkeypatch.setattr(runner, "_score_policy", score_policy)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        assert evaluate_as_in_training(loaded) == {"val/accuracy": 0.5}
+        assert score_checkpoint(loaded).scores == ["scored"]
         assert torch.get_num_threads() == 1
         with pytest.raises(RuntimeError, match="evaluation failed"):
-            evaluate_as_in_training(loaded)
+            score_checkpoint(loaded)
         assert torch.get_num_threads() == 1 and seen == [2, 2]
     finally:
         torch.set_num_threads(threads)

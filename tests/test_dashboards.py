@@ -362,4 +362,4 @@ def test_bands_stay_inside_what_the_metric_can_take():
     assert lo[0] < -5 and hi[0] > 6
     _, _, lo, _, _ = band([{1: 0.0}, {1: 3.0}], "pool/retired")
     assert lo[0] == 0.0
-    assert metric_range("val/accuracy") == metric_range("eval/train_accuracy") == (0.0, 1.0)
+    assert metric_range("val/accuracy") == metric_range("eval/train/avg_at_1") == metric_range("eval/gsm8k/pass_at_4") == (0.0, 1.0)

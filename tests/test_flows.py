@@ -137,13 +137,16 @@ def test_compare_flow_parent_and_children_in_mlflow(tmp_path):
     child = children[0]
     ev = asyncio.run(evaluate_flow(checkpoint=child.data.tags["checkpoint"], run_id=child.info.run_id, tracking_uri=uri))
     assert ev["step"] == 8
-    assert ev["val/accuracy"] == pytest.approx(child.data.metrics["val/accuracy"])
-    # the training's own final evaluation is that value at that step already: one point, not two
-    assert [m.step for m in client.get_metric_history(child.info.run_id, "eval/accuracy")] == [8]
-    from flows.evaluate import one_series_per_meaning
+    assert ev["scores"]["val/avg_at_1"] == pytest.approx(child.data.metrics["val/accuracy"])
+    # the training's own final evaluation is that value at that step already, under the same name: one point, not
+    # two, and nothing logged again
+    assert [m.step for m in client.get_metric_history(child.info.run_id, "eval/val/avg_at_1")] == [8]
+    assert ev["logged"] == {}
+    from exgrpo.tracking.eval_record import one_series_per_meaning
 
-    assert one_series_per_meaning(client, child.info.run_id, {"eval/accuracy": ev["val/accuracy"] + 0.5, "eval/x": 1.0}, 8) \
-        == {"evaluate/accuracy": ev["val/accuracy"] + 0.5, "eval/x": 1.0}  # another reading keeps a key of its own
+    value = ev["scores"]["val/avg_at_1"]
+    assert one_series_per_meaning(client, child.info.run_id, {"eval/val/avg_at_1": value + 0.5, "eval/x": 1.0}, 8) \
+        == {"evaluate/val/avg_at_1": value + 0.5, "eval/x": 1.0}  # another reading keeps a key of its own
 
     # resumed with a third seed: the four finished runs are reused (not trained again), only seed 2 trains
     ckpts = sorted((tmp_path / "runs").glob("flowcmp-*/seed*/checkpoints/*.pt"))

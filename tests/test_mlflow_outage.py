@@ -97,7 +97,7 @@ def test_mlflow_down_at_the_end_is_finished_by_exgrpo_sync(server, tmp_path, cap
     assert not (run_dir / PENDING_FILE).exists()
     end = _end_record(server.url, run.run_id)  # the checkpoint and evaluation of any finished run
     assert end["checkpoints"] == ["checkpoints/step_0000030.pt"] and end["tags"] == ["checkpoint"], end
-    assert "eval/accuracy" in end["eval"], end
+    assert "eval/val/avg_at_1" in end["eval"], end
     assert cli.main(["sync", str(tmp_path / "runs")]) == 0  # idempotent: nothing left
     assert _history(server.url, run.run_id, "batch/solved") == list(range(1, 31))
 
@@ -222,3 +222,18 @@ def test_a_comparison_run_that_starts_during_an_outage_trains_and_is_delivered_b
 
 def _run_of(runs, arm: str) -> str:
     return next(r.info.run_id for r in runs if r.data.tags["arm"] == arm)
+
+
+def test_a_summary_mlflow_refuses_while_it_is_up_is_kept_for_sync_and_not_called_an_outage(tmp_path, capsys):
+    """finish_parent with MLflow up but the summary refused (a tag key MLflow does not accept): the summary
+    still waits on disk for `exgrpo sync`, and the note says what failed instead of "unreachable"."""
+    from exgrpo.batch import ParentSummary, finish_parent
+    from exgrpo.tracking import Tracker
+
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db")
+    parent = tracker.start_run("refused", "parent")
+    error = finish_parent(tracker, parent, ParentSummary("FINISHED", tags={"bad?key": "x"}), tmp_path / "pending",
+                          "comparison")
+    out = capsys.readouterr().out
+    assert error and (tmp_path / "pending" / PENDING_FILE).is_file()
+    assert "MLflow did not take the comparison's summary" in out and "unreachable" not in out, out

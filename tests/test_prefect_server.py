@@ -168,6 +168,11 @@ def _work_once(srv: Server, queue: str, run_id: str, log_path: Path, env: dict[s
     return state, log_path.read_text()
 
 
+def _flow_run_log(srv: Server, run_id: str) -> str:
+    """What a flow run logged, as the server keeps it (the run's page in the UI)."""
+    return "\n".join(r["message"] for r in srv.post("/logs/filter", {"logs": {"flow_run_id": {"any_": [run_id]}}}))
+
+
 def test_train_deployment_runs_on_a_worker_into_mlflow(deployed, tmp_path):
     srv = deployed
     queue = f"e2e-{uuid.uuid4().hex[:8]}"
@@ -218,7 +223,8 @@ def test_train_deployment_runs_on_a_worker_into_mlflow(deployed, tmp_path):
     assert triggered[0]["parameters"]["train_flow_run"] == f"prefect.flow-run.{run['id']}"
     state, eval_log = _work_once(srv, triggered[0]["work_queue_name"], triggered[0]["id"], tmp_path / "worker-eval.log")
     assert state and state["type"] == "COMPLETED", f"{state}\nworker log:\n{eval_log[-6000:]}"
-    assert "eval/accuracy" in client.get_run(mrun.info.run_id).data.metrics
+    assert "eval/val/avg_at_1" in client.get_run(mrun.info.run_id).data.metrics
+    assert "val/avg_at_1" in _flow_run_log(srv, triggered[0]["id"])  # the flow scored it (the same value is not logged twice)
 
 
 def test_sweep_deployment_has_two_paused_schedules_with_their_own_parameters(deployed):
@@ -307,8 +313,9 @@ def test_a_train_verl_deployment_run_on_a_worker_is_evaluated_by_the_triggered_d
     assert state and state["type"] == "COMPLETED", f"{state}\nworker log:\n{eval_log[-6000:]}"
     (validated,) = client.get_metric_history(mrun.info.run_id, "val/accuracy")
     assert validated.step == 3
-    assert client.get_run(mrun.info.run_id).data.metrics["eval/accuracy"] == pytest.approx(validated.value,
-                                                                                          abs=1 / 64 + 1e-9)
+    assert client.get_run(mrun.info.run_id).data.metrics["eval/val/avg_at_1"] == pytest.approx(validated.value,
+                                                                                              abs=1 / 64 + 1e-9)
+    assert "val/avg_at_1" in _flow_run_log(srv, triggered[0]["id"])
 
 
 # ------------------------------------------------------------------ the project's Prefect home and a running UI

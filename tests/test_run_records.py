@@ -135,7 +135,7 @@ def test_the_logged_model_carries_every_metric_of_the_last_step_whoever_logged_i
         for key in ("batch/solved", "actor/pg_loss", "time/step_seconds"):
             job.log_metric(run_id, key, 0.25 * step, step=step)
     job.log_metric(run_id, "val/accuracy", 0.5, step=1)  # not evaluated at the last step
-    tracker.log_metrics(run_id, {"final/batch/solved": 0.5, "eval/accuracy": 0.75}, step=2)
+    tracker.log_metrics(run_id, {"final/batch/solved": 0.5, "eval/val/avg_at_1": 0.75}, step=2)
     log_final_model(tracker.uri, run_id, torch.nn.Linear(2, 2), step=2)
 
     (output,) = job.get_run(run_id).outputs.model_outputs
@@ -143,5 +143,5 @@ def test_the_logged_model_carries_every_metric_of_the_last_step_whoever_logged_i
     assert output.step == 2 and {m.step for m in model.metrics} == {2}
     assert {m.key: m.value for m in model.metrics} == {
         "batch/solved": 0.5, "actor/pg_loss": 0.5, "time/step_seconds": 0.5, "final/batch/solved": 0.5,
-        "eval/accuracy": 0.75}
+        "eval/val/avg_at_1": 0.75}
     assert [m.step for m in job.get_metric_history(run_id, "batch/solved")] == [1, 2]  # no row added

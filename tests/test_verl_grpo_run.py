@@ -90,6 +90,13 @@ def _record(run):
     }
 
 
+def _scored(checkpoint) -> dict[str, float]:
+    """The checkpoint's scores as every evaluation makes them (no benchmark named: as the run evaluates)."""
+    from exgrpo.evaluation.runner import score_checkpoint
+
+    return {s.key: s.value for s in score_checkpoint(checkpoint).scores}
+
+
 def _run_of(run_dir):
     import mlflow
 
@@ -106,8 +113,6 @@ def test_exgrpo_train_records_the_same_things_in_mlflow_on_both_backends(piped_g
     veRL's shards) and as an MLflow model, the questions as dataset inputs, eval/* scores. The veRL run
     is piped, as in a log: its console is a line per step and the job's own lines, under 100 lines
     for 6 steps (veRL's own output stays in verl.log)."""
-    from exgrpo.evaluation.runner import evaluate_as_in_training
-
     grpo_run, console = piped_grpo_run
     assert len(console) < 100, "\n".join(console)
     assert [line for line in console if line.startswith("step ")][-1].startswith("step 6/6  batch pass@1 ")
@@ -123,17 +128,17 @@ def test_exgrpo_train_records_the_same_things_in_mlflow_on_both_backends(piped_g
     # the logged model carries the last step's metrics on both backends (the veRL job logs its own),
     # the shared quantities under one name
     shared = {"batch/solved", "actor/pg_loss", "val/accuracy", "time/step_seconds", "time/rollout_seconds",
-              "final/val/accuracy", "eval/accuracy"}
+              "final/val/accuracy", "eval/val/avg_at_1"}
     assert shared <= set(records.pop("model_metrics")) and shared <= set(native_record.pop("model_metrics"))
     assert records == native_record
     assert records == {"status": "FINISHED", "checkpoint_files": [".pt"], "models": 1,
-                       "datasets": ["eval", "training"], "eval": ["eval/accuracy", "eval/train_accuracy"]}
+                       "datasets": ["eval", "training"],
+                       "eval": ["eval/train/avg_at_1", "eval/train/pass_at_1", "eval/val/avg_at_1", "eval/val/pass_at_1"]}
     assert verl.data.params["backend.verl.rollout"] == "hf" and "backend.verl.rollout" not in native.data.params
     # the veRL run's checkpoint tag names veRL's own directory; its policy file evaluates to its eval/*
     assert verl.data.tags["checkpoint"] == str(grpo_run / "checkpoints" / "global_step_6")
     merged = grpo_run / "checkpoints" / "verl_global_step_6.pt"
-    scores = evaluate_as_in_training(merged)
-    assert verl.data.metrics["eval/accuracy"] == pytest.approx(scores["val/accuracy"])
+    assert verl.data.metrics["eval/val/avg_at_1"] == pytest.approx(_scored(merged)["val/avg_at_1"])
 
 
 @pytest.mark.slow
@@ -148,7 +153,6 @@ def test_a_verl_checkpoint_evaluates_as_the_run_validated_it_and_registers_as_a_
     from exgrpo.backends.verl.actor_weights import policy_state
     from exgrpo.evaluation.runner import load_checkpoint_policy
     from exgrpo.tracking.registry import register_champion, resolve_checkpoint
-    from exgrpo.evaluation.runner import evaluate_as_in_training
 
     monkeypatch.setenv("EXGRPO_CACHE", str(exgrpo_cache))
     validated = {int(r["step"]): r["val/accuracy"] for r in _rows(grpo_run) if "val/accuracy" in r}
@@ -162,8 +166,8 @@ def test_a_verl_checkpoint_evaluates_as_the_run_validated_it_and_registers_as_a_
         assert loaded.keys() == weights[step].keys() and all(torch.equal(loaded[k], weights[step][k]) for k in loaded)
         restored = load_checkpoint_policy(steps[step])
         assert restored.config.backend.name == "verl" and restored.step == step
-        scores[step] = evaluate_as_in_training(str(steps[step]))
-        assert scores[step]["val/accuracy"] == pytest.approx(acc, abs=ONE_VAL_QUESTION)
+        scores[step] = _scored(steps[step])
+        assert scores[step]["val/avg_at_1"] == pytest.approx(acc, abs=ONE_VAL_QUESTION)
     value, problems = _cli_val_score(str(steps[6]), exgrpo_cache)
     assert problems == 64
     assert value == pytest.approx(validated[6], abs=ONE_VAL_QUESTION)
@@ -175,4 +179,4 @@ def test_a_verl_checkpoint_evaluates_as_the_run_validated_it_and_registers_as_a_
     assert registered.name == "verl_global_step_6.pt" and version == "1"
     loaded = load_checkpoint_policy(registered).policy.state_dict()
     assert all(torch.equal(loaded[k], weights[6][k]) for k in weights[6])
-    assert evaluate_as_in_training(str(registered)) == scores[6]
+    assert _scored(registered) == scores[6]

@@ -258,7 +258,7 @@ def test_an_external_models_checkpoint_is_scored_by_vllm_into_its_mlflow_run(vll
     from exgrpo.tracking.registry import register_champion
 
     client, run, run_dir = vllm_grpo_run
-    assert run.data.metrics["eval/accuracy"] == run.data.metrics["val/accuracy"]  # same weights, same greedy decoding
+    assert run.data.metrics["eval/val/avg_at_1"] == run.data.metrics["val/accuracy"]  # same weights, same greedy decoding
     merged = run_dir / "checkpoints" / "verl_global_step_3_hf"
     assert run.data.tags["hf_model"] == str(merged)
     assert {"model.safetensors", "config.json", "tokenizer.json", "val.parquet", "verl_run.json"} <= {
@@ -287,7 +287,7 @@ def test_an_external_models_checkpoint_is_scored_by_vllm_into_its_mlflow_run(vll
 def test_the_evaluate_trigger_scores_a_run_of_the_users_model(vllm_grpo_run, exgrpo_cache):
     """What the evaluate deployment runs when a train-verl flow run completes (prefect.yaml's trigger
     passes the event's resource id): it finds the MLflow run that flow run created and its final
-    checkpoint, scores the merged external model with vLLM as the run evaluates, and logs eval/accuracy
+    checkpoint, scores the merged external model with vLLM as the run evaluates, and logs eval/val/avg_at_1
     on that run, where the recording's equal value is already (so it is not logged twice)."""
     import asyncio
 
@@ -301,9 +301,11 @@ def test_the_evaluate_trigger_scores_a_run_of_the_users_model(vllm_grpo_run, exg
         mp.delenv("PREFECT_API_URL", raising=False)
         out = asyncio.run(evaluate_flow(train_flow_run=f"prefect.flow-run.{flow_run}"))
     assert (out["run_id"], out["step"]) == (run.info.run_id, 3)
-    assert out["val/accuracy"] == run.data.metrics["val/accuracy"]
-    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "eval/accuracy")] == [
-        (3, out["val/accuracy"])]
+    assert out["scores"] == {"val/avg_at_1": run.data.metrics["val/accuracy"],
+                             "val/pass_at_1": run.data.metrics["val/accuracy"]}
+    assert out["logged"] == {}
+    assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "eval/val/avg_at_1")] == [
+        (3, out["scores"]["val/avg_at_1"])]
 
 
 @pytest.mark.slow

@@ -9,6 +9,8 @@ checked against what the parent logged.
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -165,12 +167,15 @@ def adaptive_section(record: dict) -> str:
 # ------------------------------------------------------------------------------------ curves
 RATE_SUFFIXES = ("accuracy", "solved", "pass_rate", "fraction", "ratio")
 """Metric names ending so are shares in [0, 1]; ``pool/*`` are counts, at least 0."""
+SCORE_NAME = re.compile(r"(avg|pass)_at_\d+")
+"""An evaluation's score (``eval/val/avg_at_1``, ``eval/gsm8k/pass_at_4``): a share in [0, 1]."""
 
 
 def metric_range(key: str) -> tuple[float, float]:
     """The values metric ``key`` can take: [0, 1] for accuracies and rates, [0, inf) for the pool's
     counts, else unbounded."""
-    if key.rsplit("/", 1)[-1].endswith(RATE_SUFFIXES):
+    last = key.rsplit("/", 1)[-1]
+    if last.endswith(RATE_SUFFIXES) or SCORE_NAME.fullmatch(last):
         return 0.0, 1.0
     if key.startswith("pool/"):
         return 0.0, float("inf")

@@ -152,6 +152,9 @@ def evaluate_hf(found: HFCheckpoint, spec: str, settings: Any, python: str, work
     cfg = ExperimentConfig.model_validate_json(found.config)
     max_tokens = settings.max_tokens or cfg.policy.max_new_tokens
     names = [s.strip() for s in spec.split(",") if s.strip()]
+    if any(n.split(":")[0] == "train" for n in names):
+        raise ValueError("--benchmarks train: an external HF model's run has no training probe at hand; name val or "
+                         "registry benchmarks (e.g. val,gsm8k:64)")
     wants_val = any(n.split(":")[0] == "val" for n in names)
     requests = parse_benchmark_spec(",".join(n for n in names if n.split(":")[0] != "val")) if len(names) > wants_val else []
     if wants_val and found.val_file is None:

@@ -117,6 +117,22 @@ def pass_at_k_matrix(correct: ArrayLike, k: int) -> float:
 
 
 @dataclass(frozen=True)
+class EvalSettings:
+    """How responses are sampled for evaluation (recorded beside every score)."""
+
+    n: int = 1
+    """Samples per problem (avg@n; pass@k for k in 1, 2, 4, ... <= n)."""
+    temperature: float = 0.0
+    """0 means greedy decoding."""
+    top_p: float = 1.0
+    """Nucleus mass when sampling."""
+    max_tokens: int | None = None
+    """Response budget; None: the policy's max_new_tokens."""
+    seed: int = 0
+    """Seed of the problem subset and of sampling."""
+
+
+@dataclass(frozen=True)
 class Score:
     """One reported evaluation number plus everything needed to reproduce it.
 

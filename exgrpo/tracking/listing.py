@@ -39,7 +39,7 @@ def _headline(run: Any) -> str:
             return "no finished trial yet"
         best = ", ".join(f"{k.removeprefix('best/')}={v}" for k, v in sorted(tags.items()) if k.startswith("best/"))
         return f"best {m['best_value']:.4f} (trial {int(m.get('best_trial', -1))}{': ' + best if best else ''})"
-    for key in ("final/val/accuracy", "val/accuracy", "eval/accuracy", "final/batch/solved"):
+    for key in ("final/val/accuracy", "val/accuracy", "eval/val/avg_at_1", "final/batch/solved"):
         if key in m:
             return f"{key} {m[key]:.4f}"
     return ""
