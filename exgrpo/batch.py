@@ -19,6 +19,7 @@ from exgrpo.atomic import write_text_atomic
 from exgrpo.cluster import announce, ensure_ray
 from exgrpo.errors import one_line
 from exgrpo.live_progress import ProgressBoard
+from exgrpo.tracking.mlflow_tracking import is_reachable
 from exgrpo.tracking.sync import PENDING_FILE, write_pending
 
 
@@ -73,7 +74,7 @@ def finish_parent(tracker: Any, parent: str, summary: ParentSummary, where: Path
     except Exception as e:  # noqa: BLE001 - whatever refused it, the summary waits on disk for `exgrpo sync`
         error = one_line(e, 160)
         _leave_for_sync(tracker.uri, parent, summary, Path(where))
-        if _reachable(tracker.uri):  # not an outage: say what failed, not that MLflow went away
+        if is_reachable(tracker.uri):  # not an outage: say what failed, not that MLflow went away
             print(f"note: MLflow did not take the {what}'s summary ({error}); it is in {where}; `exgrpo sync {where}` "
                   f"puts it on parent run {parent}", flush=True)
         else:
@@ -82,16 +83,6 @@ def finish_parent(tracker: Any, parent: str, summary: ParentSummary, where: Path
         return error
     (Path(where) / PENDING_FILE).unlink(missing_ok=True)  # an earlier outage's marker: delivered now
     return None
-
-
-def _reachable(uri: str) -> bool:
-    from exgrpo.tracking.mlflow_tracking import TrackingError, check_reachable
-
-    try:
-        check_reachable(uri)
-    except TrackingError:
-        return False
-    return True
 
 
 def _leave_for_sync(uri: str, parent: str, summary: ParentSummary, where: Path) -> None:

@@ -35,10 +35,9 @@ from exgrpo.tracking.finished_run import log_finished_run
 from exgrpo.tracking.mlflow_tracking import (
     TrackedRun,
     Tracker,
-    TrackingError,
     algo_tag,
     backfill_steps,
-    check_reachable,
+    is_reachable,
     curated_params,
     param_values,
     run_tags,
@@ -53,14 +52,6 @@ def _final_metrics(result: Any) -> dict[str, float]:
     """``final/*``: a finished run's last validation and batch metrics (finite ones)."""
     return {f"final/{k}": v for k, v in result.final_metrics.items()
             if k.startswith(("val/", "batch/solved")) and isinstance(v, float) and math.isfinite(v)}
-
-
-def _reachable(uri: str) -> bool:
-    try:
-        check_reachable(uri)
-    except TrackingError:
-        return False
-    return True
 
 
 def record_finished(tracker: Tracker, run_id: str, cfg: ExperimentConfig, result: Any, step: int, *,
@@ -295,7 +286,7 @@ def tracked_train(
     try:
         _open_record(rec, cfg, tracker, exp_name, run_name, tags, parent_run_id, extra_params)
     except Exception:
-        if not defer_if_unreachable or _reachable(tracker.uri):
+        if not defer_if_unreachable or is_reachable(tracker.uri):
             raise
         creation = {"experiment": exp_name, "run_name": run_name, "parent_run_id": parent_run_id,
                     "tags": {**code_version_tags(), **tags},

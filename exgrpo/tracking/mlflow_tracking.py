@@ -113,6 +113,15 @@ def check_reachable(uri: str, timeout: float = 3.0) -> None:
 # --------------------------------------------------------------------------------------------
 # Names, tags, params
 # --------------------------------------------------------------------------------------------
+
+def is_reachable(uri: str, timeout: float = 3.0) -> bool:
+    """True when :func:`check_reachable` finds the store usable within ``timeout`` seconds."""
+    try:
+        check_reachable(uri, timeout)
+    except TrackingError:
+        return False
+    return True
+
 def algo_tag(cfg: ExperimentConfig) -> str:
     """The replay strategy's label: ``grpo`` (no replay), ``exgrpo`` (bucketed pool), ``notebook``, ..."""
     from exgrpo.core.replay import REPLAY_STRATEGIES  # torch: tracking stays light (the CLI, dashboards)
