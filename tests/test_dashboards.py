@@ -353,7 +353,7 @@ def test_cli_serves_until_interrupted(chromium, lab, tmp_path):
 def test_bands_stay_inside_what_the_metric_can_take():
     """Two seeds give a Student-t band many times wider than [0, 1]: drawn clipped to the metric's
     possible range (pass rates to [0, 1], pool counts to >= 0); an unbounded metric keeps it whole."""
-    from exgrpo.dashboard.comparison import band, metric_range
+    from exgrpo.stats import band, metric_range
 
     series = [{1: 0.0, 2: 1.0}, {1: 1.0, 2: 1.0}]
     _, mean, lo, hi, n = band(series, "batch/solved")
@@ -363,3 +363,30 @@ def test_bands_stay_inside_what_the_metric_can_take():
     _, _, lo, _, _ = band([{1: 0.0}, {1: 3.0}], "pool/retired")
     assert lo[0] == 0.0
     assert metric_range("val/accuracy") == metric_range("eval/train/avg_at_1") == metric_range("eval/gsm8k/pass_at_4") == (0.0, 1.0)
+
+
+def test_the_comparisons_own_figure_clips_its_bands_as_the_dashboard_does(tmp_path):
+    """The figure a comparison writes (comparison.png, the CLI's and the flow's) draws the same clipped
+    bands as the dashboard: an accuracy band never reaches below 0 or above 1."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.collections import PolyCollection
+
+    import matplotlib.pyplot as plt
+
+    from exgrpo.compare import RunOutcome
+    from exgrpo.compare import figures
+
+    runs = [RunOutcome(arm="grpo", seed=s, final=v, curve_steps=[0, 8], curve_values=[0.0, v])
+            for s, v in enumerate([0.0, 0.05, 0.9])]
+    drawn = []
+    close = plt.close
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(plt, "close", lambda fig=None: drawn.append(fig))
+        figures.comparison_figure(runs, ["grpo"], "val/accuracy", tmp_path / "c.png")
+    (fig,) = drawn
+    ys = [y for poly in fig.axes[0].collections if isinstance(poly, PolyCollection)
+          for path in poly.get_paths() for y in path.vertices[:, 1]]
+    close(fig)
+    assert ys and min(ys) >= 0.0 and max(ys) <= 1.0, (min(ys), max(ys))

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from exgrpo.compare import RunOutcome, mean_along
-from exgrpo.stats import mean_ci, performance_profile
+from exgrpo.stats import band, performance_profile
 
 
 def _read(run_dir: str) -> list[dict[str, float]]:
@@ -24,12 +24,11 @@ def _read(run_dir: str) -> list[dict[str, float]]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
-def _band(curves: list[tuple[list[float], list[float]]]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Mean and 95% t-interval across seeds at the steps every seed has."""
-    common = sorted(set.intersection(*(set(s) for s, _ in curves)))
-    vals = np.array([[dict(zip(s, v, strict=True))[t] for t in common] for s, v in curves])  # (seeds, steps)
-    est = [mean_ci(vals[:, j]) for j in range(len(common))]
-    return np.array(common), np.array([e.mean for e in est]), np.array([e.low for e in est]), np.array([e.high for e in est])
+def _band(curves: list[tuple[list[float], list[float]]], key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Mean and 95% t-interval across seeds at the steps every seed has, the interval clipped to what metric
+    ``key`` can take (:func:`exgrpo.stats.band`, as the dashboard draws it)."""
+    steps, mean, lo, hi, _ = band([dict(zip(s, v, strict=True)) for s, v in curves], key)
+    return steps, mean, lo, hi
 
 
 def _save(fig, axes, out: str | Path) -> Path:
@@ -68,7 +67,7 @@ def comparison_figure(outcomes: Sequence[RunOutcome], arms: Sequence[str], metri
         if not runs:
             continue
         color = f"C{i}"
-        steps, mean, lo, hi = _band([(o.curve_steps, o.curve_values) for o in runs])
+        steps, mean, lo, hi = _band([(o.curve_steps, o.curve_values) for o in runs], metric)
         axes[0].plot(steps, mean, color=color, label=f"{arm} (n={len(runs)})")
         axes[0].fill_between(steps, lo, hi, color=color, alpha=0.2)
         for ax, curve, scale in ((axes[1], "curve_tokens", 1e6), (axes[2], "curve_seconds", 60.0)):
@@ -82,13 +81,13 @@ def comparison_figure(outcomes: Sequence[RunOutcome], arms: Sequence[str], metri
         if rows:
             curves = [([r["step"] for r in rr if "batch/solved" in r], [r["batch/solved"] for r in rr if "batch/solved" in r])
                       for rr in rows]
-            steps, mean, lo, hi = _band(curves)
+            steps, mean, lo, hi = _band(curves, "batch/solved")
             axes[3].plot(steps, mean, color=color, label=arm)
             axes[3].fill_between(steps, lo, hi, color=color, alpha=0.2)
             if any("pool/retired" in r for r in rows[0]):
                 for key, style in (("pool/questions", "-"), ("pool/retired", "--")):
                     steps, mean, _, _ = _band([([r["step"] for r in rr if key in r], [r[key] for r in rr if key in r])
-                                               for rr in rows])
+                                               for rr in rows], key)
                     axes[4].plot(steps, mean, style, color=color, label=f"{arm} {key.split('/')[1]}")
     axes[0].set(title=f"{metric} (mean, 95% CI band)", xlabel="step")
     axes[1].set(title=f"{metric} at equal generation compute", xlabel="response tokens sampled so far (M, mean over seeds)")

@@ -9,7 +9,6 @@ checked against what the parent logged.
 
 from __future__ import annotations
 
-import re
 
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +19,7 @@ from exgrpo.compare import ArmSummary, RunOutcome, eval_compute, mean_along, sum
 from exgrpo.compare.adaptive import DECISION_WORDS
 from exgrpo.dashboard import _html as H
 from exgrpo.dashboard._store import DashboardError, children, history, run_link
-from exgrpo.stats import mean_ci, steps_to_target
+from exgrpo.stats import band, mean_ci, steps_to_target
 from exgrpo.tracking.mlflow_tracking import sanitize_metric_name
 
 
@@ -165,48 +164,6 @@ def adaptive_section(record: dict) -> str:
 
 
 # ------------------------------------------------------------------------------------ curves
-RATE_SUFFIXES = ("accuracy", "solved", "pass_rate", "fraction", "ratio")
-"""Metric names ending so are shares in [0, 1]; ``pool/*`` are counts, at least 0."""
-SCORE_NAME = re.compile(r"(avg|pass)_at_\d+")
-"""An evaluation's score (``eval/val/avg_at_1``, ``eval/gsm8k/pass_at_4``): a share in [0, 1]."""
-
-
-def metric_range(key: str) -> tuple[float, float]:
-    """The values metric ``key`` can take: [0, 1] for accuracies and rates, [0, inf) for the pool's
-    counts, else unbounded."""
-    last = key.rsplit("/", 1)[-1]
-    if last.endswith(RATE_SUFFIXES) or SCORE_NAME.fullmatch(last):
-        return 0.0, 1.0
-    if key.startswith("pool/"):
-        return 0.0, float("inf")
-    return float("-inf"), float("inf")
-
-
-def band(series: list[dict[int, float]], key: str = "") -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
-                                                               np.ndarray]:
-    """steps, mean, 95% CI low/high, n seeds: at the steps every seed has (aligned on the step), or,
-    if they share none, at every step with the seeds that have it. The Student-t interval is clipped
-    to what metric ``key`` can take (:func:`metric_range`): with 2 or 3 seeds it reaches far outside."""
-    series = [s for s in series if s]
-    if not series:
-        e = np.array([])
-        return e, e, e, e, e
-    steps = sorted(set.intersection(*(set(s) for s in series)))
-    if not steps:
-        steps = sorted(set.union(*(set(s) for s in series)))
-    mean, lo, hi, n = [], [], [], []
-    for st in steps:
-        vals = [s[st] for s in series if st in s]
-        est = mean_ci(vals)
-        mean.append(est.mean)
-        lo.append(est.low)
-        hi.append(est.high)
-        n.append(est.n)
-    low, high = metric_range(key)
-    return (np.array(steps), np.array(mean), np.clip(np.array(lo, dtype=float), low, high),
-            np.clip(np.array(hi, dtype=float), low, high), np.array(n))
-
-
 def _color(data: ComparisonData, arm: str) -> str:
     return f"C{data.arms.index(arm) % 10}"
 
