@@ -2,6 +2,7 @@ import os
 import subprocess
 import tempfile
 import sys
+import time
 
 import pytest
 
@@ -475,3 +476,29 @@ def test_holm_holds_the_family_wise_error_over_a_pages_rows():
         0.0405, abs=1e-4)  # scipy.stats.ttest_rel([.3, .5, .4, .6], [.2, .2, .3, .3]).pvalue
     assert t_test_p_value(Estimate(0.1, 0.0, 0.2, 10)) == pytest.approx(0.05)
     assert t_test_p_value(Estimate(0.0, -0.1, 0.1, 10)) == pytest.approx(1.0)
+
+
+def _sleep_long(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds
+
+
+def test_stopping_a_local_pool_ends_the_worker_that_is_running_a_run():
+    """What a comparison on local processes does on Ctrl-C or SIGTERM: the worker busy with a run is ended
+    when the stop returns (the pool's shutdown forgets its workers, so they must be read before it)."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    from exgrpo.compare import _stop_pool
+
+    ex = ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn"))
+    future = ex.submit(_sleep_long, 600)
+    deadline = time.monotonic() + 60
+    while not future.running() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    (worker,) = list(ex._processes.values())
+    try:
+        _stop_pool(ex)
+        assert not worker.is_alive()
+    finally:
+        worker.kill()

@@ -282,12 +282,20 @@ def run_local(cc: CompareConfig, workers: int | None = None, on_done: Callable[[
     return out
 
 
-def _stop_pool(ex: ProcessPoolExecutor) -> None:
-    """Cancel what ``ex`` has not started and end its worker processes (a worker that caught a Ctrl-C in
-    one run would otherwise go on to the next)."""
+def _stop_pool(ex: ProcessPoolExecutor, grace: float = 10.0) -> None:
+    """Cancel what ``ex`` has not started and end its worker processes, killed after ``grace`` seconds: a
+    signal to the command alone (SIGTERM from a scheduler, a ``kill``) does not reach them, and a worker
+    left running holds the command's exit until its run ends (Python joins the pool at exit). The workers
+    are read before the shutdown, which forgets them."""
+    procs = list((getattr(ex, "_processes", None) or {}).values())
     ex.shutdown(wait=False, cancel_futures=True)
-    for proc in list((getattr(ex, "_processes", None) or {}).values()):
+    for proc in procs:
         proc.terminate()
+    for proc in procs:
+        proc.join(grace)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
     ex.shutdown(wait=True)
 
 
