@@ -174,8 +174,8 @@ def band(series: list[dict[int, float]], key: str = "") -> tuple[np.ndarray, np.
     if not steps:
         steps = sorted(set.union(*(set(s) for s in series)))
     mean, lo, hi, n = [], [], [], []
-    for st in steps:
-        vals = [s[st] for s in series if st in s]
+    for step in steps:
+        vals = [s[step] for s in series if step in s]
         est = mean_ci(vals)
         mean.append(est.mean)
         lo.append(est.low)
