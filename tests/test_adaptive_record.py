@@ -81,48 +81,37 @@ def test_the_command_refuses_a_changed_resume_before_any_work(tmp_path, capsys):
     assert code == 2 and "--new-test starts a new sequential test" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("n, permutations, stages", [(5, 10_000, 3), (3, 500, 3), (5, 70_000, 3), (2, 100, 3)])
-def test_the_p_values_step_is_what_adastop_counts(n, permutations, stages):
-    """``adaptive.permutations`` is a bound, not a count: the size of the permutation distribution after
-    each stage (what the decisions' table gives as the p-values' step) is AdaStop's own, on data with no
-    difference."""
+def test_a_record_of_the_earlier_test_is_not_resumed_without_new_test(tmp_path):
+    """A comparison whose sequential test began under AdaStop's per-pair permutations (a record without
+    ``test``) is refused on resume: its decisions were another test's; --new-test starts one over its runs."""
+    cc = _cc(tmp_path)
+    begin(cc, resume=False, new_test=False)
+    path = record_path(cc)
+    record = json.loads(path.read_text())
+    del record["settings"]["test"]
+    path.write_text(json.dumps(record))
+    with pytest.raises(ConfigError) as err:
+        check_settings(cc, resume=True, new_test=False)
+    (line,) = str(err.value).splitlines()
+    assert "began under another sequential test (AdaStop with per-pair permutations" in line and "--new-test" in line
+    check_settings(cc, resume=True, new_test=True)
+
+
+def test_the_p_values_step_is_one_over_the_permutations_at_every_stage():
+    """``adaptive.permutations`` is the number of permutations every stage reads its p-values from (the
+    decisions' table gives the step), on data with no difference."""
     import numpy as np
 
     from exgrpo.compare.adaptive import _comparator, permutation_values
 
     cc = CompareConfig(base={"tier": "toy"}, arms={"grpo": {}, "exgrpo": {}}, baseline="grpo", seeds=[0],
-                       adaptive={"seeds_per_stage": n, "max_stages": stages + 1, "permutations": permutations})
+                       adaptive={"seeds_per_stage": 5, "max_stages": 4, "permutations": 500})
     comparator = _comparator(cc)
     rng = np.random.default_rng(0)
     values: dict[str, list[float]] = {"grpo": [], "exgrpo": []}
-    for stage in range(1, stages + 1):
+    for _ in range(3):
         for arm in values:
-            values[arm] += list(rng.normal(size=n))
+            values[arm] += list(rng.normal(size=5))
         comparator.partial_compare({a: np.asarray(v) for a, v in values.items()}, verbose=False)
-        assert permutation_values(n, permutations, stage) == comparator.normalization, stage
-    assert permutation_values(5, 10_000, 1) == permutation_values(5, 63_503, 4) == 252
+        assert comparator.normalization == permutation_values(500) == 500
 
-
-def test_permutations_that_cannot_hold_a_stages_splits_are_refused_in_one_line():
-    """At or under C(2n, n), AdaStop 0.1.3 samples stage 1 and then reads every later stage as if its
-    permutation distribution held one value."""
-    with pytest.raises(ConfigError) as err:
-        load_compare_dict({"adaptive": {"seeds_per_stage": 8}})
-    detail = str(err.value).splitlines()[-1].strip()
-    assert "adaptive.permutations=10000 must exceed the 12870 splits of a stage of 8 seeds" in detail
-    assert "adaptive.permutations=12871 or more" in detail
-    assert load_compare_dict({"adaptive": {"seeds_per_stage": 8, "permutations": 12871}}).adaptive.permutations == 12871
-
-
-def load_compare_dict(extra: dict) -> CompareConfig:
-    """A comparison file of two toy arms and ``extra``, loaded as the command loads it."""
-    import tempfile
-    from pathlib import Path
-
-    from exgrpo.config import load_compare
-
-    with tempfile.TemporaryDirectory() as d:
-        f = Path(d) / "cmp.yaml"
-        f.write_text(json.dumps({"base": {"tier": "toy"}, "arms": {"grpo": {}, "exgrpo": {}}, "baseline": "grpo",
-                                 "seeds": [0], **extra}))
-        return load_compare(f)

@@ -15,7 +15,6 @@ Orchestration-free: the caller trains a stage through a callable (local processe
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 
@@ -77,40 +76,25 @@ def compared_pairs(cc: CompareConfig) -> list[tuple[str, str]]:
     return [(a, cc.baseline) for a in arms if a != cc.baseline]
 
 
-def permutation_values(n: int, permutations: int, stage: int) -> int:
-    """The size of the permutation distribution one pair's p-value is read from after ``stage`` (1-based)
-    stages of ``n`` seeds per arm, as AdaStop 0.1.3 counts it with ``B = permutations`` (its
-    ``normalization``): p-values move in steps of one over this number.
-
-    Stage 1 takes every split of its 2n runs into two groups of n, C(2n, n) of them (B > C(2n, n) is
-    required: :class:`exgrpo.config.AdaptiveConfig`). Stage k takes every combination with the earlier
-    stages' splits while C(2n, n)^k is under B; past that it pairs each split it holds with one random
-    split of the new block, and the count stays at the largest power of C(2n, n) under B. At n = 5
-    (252 splits) every B from 253 to 63,503 reads every stage's p-values in steps of 1/252."""
-    c = math.comb(2 * n, n)
-    if stage == 1:
-        return c if permutations > c else permutations
-    if permutations > c ** stage:
-        return c ** stage
-    return int(c ** np.floor(np.log(permutations) / np.log(c)))
+def permutation_values(permutations: int) -> int:
+    """The size of the permutation distribution every stage's p-values are read from
+    (:mod:`exgrpo.compare.joint_permutation`): ``adaptive.permutations``, the observed point among them;
+    p-values move in steps of one over it."""
+    return permutations
 
 
 def _comparator(cc: CompareConfig):
-    """AdaStop's comparator for this comparison, imported where it is used (it imports matplotlib).
-
-    AdaStop 0.1.3 compares |mean difference| against the signed permutation distribution, so its
-    two-sided test spends twice its ``alpha`` (a simulation of 1,500 comparisons with no difference
-    rejected 10.2% at alpha=0.05); it is given alpha/2, which holds one pair's error at
-    ``adaptive.alpha`` (``tests/test_adaptive.py`` checks this by simulation). Eight pairs against one
-    baseline were measured at about 7% (docs/seeds.md): not yet held."""
-    os.environ.setdefault("MPLBACKEND", "Agg")  # no display is ever needed: the package only plots on request
-    from adastop import MultipleAgentsComparator
+    """The sequential test of this comparison: AdaStop with a joint, two-sided permutation distribution
+    (:mod:`exgrpo.compare.joint_permutation`, imported where it is used: it imports matplotlib), given the
+    family-wise ``adaptive.alpha`` itself. ``tests/test_adaptive.py`` checks its error rate at one pair
+    and at eight pairs against one baseline by simulation."""
+    from exgrpo.compare.joint_permutation import JointPermutationComparator, as_pairs
 
     arms = list(cc.arms)
-    pairs = np.array([(arms.index(a), arms.index(b)) for a, b in compared_pairs(cc)])
+    pairs = as_pairs([(arms.index(a), arms.index(b)) for a, b in compared_pairs(cc)])
     a = cc.adaptive
-    return MultipleAgentsComparator(n=a.seeds_per_stage, K=a.max_stages, B=a.permutations, comparisons=pairs,
-                                    alpha=a.alpha / 2, beta=0.0, seed=a.test_seed)
+    return JointPermutationComparator(n=a.seeds_per_stage, K=a.max_stages, B=a.permutations, comparisons=pairs,
+                                      alpha=a.alpha, beta=0.0, seed=a.test_seed)
 
 
 def decide(cc: CompareConfig, finals: dict[str, dict[int, float]]) -> SequentialState:
@@ -204,8 +188,8 @@ def format_decisions(state: SequentialState, cc: CompareConfig) -> str:
         diff = "—" if math.isnan(p.mean_diff) else f"{p.mean_diff:+.4f}"
         lines.append(f"| {p.arm} vs {p.other} | {DECISION_WORDS[p.decision]} | {stage} | {p.seeds} | {diff} |")
     status = "every pair decided" if state.finished else f"next: stage {state.stages_done + 1} for {', '.join(state.next_arms)}"
-    steps = permutation_values(a.seeds_per_stage, a.permutations, max(state.stages_done, 1))
-    lines += ["", f"AdaStop over {state.stages_done} of at most {a.max_stages} stages of {a.seeds_per_stage} seeds, "
+    steps = permutation_values(a.permutations)
+    lines += ["", f"AdaStop (joint permutations) over {state.stages_done} of at most {a.max_stages} stages of {a.seeds_per_stage} seeds, "
               f"family-wise error {a.alpha:g} over {len(state.pairs)} pair(s), p-values in steps of 1/{steps}; {status}. "
               "ahead/behind: the first arm's final metric is larger/smaller than the second's; no difference found: "
               "not decided within the stages (not proof that the arms are equal: read the CI for its size)."]

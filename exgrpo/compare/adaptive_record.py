@@ -20,7 +20,11 @@ from exgrpo.config import CompareConfig, ConfigError
 
 RECORD_FILE = "adaptive-test.json"
 
-FIELDS = ("arms", "baseline", "metric", "adaptive.seeds_per_stage", "adaptive.max_stages", "adaptive.alpha",
+TEST = "adastop-0.1.3+joint-permutations"
+"""Which sequential test made the decisions (:mod:`exgrpo.compare.joint_permutation`): a record of another
+(AdaStop's per-pair permutations, before it) is not resumed."""
+
+FIELDS = ("test", "arms", "baseline", "metric", "adaptive.seeds_per_stage", "adaptive.max_stages", "adaptive.alpha",
           "adaptive.pairs", "adaptive.first_seed", "adaptive.permutations", "adaptive.test_seed")
 """What the decisions rest on: each is compared on a resume, in this order."""
 
@@ -29,7 +33,7 @@ def settings_of(cc: CompareConfig) -> dict[str, Any]:
     """The settings of ``cc``'s sequential test, named as the config names them (``adaptive.first_seed``
     resolved: the file's first seed where it is null)."""
     a = cc.adaptive
-    return {"arms": list(cc.arms), "baseline": cc.baseline, "metric": cc.metric,
+    return {"test": TEST, "arms": list(cc.arms), "baseline": cc.baseline, "metric": cc.metric,
             "adaptive.seeds_per_stage": a.seeds_per_stage, "adaptive.max_stages": a.max_stages,
             "adaptive.alpha": a.alpha, "adaptive.pairs": a.pairs,
             "adaptive.first_seed": a.first_seed if a.first_seed is not None else cc.seeds[0],
@@ -61,6 +65,10 @@ def check_settings(cc: CompareConfig, resume: bool, new_test: bool) -> None:
         return
     recorded = json.loads(path.read_text())["settings"]
     diff = changes(recorded, settings_of(cc))
+    if diff and diff[0].startswith("test: "):
+        began = recorded.get("test") or "AdaStop with per-pair permutations"
+        raise ConfigError(f"this adaptive test began under another sequential test ({began}; now {TEST}) ({path}): "
+                          "add --new-test to start a new test over these runs (docs/seeds.md)")
     if diff:
         field, _, values = diff[0].partition(": ")
         was, _, now = values.partition(" -> ")
