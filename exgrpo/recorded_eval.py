@@ -19,7 +19,7 @@ from exgrpo.tracking import Tracker, run_tags
 from exgrpo.tracking.eval_record import log_scores
 from exgrpo.tracking.mlflow_tracking import resolve_tracking_uri
 from exgrpo.tracking.registry import checkpoint_at
-from exgrpo.tracking.run_record import read_record
+from exgrpo.tracking.run_record import RunRecord, read_record
 
 
 @dataclass
@@ -35,15 +35,22 @@ class RecordedEvaluation:
     """True when the scores went to a run of their own (``kind=evaluate``)."""
 
 
+def score_named(checkpoint: str, spec: str | None = None, settings: EvalSettings = EvalSettings(), *,
+                tracking_uri: str | None = None, workers: int = 2,
+                python: str | None = None) -> tuple[Evaluation, RunRecord | None]:
+    """``checkpoint`` (a path or ``models:/<name>@<alias>``, downloaded for the evaluation only) scored on
+    ``spec`` (None: as its run evaluates), and the record of the run whose directory holds it (None: none)."""
+    with checkpoint_at(checkpoint, tracking_uri) as path:
+        done = score_checkpoint(path, spec, settings, workers=workers, python=python)
+        return done, read_record(Path(path).resolve().parent.parent)
+
+
 def evaluate_into_run(checkpoint: str, spec: str | None = None, settings: EvalSettings = EvalSettings(), *,
                       run_id: str | None = None, tracking_uri: str | None = None, workers: int = 2,
                       python: str | None = None) -> RecordedEvaluation:
-    """Score ``checkpoint`` (a path or ``models:/<name>@<alias>``, downloaded for the evaluation only) on
-    ``spec`` (None: as its run evaluates) and log the scores into ``run_id``, else into the run whose
-    directory holds the checkpoint, else into a new run tagged ``kind=evaluate`` in the run's experiment."""
-    with checkpoint_at(checkpoint, tracking_uri) as path:
-        done = score_checkpoint(path, spec, settings, workers=workers, python=python)
-        found = None if run_id else read_record(Path(path).resolve().parent.parent)
+    """:func:`score_named`, its scores logged into ``run_id``, else into the run whose directory holds the
+    checkpoint, else into a new run tagged ``kind=evaluate`` in the run's experiment."""
+    done, found = score_named(checkpoint, spec, settings, tracking_uri=tracking_uri, workers=workers, python=python)
     if run_id:
         uri = resolve_tracking_uri(tracking_uri)
     elif found is not None:

@@ -46,24 +46,19 @@ def add_parser(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """``exgrpo eval``: the checkpoint's scores printed, written with ``--json``, logged to its run."""
-    from exgrpo.evaluation.runner import EvalSettings, format_scores
+    from exgrpo.evaluation.metrics import EvalSettings
+    from exgrpo.evaluation.runner import format_scores
 
     settings = EvalSettings(n=args.n, temperature=args.temperature, top_p=args.top_p,
                             max_tokens=args.max_tokens, seed=args.seed)
     try:
+        from exgrpo.recorded_eval import evaluate_into_run, score_named
+
+        where = dict(tracking_uri=args.tracking_uri, workers=args.workers, python=args.python)
         if args.no_tracking:
-            from exgrpo.evaluation.runner import score_checkpoint
-            from exgrpo.tracking.registry import checkpoint_at
-
-            with checkpoint_at(args.checkpoint, args.tracking_uri) as checkpoint:  # a models:/ download: removed after
-                scores = score_checkpoint(checkpoint, args.benchmarks, settings, workers=args.workers,
-                                          python=args.python).scores
-            recorded = None
+            recorded, scores = None, score_named(args.checkpoint, args.benchmarks, settings, **where)[0].scores
         else:
-            from exgrpo.recorded_eval import evaluate_into_run
-
-            recorded = evaluate_into_run(args.checkpoint, args.benchmarks, settings, run_id=args.run_id,
-                                         tracking_uri=args.tracking_uri, workers=args.workers, python=args.python)
+            recorded = evaluate_into_run(args.checkpoint, args.benchmarks, settings, run_id=args.run_id, **where)
             scores = recorded.evaluation.scores
     except (FileNotFoundError, ValueError, KeyError) as e:
         print(f"error: {e}", file=sys.stderr)

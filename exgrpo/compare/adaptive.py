@@ -76,13 +76,6 @@ def compared_pairs(cc: CompareConfig) -> list[tuple[str, str]]:
     return [(a, cc.baseline) for a in arms if a != cc.baseline]
 
 
-def permutation_values(permutations: int) -> int:
-    """The size of the permutation distribution every stage's p-values are read from
-    (:mod:`exgrpo.compare.joint_permutation`): ``adaptive.permutations``, the observed point among them;
-    p-values move in steps of one over it."""
-    return permutations
-
-
 def _comparator(cc: CompareConfig):
     """The sequential test of this comparison: AdaStop with a joint, two-sided permutation distribution
     (:mod:`exgrpo.compare.joint_permutation`, imported where it is used: it imports matplotlib), given the
@@ -188,9 +181,8 @@ def format_decisions(state: SequentialState, cc: CompareConfig) -> str:
         diff = "—" if math.isnan(p.mean_diff) else f"{p.mean_diff:+.4f}"
         lines.append(f"| {p.arm} vs {p.other} | {DECISION_WORDS[p.decision]} | {stage} | {p.seeds} | {diff} |")
     status = "every pair decided" if state.finished else f"next: stage {state.stages_done + 1} for {', '.join(state.next_arms)}"
-    steps = permutation_values(a.permutations)
     lines += ["", f"AdaStop (joint permutations) over {state.stages_done} of at most {a.max_stages} stages of {a.seeds_per_stage} seeds, "
-              f"family-wise error {a.alpha:g} over {len(state.pairs)} pair(s), p-values in steps of 1/{steps}; {status}. "
+              f"family-wise error {a.alpha:g} over {len(state.pairs)} pair(s), p-values in steps of 1/{a.permutations}; {status}. "
               "ahead/behind: the first arm's final metric is larger/smaller than the second's; no difference found: "
               "not decided within the stages (not proof that the arms are equal: read the CI for its size)."]
     return "\n".join(lines)
