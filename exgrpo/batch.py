@@ -10,6 +10,7 @@ trials) does around its slot loop (:func:`exgrpo.slots.run_as_slots_free`), writ
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,20 +21,21 @@ from exgrpo.cluster import announce, ensure_ray
 from exgrpo.errors import one_line
 from exgrpo.live_progress import ProgressBoard
 from exgrpo.tracking.mlflow_tracking import is_reachable
-from exgrpo.tracking.sync import PENDING_FILE, write_pending
+from exgrpo.tracking.sync import PENDING_FILE, log_once, write_pending
 
 
 def start_on_ray(address: str | None, client: Any, parent: str) -> Any:
     """Ray for the batch whose MLflow parent run is ``parent`` (``client`` an MlflowClient): the cluster
     at ``address``, else a private local one; returns the progress board (a Ray actor). A Ray that
-    cannot be joined or started is the parent's ``error`` tag, then raised
+    cannot be joined or started is the parent's ``error`` tag (when MLflow takes it), then raised
     (:class:`exgrpo.cluster.ClusterError`, one line): the caller ends the parent FAILED."""
     import ray
 
     try:
         ensure_ray(address)
     except Exception as e:
-        client.set_tag(parent, "error", one_line(e, 5000))
+        with contextlib.suppress(Exception):  # MLflow gone too: Ray's error is the one the user must see
+            client.set_tag(parent, "error", one_line(e, 5000))
         raise
     announce(address, client, parent)
     return ray.remote(num_cpus=0)(ProgressBoard).remote()
@@ -59,11 +61,12 @@ def finish_parent(tracker: Any, parent: str, summary: ParentSummary, where: Path
     """Log ``summary`` on ``parent`` and end it with ``summary.status``; None when done. When MLflow does not
     take it (unreachable, or refusing a value), the summary is written to ``where`` with a marker that
     ``exgrpo sync <where>`` delivers (it also ends the parent), a note naming that command and saying
-    which of the two it was is printed, and the error's line is returned.
+    which of the two it was is printed, and the error's line is returned. A value the parent holds
+    already at ``summary.step`` (the same command run again) is not logged twice.
     ``what`` names the batch in the note ("comparison", "study")."""
     try:
         if summary.metrics:
-            tracker.log_metrics(parent, summary.metrics, step=summary.step)
+            log_once(tracker.client, parent, summary.metrics, summary.step)
         for name, text in summary.texts.items():
             tracker.client.log_text(parent, text, name)
         for key, value in summary.tags.items():
@@ -98,4 +101,4 @@ def _leave_for_sync(uri: str, parent: str, summary: ParentSummary, where: Path) 
             shutil.copy2(f, where / Path(f).name)
         artifacts[Path(f).name] = ""
     write_pending(where, uri, parent, summary.status, summary.metrics, summary.tags.get("error"),
-                  artifacts=artifacts, tags={k: v for k, v in summary.tags.items() if k != "error"})
+                  artifacts=artifacts, tags={k: v for k, v in summary.tags.items() if k != "error"}, step=summary.step)

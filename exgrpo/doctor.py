@@ -18,6 +18,7 @@ import sys
 from dataclasses import dataclass
 
 from exgrpo.config import ConfigError, ExperimentConfig, FileTaskConfig, HFPolicyConfig
+from exgrpo.errors import redact_uri
 from exgrpo.backends.verl import resources
 from exgrpo.backends.verl.runner import job_python
 from exgrpo.raylocal import sigterm_kept
@@ -191,7 +192,7 @@ def mlflow_store(tracking_uri: str | None = None) -> list[Finding]:
         check_reachable(uri)
     except TrackingError as e:
         return [Finding(False, f"MLflow: {e}")]
-    return [Finding(True, f"MLflow: {uri} is reachable")]
+    return [Finding(True, f"MLflow: {redact_uri(uri)} is reachable")]
 
 
 def run(cfg: ExperimentConfig, tracking_uri: str | None = None) -> int:

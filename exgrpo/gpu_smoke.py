@@ -27,11 +27,12 @@ from typing import NamedTuple
 from exgrpo.atomic import directory_atomic
 from exgrpo.backends.verl.checkpoints import POOL_FILE, why_torn
 from exgrpo.backends.verl.path_lines import verdicts
+from exgrpo.cluster import code_root
 from exgrpo.paths import project_root
 
 CONFIG = "experiments/gpu-smoke.yaml"
 PYTHON = {"cuda": ".venv-gpu/bin/python", "cpu": ".venv-job/bin/python"}
-"""The job environment of each device (``make gpu-env``, ``make job-env``)."""
+"""The job environment of each device (``make gpu-env``, ``make job-env``), in the project."""
 STEP_TIMEOUT_S = 1800
 """The longest one command of the smoke may take (start-up, compile and two steps of a tiny model)."""
 
@@ -45,6 +46,15 @@ class Check(NamedTuple):
 
     def __str__(self) -> str:
         return f"{'ok    ' if self.ok else 'FAILED'} {self.path}: {self.text}"
+
+
+def in_project(relative: str) -> Path:
+    """``relative`` in the checkout this code runs from, whatever directory the command is started in (else
+    in the project of the working directory, an installed package's); the checkout's when neither holds it."""
+    for root in (code_root(), project_root()):
+        if (root / relative).exists():
+            return root / relative
+    return code_root() / relative
 
 
 def write_model(out: Path) -> Path:
@@ -159,9 +169,9 @@ def run_checks(run_dir: Path, device: str) -> list[Check]:
 def smoke(device: str = "cuda", model: Path | None = None, python: str | None = None,
           output_dir: Path | None = None, echo=print) -> int:
     """Run the smoke; ``echo`` each line as it is known. 0 when every path ran as expected, else 1."""
-    root = project_root()
-    output_dir = output_dir or root / "runs" / "gpu-smoke"
-    python = python or PYTHON[device]
+    output_dir = output_dir or project_root() / "runs" / "gpu-smoke"
+    python = python or str(in_project(PYTHON[device]))
+    config = str(in_project(CONFIG))
     log = output_dir / "smoke.log"
     output_dir.mkdir(parents=True, exist_ok=True)
     echo(f"gpu-smoke on {device}: the job in {python}; every command's output in {log}")
@@ -177,10 +187,8 @@ def smoke(device: str = "cuda", model: Path | None = None, python: str | None = 
         echo(Check(rc == 0, what, f"{time.monotonic() - start:.0f} s" if rc == 0 else f"exit {rc}: {tail}"))
         return rc == 0
 
-    if not (step("train", "train", str(root / CONFIG), "--no-progress", "--no-tracking", "--set=train.max_steps=2",
-                 *shared)
-            and step("train --resume", "train", str(root / CONFIG), "--no-progress", "--no-tracking", "--resume",
-                     *shared)):
+    if not (step("train", "train", config, "--no-progress", "--no-tracking", "--set=train.max_steps=2", *shared)
+            and step("train --resume", "train", config, "--no-progress", "--no-tracking", "--resume", *shared)):
         checks = run_checks(run_dir, device) if run_dir.is_dir() else []
         for c in checks:
             echo(c)

@@ -26,6 +26,7 @@ from exgrpo.cluster import (
     task_cpus,
 )
 from exgrpo.config import ConfigError, ExperimentConfig
+from exgrpo.errors import redact_uri
 from exgrpo.policies.build import prepare_warm_starts
 from exgrpo.policies.inputs import check_inputs
 from exgrpo.evaluation.metrics import Score
@@ -37,9 +38,11 @@ from exgrpo.tracking.mlflow_tracking import (
     Tracker,
     algo_tag,
     backfill_steps,
+    check_reachable,
     is_reachable,
     curated_params,
     param_values,
+    resolve_tracking_uri,
     run_tags,
 )
 from exgrpo.runs import prepare_run_dir
@@ -98,7 +101,7 @@ def _train_unrecorded(cfg: ExperimentConfig, uri: str, creation: dict[str, Any],
     :func:`exgrpo.tracking.sync.write_pending` leaves carries what creates the run later (experiment,
     name, parent, tags, params, config). If the store is back at the end the run is delivered now,
     else by ``exgrpo sync``. A failed run is marked FAILED the same way, and the error re-raised."""
-    print(f"note: MLflow ({uri}) cannot take run {creation['run_name']} now; it trains anyway and its "
+    print(f"note: MLflow ({redact_uri(uri)}) cannot take run {creation['run_name']} now; it trains anyway and its "
           "record waits on disk for the store", flush=True)
     def deliver(run_dir: Path, status: str, **record: Any) -> Any:
         """Leave the marker, then deliver it now if the store is back (its ``Synced``), else say how."""
@@ -328,14 +331,16 @@ def tracked_train(
 
 def launch_run(cfg: ExperimentConfig, *, tracking_uri: str | None = None, ray_address: str | None = None,
                resume: bool = False, force_resume: bool = False, tracked: bool = True, progress: bool = False,
-               tags: Mapping[str, Any] | None = None) -> TrackedRun | TrainResult:
+               tags: Mapping[str, Any] | None = None,
+               on_start: Callable[[str], None] | None = None) -> TrackedRun | TrainResult:
     """One run of ``cfg``, as ``exgrpo train`` and the train flow start it, checked in this order before
     any of its record exists: the local files it reads (a model directory, a question file: every
     row), the cluster (``ray_address``, else ``RAY_ADDRESS``; stores every node reaches, a cluster that
-    answers), a veRL job's interpreter, its model's context and its own cluster, the tiny LM's warm
-    start on this machine (said in a line, trained now if not cached). Then trained: on the cluster as
-    a Ray task, or here; recorded in MLflow (a :class:`TrackedRun`), or with ``tracked=False`` not (the
-    backend's ``TrainResult``)."""
+    answers), the MLflow store (one that takes runs, reachable), a veRL job's interpreter, its model's
+    context and its own cluster, the tiny LM's warm start on this machine (said in a line, trained now if
+    not cached). Then trained: on the cluster as a Ray task, or here; recorded in MLflow (a
+    :class:`TrackedRun`; ``on_start(run_id)`` once its MLflow run exists), or with ``tracked=False`` not
+    (the backend's ``TrainResult``)."""
     address = cluster_address(ray_address)
     if address is not None and not tracked:
         raise ConfigError("--no-tracking with --ray-address: a run on a cluster is recorded in MLflow; "
@@ -344,6 +349,8 @@ def launch_run(cfg: ExperimentConfig, *, tracking_uri: str | None = None, ray_ad
         check_inputs(cfg)
     cfg = on_cluster(cfg, address)
     check_cluster(address, tracking_uri)
+    if tracked:
+        check_reachable(resolve_tracking_uri(tracking_uri))
     if cfg.backend.name == "verl":  # the job's interpreter and model, before the run's record or assets exist
         from exgrpo.backends.verl.assets import check_model_context
         from exgrpo.backends.verl.runner import job_python
@@ -359,9 +366,9 @@ def launch_run(cfg: ExperimentConfig, *, tracking_uri: str | None = None, ray_ad
         return train(cfg, resume=resume, progress=progress, force_resume=force_resume)
     if address is not None and cfg.backend.name == "native":  # the run itself goes to the cluster
         return train_on_cluster(cfg, address, tracking_uri=tracking_uri, resume=resume, force_resume=force_resume,
-                                tags=tags)
+                                tags=tags, on_start=on_start)
     return tracked_train(cfg, tracking_uri=tracking_uri, resume=resume, force_resume=force_resume, progress=progress,
-                         tags=tags)
+                         tags=tags, on_start=on_start)
 
 
 def train_on_cluster(cfg: Any, address: str, **tracked: Any) -> Any:

@@ -142,6 +142,8 @@ class ProgressPrinter:
         now = time.monotonic()
         self.states.update(ray.get(self.board.snapshot.remote()))
         for key, state in sorted(self.states.items()):
+            if key in self.ended:  # its "finished" line is its last: a step it reported within the throttle stays unshown
+                continue
             step, when = self._shown.get(key, (-1, -float("inf")))
             if state["step"] != step and now - when >= self.every:
                 self._shown[key] = (state["step"], now)

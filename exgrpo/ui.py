@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from exgrpo.errors import redact_uri
 from exgrpo.prefect_home import announce_server, prefect_home, use_prefect_home, withdraw_server
 from exgrpo.sqlite_wal import sqlite_file
 from exgrpo.sweep import resolve_storage
@@ -218,7 +219,8 @@ def main(host: str = "127.0.0.1", prefect_port: int = 4200, mlflow_port: int = 5
         print(f"\nPrefect home: {home} (`exgrpo compare` and `sweep` run their flows on this server while it runs)")
         print(f"export PREFECT_API_URL={api}   # for `prefect deploy`, `prefect worker start` (prefect.yaml)")
         if any(s.name == "mlflow" for s in svcs):
-            print(f"MLflow store: {resolve_tracking_uri(tracking_uri)} (the UI reads the same file). The links the "
+            store = redact_uri(resolve_tracking_uri(tracking_uri))
+            print(f"MLflow store: {store} (the UI reads the same file). The links the "
                   "project prints open MLflow on \"Model training\" and keep it there in that browser; opened any other "
                   "way, MLflow shows GenAI traces until \"Model training\" is chosen once at the top of its sidebar")
         print("Ctrl-C stops all.", flush=True)

@@ -4,7 +4,7 @@
 
 By default as the run evaluates (greedy on its held-out split and its training probe:
 ``eval/val/avg_at_1``, ``eval/train/avg_at_1``); ``benchmarks`` and ``settings`` name others, as
-``exgrpo eval``'s options do. Both call one function (:func:`exgrpo.recorded_eval.evaluate_into_run`):
+``exgrpo eval``'s options do. Both call the same functions (:mod:`exgrpo.recorded_eval`):
 the same scores under the same names, into the run named, else the checkpoint's own run, else a new run
 tagged ``kind=evaluate``.
 
@@ -15,7 +15,9 @@ the train or train-verl deployment completes (a
 deployment trigger in prefect.yaml on Prefect's ``prefect.flow-run.Completed`` event): it is given
 the train flow run, finds the MLflow run that flow created (tag ``prefect_flow_run_id``) and its
 final checkpoint, and logs ``eval/*`` on that same run (a value the run already has at that step is not
-logged twice; one that differs goes under ``evaluate/*``).
+logged twice; other settings than the run's own get names that carry them, ``eval/val/pass_at_1/n4-t0.7-seed0``).
+The scores are computed and logged to the flow run before MLflow is asked; a log that fails leaves them for
+``exgrpo sync`` (the result's ``pending``).
 
 ``async`` as the train flow is (see :mod:`flows.train`): a synchronous flow run waits up to 1 s for
 Prefect's heartbeat thread at its end. From Python: ``asyncio.run(evaluate_flow(...))``.
@@ -27,6 +29,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
+from exgrpo.errors import redact_uri
 from exgrpo.evaluation.metrics import EvalSettings
 from exgrpo.tracking import Tracker
 
@@ -48,7 +51,8 @@ def find_train_run(train_flow_run: str, tracking_uri: str | None) -> tuple[str, 
     exps = [e.experiment_id for e in mlflow.search_experiments()]
     runs = mlflow.search_runs(exps, filter_string=f"tags.prefect_flow_run_id = '{flow_run_id}'")
     if not runs:
-        raise LookupError(f"no MLflow run is tagged prefect_flow_run_id={flow_run_id} in {Tracker(uri).uri}")
+        raise LookupError(f"no MLflow run is tagged prefect_flow_run_id={flow_run_id} in "
+                          f"{redact_uri(Tracker(uri).uri)}")
     run = runs[0]
     checkpoint = run.data.tags.get("checkpoint")
     if not checkpoint:
@@ -70,9 +74,17 @@ async def evaluate_flow(checkpoint: str | None = None, run_id: str | None = None
         raise ValueError("evaluate: give checkpoint=<path to step_N.pt or a veRL global_step_N/> (or "
                          "train_flow_run=<flow run id>)")
     # torch: when the flow runs, not when Prefect reads it
-    from exgrpo.recorded_eval import evaluate_into_run
+    from exgrpo.recorded_eval import record_evaluation, score_named
 
-    done = evaluate_into_run(checkpoint, benchmarks, settings, run_id=run_id, tracking_uri=tracking_uri)
-    scores = {s.key: s.value for s in done.evaluation.scores}
-    get_run_logger().info("%s step %d: %s", checkpoint, done.evaluation.step, scores)
-    return {"run_id": done.run_id, "step": done.evaluation.step, "scores": scores, "logged": done.logged}
+    evaluation, found = score_named(checkpoint, benchmarks, settings, tracking_uri=tracking_uri)
+    scores = {s.key: s.value for s in evaluation.scores}
+    logger = get_run_logger()
+    logger.info("%s step %d: %s", checkpoint, evaluation.step, scores)
+    done = record_evaluation(evaluation, checkpoint, found, run_id=run_id, tracking_uri=tracking_uri)
+    if done.pending is not None:
+        from exgrpo.errors import redact_uri
+
+        logger.warning("the scores are not in MLflow (%s); `exgrpo sync %s` logs them", redact_uri(done.error or ""),
+                       done.pending)
+    return {"run_id": done.run_id, "step": evaluation.step, "scores": scores, "logged": done.logged,
+            "pending": str(done.pending) if done.pending else None}

@@ -11,6 +11,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from flows import failed, user_errors
+from exgrpo.errors import redact_uri
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
 
 from exgrpo.sweep import load_sweep, run_sweep
@@ -59,7 +60,7 @@ def sweep_flow(
     )
     create_link_artifact(url, link_text=f"MLflow: study {sc.study.name}", key=_key("sweep", sc.study.name, "mlflow"))
     print(res.table())
-    return {"study": res.study_name, "storage": res.storage, "parent_run_id": res.parent_run_id,
+    return {"study": res.study_name, "storage": redact_uri(res.storage), "parent_run_id": res.parent_run_id,
             "best_value": res.best_value, "best_params": res.best_params, "counts": res.counts,
             "champion": res.champion,
             "trials": [{k: o.get(k) for k in ("number", "state", "value", "error", "run_id")} for o in res.outcomes]}

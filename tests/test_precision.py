@@ -130,6 +130,7 @@ def test_bf16_scoring_is_autocast_over_fp32_weights():
 @pytest.mark.parametrize("setting,words", [
     ("policy.precision=bf16", ["avx512_bf16", "policy.precision=fp32"]),
     ("policy.dtype=bfloat16", ["avx512bw, avx512vl, avx512dq", "avx_ne_convert", "policy.dtype=float32"]),
+    ("policy.rollout_precision=bf16", ["avx512bw, avx512vl, avx512dq", "policy.rollout_precision=fp32"]),
 ])
 def test_bf16_on_a_cpu_without_it_is_refused_before_any_work(setting, words, tmp_path, monkeypatch, capsys):
     """``exgrpo train`` with bf16 compute or bf16 weights on an AVX2-only CPU: exit 2 and one line naming
@@ -195,3 +196,53 @@ def test_a_ratio_is_one_where_the_mini_batches_split_the_batch():
             new = policy.score([prompts[i] for i in chunk], ro.tokens[idx], ro.mask[idx]).log_prob
         worst = max(worst, float(((new - ro.log_prob[idx]).exp() - 1)[ro.mask[idx]].abs().max()))
     assert worst < 1e-3
+
+
+@pytest.mark.skipif(not HERE_BF16, reason="this CPU has no oneDNN bf16 kernels, which a bf16 sampler needs")
+def test_a_bf16_sampler_decodes_a_bf16_copy_of_the_current_weights_outside_the_policys_state(tmp_path, monkeypatch):
+    """``policy.rollout_precision: bf16``: rollouts come from a bfloat16 copy of the fp32 weights, refreshed
+    before each rollout (after an update, the copy samples as a fresh bf16 cast of the new weights), which is
+    neither a parameter nor in the checkpoint; the rollout's log-probs are re-scored (the ratio starts at 1)."""
+    task = TextArithmetic(TASK)
+    policy = _policy(task, "bf16")
+    policy32 = _policy(task, "bf16")
+    policy = LMPolicy(policy.model, task.tokenizer.pad_id, task.tokenizer.eos_id,
+                      LMPolicyConfig(max_new_tokens=12, precision="bf16", rollout_precision="bf16"))
+    keys, n_params = set(policy.state_dict()), len(list(policy.parameters()))
+    prompts = task.prompts(list(task.train_ids[:8]))
+
+    def cast_rollout() -> torch.Tensor:
+        import copy
+
+        ref = LMPolicy(copy.deepcopy(policy.model).to(torch.bfloat16), task.tokenizer.pad_id, task.tokenizer.eos_id,
+                       LMPolicyConfig(max_new_tokens=12, precision="bf16"))
+        return ref.generate(prompts, torch.Generator().manual_seed(3), greedy=True).tokens
+
+    first = policy.generate(prompts, torch.Generator().manual_seed(3), greedy=True).tokens
+    assert torch.equal(first, cast_rollout())
+    with torch.no_grad():
+        for p in policy.model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)  # an update
+    after = policy.generate(prompts, torch.Generator().manual_seed(3), greedy=True).tokens
+    assert torch.equal(after, cast_rollout()) and not torch.equal(after, first)
+    assert set(policy.state_dict()) == keys and len(list(policy.parameters())) == n_params
+    assert next(policy.model.parameters()).dtype == torch.float32
+    assert policy32.rollout_precision is precision.Precision.FP32 and policy.rollout_precision is precision.Precision.BF16
+    ro = policy.generate(prompts, torch.Generator().manual_seed(0))
+    rescored = policy.with_training_log_probs(prompts, ro)
+    assert not torch.equal(rescored.log_prob, ro.log_prob)  # pi_old is the training forward's, not the sampler's
+
+
+def test_a_step_leaves_no_gradients_behind(tmp_path, monkeypatch):
+    """The gradients are freed after each optimiser step: rollouts, evaluations and checkpoints between two
+    steps do not hold a second copy of the weights."""
+    monkeypatch.setattr(precision, "CPUINFO", ARM_BF16)
+    task = TextArithmetic(TASK)
+    policy = _policy(task, "fp32")
+    cfg = ExperimentConfig.model_validate({
+        "tier": "tiny-lm", "output_dir": str(tmp_path), "policy": {"max_new_tokens": 12},
+        "train": {"batch_size": 8, "max_steps": 1, "mini_batches": 2}, "algorithm": {"group_size": 4, "replay": "none"},
+    })
+    trainer = trainer_module.Trainer(cfg, task=task, policy=policy)
+    trainer.train_step()
+    assert all(p.grad is None for p in policy.parameters())

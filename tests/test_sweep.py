@@ -255,7 +255,46 @@ def test_a_verl_sweep_over_the_jobs_size_is_refused_before_any_trial(tmp_path):
         load_sweep(d)
 
 
-def test_sweep_on_ray_with_a_crashing_trial_then_resume(tmp_path):
+def _lines_after_finished(out: str) -> list[str]:
+    """Progress lines of a trial printed after that trial's "finished" line."""
+    import re
+
+    done: set[str] = set()
+    late = []
+    for line in out.splitlines():
+        if m := re.match(r"progress: (trial \d+) \(\w+\) finished", line):
+            done.add(m.group(1))
+        elif (m := re.match(r"progress: (trial \d+): step ", line)) and m.group(1) in done:
+            late.append(line)
+    return late
+
+
+def test_no_progress_line_of_a_trial_follows_its_finished_line(capsys):
+    """The driver prints a run's progress at most every few seconds: the last step of a trial that
+    ended within that time used to be printed at the next poll, after the trial's "finished" line."""
+    import time
+
+    import ray
+
+    from exgrpo.cluster import ensure_ray
+    from exgrpo.live_progress import ProgressBoard, ProgressPrinter
+
+    ensure_ray(None)
+    board = ray.remote(num_cpus=0)(ProgressBoard).remote()
+    printer = ProgressPrinter(board, 2, every=0.5)
+    ray.get(board.report.remote("trial 0", {"step": 1, "total": 4}))
+    printer.poll()
+    ray.get(board.report.remote("trial 0", {"step": 4, "total": 4}))  # its last step, then its result
+    printer.finished("trial 0 (COMPLETE)")
+    time.sleep(0.6)  # the next poll is past the run's throttle
+    printer.poll()
+    out = capsys.readouterr().out
+    assert "progress: trial 0 (COMPLETE) finished | runs done 1/2" in out
+    assert _lines_after_finished(out) == [], out
+
+
+def test_sweep_on_ray_with_a_crashing_trial_then_resume(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("EXGRPO_PROGRESS_SECONDS", "0")  # every trial's progress printed
     storage = f"sqlite:///{tmp_path}/optuna.db"
     uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"
     d = sweep_dict(tmp_path, **{"algorithm.experience_ratio": {"type": "float", "low": 0.1, "high": 0.9},
@@ -285,6 +324,9 @@ def test_sweep_on_ray_with_a_crashing_trial_then_resume(tmp_path):
     assert "bucket_lbound=2" in study.trials[1].user_attrs["error"]
     assert res.counts["FAIL"] + res.counts["COMPLETE"] == 4
     assert "| 1 | FAIL |" in res.table()
+    out = capsys.readouterr().out
+    assert ": step " in out and " finished | runs done 4/4" in out, out
+    assert _lines_after_finished(out) == [], out
 
     client = mlflow.MlflowClient(uri)
     exp = client.get_experiment_by_name("tiny-sweep")

@@ -1,8 +1,11 @@
 """One veRL GRPO run of experiments/verl-tiny-grpo.yaml through the CLI, read by many tests: its steps,
 its terminal, its checkpoints evaluated and registered, a second run of the seed, its MLflow record."""
 
+import json
 import os
 import re
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,10 +17,18 @@ from verlutil import GRPO, ONE_VAL_QUESTION, _cli_val_score, _rows, _train, _tra
 @pytest.fixture(scope="module")
 def grpo_run(tmp_path_factory, exgrpo_cache):
     """experiments/verl-tiny-grpo.yaml through the CLI in a terminal (6 steps, validation and
-    checkpoints at 3 and 6); what the terminal showed is kept in ``terminal.txt`` beside the run."""
+    checkpoints at 3 and 6); what the terminal showed is kept in ``terminal.txt`` beside the run. Ray's
+    temp dirs go under a directory of their own (``RAY_TMPDIR``, named in ``ray_tmpdir.txt``), and the
+    Hugging Face datasets cache the run was given is ``user-datasets-cache/``, both read after the run."""
     out = tmp_path_factory.mktemp("verl-grpo")
-    (out / "terminal.txt").write_text(_train_in_a_terminal(GRPO, out, exgrpo_cache))
-    return out / "verl-tiny-grpo" / "seed0"
+    ray_tmpdir = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths must fit 107 characters
+    (out / "ray_tmpdir.txt").write_text(ray_tmpdir)
+    env = {"RAY_TMPDIR": ray_tmpdir, "HF_DATASETS_CACHE": str(out / "user-datasets-cache")}
+    try:
+        (out / "terminal.txt").write_text(_train_in_a_terminal(GRPO, out, exgrpo_cache, env=env))
+        yield out / "verl-tiny-grpo" / "seed0"
+    finally:
+        shutil.rmtree(ray_tmpdir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +50,20 @@ def test_verl_grpo_end_to_end_through_the_cli(grpo_run):
     # weight sync: the hf rollout's log-probs equal the fp32 actor's recomputed ones after every update
     # (about 2.6e-7; 1.2e-3 with veRL's default bf16 compute, backend.verl.actor_dtype=bfloat16)
     assert max(r["training/rollout_probs_diff_mean"] for r in rows if "batch/solved" in r) < 1e-5
+
+
+@pytest.mark.slow
+def test_a_verl_run_leaves_no_ray_temp_dir_nor_datasets_cache_behind(grpo_run):
+    """The private Ray of a veRL run on a CPU takes its temp dir under RAY_TMPDIR and removes it at the
+    run's end; veRL's reads of the run's parquet files leave nothing in the user's datasets cache."""
+    out = grpo_run.parents[1]
+    ray_tmpdir = Path((out / "ray_tmpdir.txt").read_text())
+    overrides = json.loads((grpo_run / "verl_run.json").read_text())["overrides"]
+    (temp,) = [Path(o.split("=", 1)[1]) for o in overrides if o.startswith("+ray_kwargs.ray_init._temp_dir=")]
+    assert temp.parent == ray_tmpdir and temp.name.startswith("exgrpo-ray-"), temp
+    assert not temp.exists() and not list(ray_tmpdir.iterdir()), list(ray_tmpdir.rglob("*"))[:20]
+    user_cache = out / "user-datasets-cache"
+    assert not user_cache.exists() or not any(user_cache.iterdir()), list(user_cache.rglob("*"))[:20]
 
 
 MEASUREMENTS = ("time/", "timing_s/", "timing_per_token_ms/", "perf/", "actor/perf/")

@@ -32,16 +32,16 @@ def _train(config, out, cache, *extra, check=True, progress=False, timeout=900):
     return res
 
 
-def _train_in_a_terminal(config, out, cache, *extra, timeout=900):
-    """The CLI as a person runs it: in a pseudo-terminal, with its progress display; -> what the
-    terminal showed (the run must succeed)."""
+def _train_in_a_terminal(config, out, cache, *extra, timeout=900, env=None):
+    """The CLI as a person runs it: in a pseudo-terminal, with its progress display (``env``: variables
+    on top of the tests'); -> what the terminal showed (the run must succeed)."""
     import pty
     import select
 
     master, child_side = pty.openpty()
     cmd = [sys.executable, "-m", "exgrpo.cli", "train", config, "--output-dir", str(out), *extra]
     proc = subprocess.Popen(cmd, stdin=child_side, stdout=child_side, stderr=child_side,
-                            env={**_env(cache), "COLUMNS": "120"}, start_new_session=True)
+                            env={**_env(cache), "COLUMNS": "120", **(env or {})}, start_new_session=True)
     os.close(child_side)
     shown, deadline = [], time.monotonic() + timeout
     try:

@@ -11,8 +11,8 @@ from typing import Any
 
 from exgrpo.cli import compare as _compare
 from exgrpo.cli import eval as _eval
-from exgrpo.cli.common import RAY_ADDRESS_HELP, FlowMissing, load_flow as _load_flow
-from exgrpo.errors import one_line
+from exgrpo.cli.common import RAY_ADDRESS_HELP, FlowMissing, load_flow as _load_flow, secrets_by_environment
+from exgrpo.errors import UserError, one_line, redact_uri
 
 # Each command imports what it runs inside its function: `exgrpo --help`, `--version` and a bad config's
 # one-line error stay free of torch, Ray, MLflow and Prefect. This package's modules import only the
@@ -56,7 +56,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from exgrpo.launch import launch_run
 
     run = launch_run(cfg, tracking_uri=args.tracking_uri, ray_address=args.ray_address, resume=args.resume,
-                     force_resume=args.force_resume, tracked=not args.no_tracking, progress=not args.no_progress)
+                     force_resume=args.force_resume, tracked=not args.no_tracking, progress=not args.no_progress,
+                     on_start=_say_started(args.tracking_uri))
     if args.no_tracking:
         result, record = run, {}
     else:
@@ -66,6 +67,27 @@ def _cmd_train(args: argparse.Namespace) -> int:
     final = {k: v for k, v in result.final_metrics.items() if k.startswith(("val/", "train/accuracy", "pool/", "batch/solved"))}
     print(json.dumps({"run_dir": str(result.run_dir), "checkpoint": str(result.checkpoint), **record, **final}, indent=2))
     return 0
+
+
+def _say_started(tracking_uri: str | None):
+    """``on_start`` of ``exgrpo train``: the line naming the MLflow run, its store (the password hidden)
+    and its link (or the command that would serve it) as soon as the run exists, so that a run killed
+    before its end can be found."""
+
+    def started(run_id: str) -> None:
+        from exgrpo.tracking.mlflow_tracking import Tracker, resolve_tracking_uri, run_url, ui_command, ui_note
+
+        uri = resolve_tracking_uri(tracking_uri)
+        link = ui_note(uri)  # where nothing serves the store: the command that does, not a dead link
+        if ui_command(uri) is None:
+            try:
+                experiment_id = Tracker(uri, check=False).client.get_run(run_id).info.experiment_id
+                link = f": {run_url(experiment_id, run_id, uri)}{link}"
+            except Exception:  # noqa: BLE001 - the run and its store are named all the same; the run goes on
+                pass
+        print(f"MLflow run {run_id} in {redact_uri(uri)}{link}", flush=True)
+
+    return started
 
 
 def _cmd_config(args: argparse.Namespace) -> int:
@@ -96,9 +118,11 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     sc = load_sweep(args.config, overrides)  # fails here, before any work, on a bad space
     from exgrpo.cluster import check_cluster, cluster_address
     from exgrpo.sweep.space import resolve_storage
+    from exgrpo.tracking.mlflow_tracking import check_reachable, resolve_tracking_uri
 
     check_cluster(cluster_address(args.ray_address), args.tracking_uri,
                   resolve_storage(args.storage or sc.study.storage))  # before Prefect starts
+    check_reachable(resolve_tracking_uri(args.tracking_uri))  # so is the store, before any trial
     try:
         if args.no_prefect:
             from exgrpo.sweep import run_sweep
@@ -109,17 +133,23 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
                                                      f" {o.get('error') or ''}",
                                                      flush=True))
             print(res.table())
-            print(json.dumps({"study": res.study_name, "storage": res.storage, "best_value": res.best_value,
+            print(json.dumps({"study": res.study_name, "storage": redact_uri(res.storage), "best_value": res.best_value,
                               "best_params": res.best_params, "counts": res.counts, "champion": res.champion,
                               "mlflow_parent_run_id": res.parent_run_id}, indent=2, default=str))
             return 0
         flow = _load_flow("sweep", "sweep_flow")
-        out = flow(config=str(args.config), n_trials=args.n_trials, overrides=overrides, storage=args.storage,
-                   tracking_uri=args.tracking_uri, ray_address=args.ray_address)
+        storage, given = args.storage, args.storage or overrides.get("study.storage")
+        with secrets_by_environment() as hide:
+            if given is not None and hide(given, "EXGRPO_OPTUNA_STORAGE") is None:
+                # a storage with a password: the flow reads it from the environment, where neither the
+                # sweep file's storage nor a parameter may take its place
+                storage, overrides = None, {**overrides, "study.storage": None}
+            out = flow(config=str(args.config), n_trials=args.n_trials, overrides=overrides, storage=storage,
+                       tracking_uri=hide(args.tracking_uri, "MLFLOW_TRACKING_URI"), ray_address=args.ray_address)
         print(json.dumps({k: v for k, v in out.items() if k != "trials"}, indent=2, default=str))
         return 0
     except (TrackingError, FlowMissing) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {redact_uri(str(e))}", file=sys.stderr)
         return 2
 
 
@@ -160,7 +190,7 @@ def _cmd_runs(args: argparse.Namespace) -> int:
     try:
         print(format_runs(recent_runs(args.tracking_uri, args.limit, args.experiment)))
     except (TrackingError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {redact_uri(str(e))}", file=sys.stderr)
         return 2
     return 0
 
@@ -377,14 +407,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
-    from exgrpo.config import ConfigError
-    from exgrpo.cluster import ClusterError
     from exgrpo.runs import ResumeMismatch
 
     try:
         return args.fn(args)
-    except (ConfigError, ResumeMismatch, ClusterError) as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (UserError, ResumeMismatch) as e:  # a config, a cluster, a store, ...: the message is the whole story
+        print(f"error: {redact_uri(str(e))}", file=sys.stderr)
         return 2
     except OSError as e:
         hint = _WRITE_ERRORS.get(e.errno or 0)

@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from exgrpo.cli.common import RAY_ADDRESS_HELP, FlowMissing, load_flow
+from exgrpo.cli.common import RAY_ADDRESS_HELP, FlowMissing, load_flow, secrets_by_environment
+from exgrpo.errors import redact_uri
 
 if TYPE_CHECKING:  # annotations only
     from exgrpo.config import CompareConfig
@@ -46,11 +47,12 @@ def add_parser(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
     c.add_argument("--report", help="also copy the comparison figure here (default: only OUTPUT_DIR/NAME/comparison.png, "
                    "beside comparison-mechanism.png; both on the MLflow parent run too)")
     c.add_argument("--no-progress", action="store_true", help="no progress bar")
-    c.add_argument("--tracking-uri", help="MLflow store (default: MLFLOW_TRACKING_URI, else <project>/mlruns/mlflow.db)")
+    c.add_argument("--tracking-uri", help="MLflow store (default: MLFLOW_TRACKING_URI, else <project>/mlruns/mlflow.db; "
+                   "with --no-prefect: none unless given)")
     c.add_argument("--ray-address", help=RAY_ADDRESS_HELP)
     c.add_argument("--no-prefect", action="store_true",
-                   help="run in local processes without Prefect and MLflow (default: the Prefect compare flow on "
-                        "its local API, runs as Ray tasks, recorded in MLflow)")
+                   help="run in local processes without Prefect, and without MLflow unless --tracking-uri is given "
+                        "(default: the Prefect compare flow on its local API, runs as Ray tasks, recorded in MLflow)")
     c.set_defaults(fn=run)
 
 
@@ -80,8 +82,15 @@ def run(args: argparse.Namespace) -> int:
     if args.no_prefect and cluster_address(args.ray_address) is not None:
         raise ConfigError("--ray-address (or RAY_ADDRESS) runs on Ray, --no-prefect in local processes: drop one")
     check_cluster(cluster_address(args.ray_address), args.tracking_uri)  # before Prefect starts
+    tracked = not args.no_prefect or args.tracking_uri is not None
+    if tracked:  # so is the store, before any run
+        from exgrpo.tracking.mlflow_tracking import check_reachable, resolve_tracking_uri
+
+        check_reachable(resolve_tracking_uri(args.tracking_uri))
     failed: list[str] = []
-    if args.no_prefect:
+    if args.no_prefect and tracked:
+        outcomes, failed, table, figures = _compare_tracked_locally(cc, args)
+    elif args.no_prefect:
         from exgrpo.compare.figures import draw_figures
 
         outcomes, failed, decisions = _compare_locally(cc, args)
@@ -94,11 +103,13 @@ def run(args: argparse.Namespace) -> int:
     else:
         try:
             flow = load_flow("compare", "compare_flow")
-            out = flow(config=str(args.config), seeds=args.seeds, arms=args.arms, overrides=overrides,
-                       tracking_uri=args.tracking_uri, executor="ray", workers=args.workers, resume=args.resume,
-                       ray_address=args.ray_address, adaptive=args.adaptive, new_test=args.new_test)
+            with secrets_by_environment() as hide:
+                out = flow(config=str(args.config), seeds=args.seeds, arms=args.arms, overrides=overrides,
+                           tracking_uri=hide(args.tracking_uri, "MLFLOW_TRACKING_URI"), executor="ray",
+                           workers=args.workers, resume=args.resume, ray_address=args.ray_address,
+                           adaptive=args.adaptive, new_test=args.new_test)
         except (TrackingError, FlowMissing) as e:
-            print(f"error: {e}", file=sys.stderr)
+            print(f"error: {redact_uri(str(e))}", file=sys.stderr)
             return 2
         # what the flow computed, drew and recorded: the same a Prefect deployment run of it leaves
         outcomes, table, figures = [RunOutcome(**o) for o in out["outcomes"]], out["table"], out["figures"]
@@ -120,6 +131,45 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {len(failed)} run(s) failed, the statistics cover the others: {'; '.join(failed)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _compare_tracked_locally(cc: CompareConfig, args: argparse.Namespace) -> tuple[list, list[str], str, dict]:
+    """``exgrpo compare --no-prefect --tracking-uri URI``: the runs in local processes, recorded in MLflow as
+    the Prefect flow records them (a parent run, a child run per (arm, seed)). Returns the outcomes, the
+    failed runs (one line each), the table (with the sequential test's decisions) and the figures."""
+    from exgrpo.compare import RunOutcome, format_table, summarize
+    from exgrpo.compare.figures import draw_figures
+    from exgrpo.compare.tracked import run_tracked_compare
+    from exgrpo.tracking.mlflow_tracking import ui_note
+
+    outcomes: list[RunOutcome] = []
+    failed: list[str] = []
+
+    def done(o: RunOutcome) -> None:
+        outcomes.append(o)
+        print(f"  {o.arm:>12s} seed {o.seed}: final {cc.metric} = {o.final:.4f}", flush=True)
+
+    def parent(run_id: str, url: str) -> None:  # from the first minute: a killed comparison can be found
+        print(f"MLflow parent run: {url}{ui_note(args.tracking_uri)}\nits report: `exgrpo dashboard --run-id {run_id}`",
+              flush=True)
+
+    try:
+        res = run_tracked_compare(cc, tracking_uri=args.tracking_uri, executor="process", workers=args.workers,
+                                  resume=args.resume, adaptive=args.adaptive, new_test=args.new_test,
+                                  on_done=done, on_parent=parent,
+                                  on_failed=lambda arm, seed, error: failed.append(f"{arm} seed {seed}: {error}"),
+                                  on_stage=lambda state: print(f"stage {state.stages_done}: " + "; ".join(
+                                      f"{p.arm} vs {p.other} {p.decision}" for p in state.pairs), flush=True))
+    except RuntimeError:
+        if not failed:
+            raise
+        # some run failed: the statistics (on the parent run already) cover the others, as without MLflow
+        table = format_table(summarize(outcomes, list(cc.arms), cc.baseline), cc.metric, cc.baseline,
+                             max((o.curve_steps[-1] for o in outcomes if o.curve_steps), default=None))
+        base = cc.base_config()
+        figures = draw_figures(outcomes, list(cc.arms), cc.metric, Path(base.output_dir) / base.name) if outcomes else {}
+        return outcomes, failed, table, figures
+    return res.outcomes, failed, res.table, res.figures
 
 
 def _compare_locally(cc: CompareConfig, args: argparse.Namespace) -> tuple[list, list[str], str | None]:

@@ -12,6 +12,7 @@ earlier record beside it.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from exgrpo.atomic import write_text_atomic
 from exgrpo.config import CompareConfig, ConfigError
 
 RECORD_FILE = "adaptive-test.json"
+_KEPT = re.compile(r"adaptive-test\.(\d+)\.json")
 
 TEST = "adastop-0.1.3+joint-permutations"
 """Which sequential test made the decisions (:mod:`exgrpo.compare.joint_permutation`): a record of another
@@ -79,6 +81,13 @@ def check_settings(cc: CompareConfig, resume: bool, new_test: bool) -> None:
                           "--new-test to start a new test over these runs (docs/seeds.md)")
 
 
+def _next_kept(path: Path) -> Path:
+    """``adaptive-test.<n>.json`` beside ``path``, numbered past the largest number there: records kept
+    earlier may have been deleted, so their count could name one that still exists."""
+    numbers = [int(m.group(1)) for p in path.parent.iterdir() if (m := _KEPT.fullmatch(p.name))]
+    return path.with_name(f"adaptive-test.{max(numbers, default=0) + 1}.json")
+
+
 def begin(cc: CompareConfig, resume: bool, new_test: bool) -> str | None:
     """Record the test's settings where they are not recorded yet, or anew (a comparison not resumed, or
     ``new_test``: the earlier record is kept as ``adaptive-test.<n>.json``); -> a note for the user when a
@@ -92,9 +101,8 @@ def begin(cc: CompareConfig, resume: bool, new_test: bool) -> str | None:
             return None
         diff = changes(recorded, now)
         if new_test or diff:
-            n = 1 + sum(1 for _ in path.parent.glob("adaptive-test.*.json"))
-            kept = path.with_name(f"adaptive-test.{n}.json")
-            path.replace(kept)
+            kept = _next_kept(path)
+            write_text_atomic(kept, path.read_text())  # the record stays under its own name until replaced below
             note = (f"a new sequential test{' (' + '; '.join(diff) + ')' if diff else ''}: its error rate holds for "
                     f"its own decisions, from its stage 1, not for the earlier test's, whose record is {kept}")
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -18,9 +18,11 @@ permutations an earlier stage would have rejected, and its decisions:
   Monte-Carlo permutation test with the observed point included; p-values move in steps of 1/B);
 * **two-sided**: the values handed to AdaStop are |statistic|, so max |T| is read against the
   distribution of max |T|, and the test is given the family-wise ``alpha`` itself;
-* **exact ties**: permuted statistics are summed in sorted order, so permutations that give each arm the
-  same runs give bit-identical values, and those equal to the observed point (or its mirror) are set to
-  the observed statistic as AdaStop computes it, so a tie counts as at least as extreme.
+* **ties**: a permuted statistic equal in exact arithmetic to an observed one (any pair's, either sign)
+  counts as at least as extreme. Finals are k/N accuracies stored as float32, so such values land a few
+  ulps either side of the observed one, differently in fractions and in percent: values within a
+  tolerance relative to the data (:func:`tie_tolerance`) are set to the observed statistic as AdaStop
+  computes it, and the decisions do not depend on the metric's units.
 
 With arms that do differ from the baseline, the pooled block holds their runs too: that widens the
 distribution the other pairs are read against (the test errs toward "no difference" for them).
@@ -54,16 +56,42 @@ def block_differences(blocks: list[np.ndarray], pairs: list[tuple[int, int]], pe
     return np.stack([means[a] - means[b] for a, b in pairs])
 
 
-def tie_to_observed(signed: np.ndarray, observed: list[float]) -> None:
-    """In place: every value of a row of ``signed`` (pairs, P) bit-equal to its identity point (column 0)
-    becomes that pair's ``observed`` statistic, and every value equal to its negative becomes minus it,
-    so exact ties with the observed point stay ties whatever the rounding of the two expressions."""
-    for row, t in zip(signed, observed, strict=True):
-        identity = row[0]
-        same = row == identity
-        mirror = (row == -identity) & ~same
-        row[same] = t
-        row[mirror] = -t
+TIE_RELATIVE = 2.0 ** -20
+"""The tie tolerance per stage, relative to the largest final in magnitude (:func:`tie_tolerance`)."""
+
+
+def tie_tolerance(scale: float, stages: int) -> float:
+    """How far apart two statistics of ``stages`` stages may lie and still be equal in exact arithmetic,
+    for finals at most ``scale`` in magnitude.
+
+    A statistic is a sum over the stages of a difference of two means of finals. A final stored as
+    float32 is off its exact value by at most 2^-24 of ``scale``, so each stage's difference by at most
+    2 x 2^-24 x ``scale``, a statistic by ``stages`` times that, and two statistics equal in exact
+    arithmetic lie within 4 x 2^-24 x ``stages`` x ``scale`` (float64's own rounding is some 10^9 times
+    smaller). The tolerance is four times that: 2^-20 x ``stages`` x ``scale``, about 1e-6 of the data's
+    scale a stage, tens of times the gaps seen in practice. Statistics that differ in exact arithmetic
+    differ by at least one k/N step over a stage's n seeds, 1/(N n) of a fraction: the tolerance stays
+    ten times below that while N x n x stages is under about 100,000 (e.g. 1,250 problems x 4 samples,
+    5 seeds a stage, 4 stages). It scales with the data, so fractions and percent tie alike."""
+    return TIE_RELATIVE * stages * scale
+
+
+def tie_to_observed(signed: np.ndarray, observed: list[float], tolerance: float) -> None:
+    """In place: every value of ``signed`` (pairs, P) whose magnitude lies within ``tolerance`` of an
+    ``observed`` statistic's magnitude (any pair's: AdaStop reads every pair against the maximum over the
+    pairs) becomes, with its own sign, the largest observed magnitude it ties, so it counts as at least as
+    extreme as each of them whatever the rounding of the two expressions. Observed magnitudes within
+    ``tolerance`` of each other tie among themselves. Every other value is left as it is."""
+    groups: list[list[float]] = []  # [smallest, largest] observed magnitude of each run of ties
+    for t in np.sort(np.abs(np.asarray(observed, dtype=float))):
+        if groups and t - groups[-1][1] <= tolerance:
+            groups[-1][1] = t
+        else:
+            groups.append([t, t])
+    magnitude = np.abs(signed)
+    for low, high in groups:
+        near = (magnitude >= low - tolerance) & (magnitude <= high + tolerance)
+        signed[near] = np.copysign(high, signed[near])
 
 
 def random_permutations(rng: np.random.RandomState, count: int, size: int) -> np.ndarray:
@@ -91,13 +119,16 @@ class JointPermutationComparator(MultipleAgentsComparator):
             before = np.zeros((len(pairs), self.B))
         else:
             before = np.stack([self._signed[key] for key in keys])
-            kept = np.max(np.abs(before), axis=0) <= self.boundary[-1][1]  # what an earlier stage did not reject
+            # what an earlier stage did not reject; a value tied with its boundary (k/N finals) was not rejected
+            kept = np.max(np.abs(before), axis=0) <= self.boundary[-1][1] + self._tolerance
             before = before[:, kept]
             perms = random_permutations(self.rng, before.shape[1], size)
         signed = before + block_differences(blocks, pairs, perms)
         observed = [(k + 1) * (np.mean(np.asarray(Z[a])[:(k + 1) * n[a]]) - np.mean(np.asarray(Z[b])[:(k + 1) * n[b]]))
                     for a, b in comps]  # AdaStop's own expression of the observed statistic
-        tie_to_observed(signed, observed)
+        scale = max(float(np.max(np.abs(np.asarray(Z[a], dtype=float)[:(k + 1) * n[a]]))) for a in arms)
+        self._tolerance = tie_tolerance(scale, k + 1)
+        tie_to_observed(signed, observed, self._tolerance)
         self._signed = {key: signed[i] for i, key in enumerate(keys)}
         self.mean_diffs = {key: np.abs(signed[i]) for i, key in enumerate(keys)}
         return self.mean_diffs

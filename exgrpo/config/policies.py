@@ -88,6 +88,10 @@ class LMPolicyConfig(_Strict):
     """Compute precision of the training forward and backward: fp32, or bf16 (bfloat16 autocast over fp32 weights
     and fp32 AdamW state; the fresh rollouts' old log-probs are re-scored in bf16 before the update, so an
     on-policy ratio starts at 1; needs a CPU with avx512_bf16 or amx_bf16, or an ARM CPU with bf16)."""
+    rollout_precision: Precision = Field(Precision.FP32, json_schema_extra=RESUME_SAFE_PARAM)
+    """Precision of sampling and evaluation: fp32 (the weights as they are), or bf16 (a bfloat16 copy of the fp32
+    weights, refreshed before every rollout: half the weight traffic of decoding; needs a CPU with oneDNN's bf16
+    kernels). Either way, with precision: bf16 the fresh rollouts' old log-probs are the training forward's."""
     model: TinyLMConfig = TinyLMConfig()
     """The tiny LM (architecture + SFT warm start; cached by a hash of this section)."""
 
@@ -131,6 +135,10 @@ class HFPolicyConfig(_Strict):
     """Compute precision of the training forward and backward: fp32, or bf16 (bfloat16 autocast over fp32 weights
     and fp32 AdamW state; the fresh rollouts' old log-probs are re-scored in bf16 before the update, so an
     on-policy ratio starts at 1; needs a CPU with avx512_bf16 or amx_bf16, or an ARM CPU with bf16)."""
+    rollout_precision: Precision = Field(Precision.FP32, json_schema_extra=RESUME_SAFE_PARAM)
+    """Precision of sampling and evaluation: fp32 (the weights as they are), or bf16 (a bfloat16 copy of the fp32
+    weights, refreshed before every rollout: half the weight traffic of decoding; needs a CPU with oneDNN's bf16
+    kernels). Either way, with precision: bf16 the fresh rollouts' old log-probs are the training forward's."""
 
     @field_validator("path")
     @classmethod

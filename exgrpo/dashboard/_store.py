@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from exgrpo.errors import redact_uri
 from exgrpo.sqlite_wal import sqlite_file
 from exgrpo.tracking.mlflow_tracking import TrackingError, check_reachable, resolve_tracking_uri, run_url
 
@@ -36,7 +37,7 @@ def get_run(client: Any, run_id: str) -> Any:
         return client.get_run(run_id)
     except MlflowException as e:
         first = e.message.splitlines()[0] if e.message else ""
-        raise DashboardError(f"run {run_id!r} not found in {client.tracking_uri}: {first}") from None
+        raise DashboardError(f"run {run_id!r} not found in {redact_uri(client.tracking_uri)}: {first}") from None
 
 
 def search_all(client: Any, experiment_ids: list[str], filter_string: str,
@@ -62,7 +63,7 @@ def latest_parent(client: Any, experiment: str, kind: str) -> Any:
     """The most recently started run of experiment ``experiment`` tagged ``kind=<kind>``."""
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
-        raise DashboardError(f"no MLflow experiment named {experiment!r} in {client.tracking_uri}")
+        raise DashboardError(f"no MLflow experiment named {experiment!r} in {redact_uri(client.tracking_uri)}")
     runs = client.search_runs([exp.experiment_id], filter_string=f"tags.kind = '{kind}'",
                               order_by=["attributes.start_time DESC"], max_results=1)
     if not runs:

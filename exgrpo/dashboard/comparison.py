@@ -19,6 +19,7 @@ from exgrpo.compare import ArmSummary, RunOutcome, eval_compute, mean_along, sum
 from exgrpo.compare.adaptive import DECISION_WORDS
 from exgrpo.dashboard import _html as H
 from exgrpo.dashboard._store import DashboardError, children, history, run_link
+from exgrpo.errors import redact_uri
 from exgrpo.stats import band, mean_ci, steps_to_target
 from exgrpo.tracking.mlflow_tracking import sanitize_metric_name
 
@@ -375,7 +376,7 @@ def render(data: ComparisonData) -> str:
     meta = [f"experiment <b>{H.esc(data.experiment)}</b>",
             f"parent run {H.link(run_link(p, data.tracking_uri), p.info.run_id)} ({H.esc(p.info.status)})",
             f"metric <code>{H.esc(data.metric)}</code>", f"baseline <b>{H.esc(data.baseline)}</b>",
-            f"store <code>{H.esc(data.tracking_uri)}</code>"]
+            f"store <code>{H.esc(redact_uri(data.tracking_uri))}</code>"]
     n_seeds = sorted({c.seed for c in data.children})
     sections = []
     intro = (f"<p class=\"note\">{len(data.arms)} arms × {len(n_seeds)} seeds ({len(data.children)} child runs). "

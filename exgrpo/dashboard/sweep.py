@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Any
 
 from exgrpo.dashboard import _html as H
 from exgrpo.dashboard._store import DashboardError, children, get_run, history, run_link
+from exgrpo.errors import redact_uri
 from exgrpo.tracking.mlflow_tracking import run_url, sanitize_metric_name
 from exgrpo.sweep import ParamSpec
 
@@ -56,13 +58,14 @@ def load_study(study_name: str, storage: str) -> Any:
 
     why = _storage_readable(storage)
     if why:
-        raise DashboardError(f"Optuna storage {storage}: {why}")
+        raise DashboardError(f"Optuna storage {redact_uri(storage)}: {why}")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         return optuna.load_study(study_name=study_name, storage=storage)
     except KeyError:
         names = optuna.study.get_all_study_names(storage)
-        raise DashboardError(f"no study {study_name!r} in {storage} (studies: {', '.join(names) or 'none'})") from None
+        raise DashboardError(f"no study {study_name!r} in {redact_uri(storage)} "
+                             f"(studies: {', '.join(names) or 'none'})") from None
 
 
 def _parse_param(value: str, dist: Any) -> Any:
@@ -155,7 +158,11 @@ def load_sweep_from_run(client: Any, tracking_uri: str, parent: Any, storage: st
     if tags.get("kind") != "sweep":
         raise DashboardError(f"run {parent.info.run_id} is not a sweep parent (tag kind={tags.get('kind')!r})")
     name = params.get("study.name") or tags.get("study")
-    storage = storage or params.get("optuna.storage")
+    recorded = params.get("optuna.storage")
+    env = os.environ.get("EXGRPO_OPTUNA_STORAGE")
+    if env and redact_uri(env) == recorded:  # recorded without its password, which this environment has
+        recorded = env
+    storage = storage or recorded
     metric = params.get("study.metric", "val/accuracy")
     direction = params.get("study.direction", "maximize")
     notes = []
@@ -164,7 +171,8 @@ def load_sweep_from_run(client: Any, tracking_uri: str, parent: Any, storage: st
             raise DashboardError("the parent run records no study.name / optuna.storage")
         study, source = load_study(name, storage), "optuna"
     except Exception as e:
-        notes.append(f"Optuna storage not readable ({e}); trials rebuilt from the MLflow child runs.")
+        notes.append(f"Optuna storage not readable ({redact_uri(str(e))}); trials rebuilt from the MLflow child "
+                     "runs.")
         study, source = study_from_mlflow(client, parent, metric, direction), "mlflow"
     data = SweepData(study, name or "", storage, metric, source, parent, tracking_uri, notes=notes)
     for r in children(client, parent):
@@ -352,7 +360,7 @@ def render(data: SweepData) -> str:
     counts = {k: v for k, v in counts.items() if v}
     meta = [f"study <b>{H.esc(data.study_name)}</b>", f"{H.esc(data.direction)} <code>{H.esc(data.metric)}</code>",
             f"source: {'Optuna storage' if data.source == 'optuna' else 'MLflow child runs'} "
-            f"<code>{H.esc(data.storage or '')}</code>"]
+            f"<code>{H.esc(redact_uri(data.storage or ''))}</code>"]
     if data.parent is not None:
         p = data.parent
         meta.append(f"parent run {H.link(run_link(p, data.tracking_uri), p.info.run_id)} ({H.esc(p.info.status)})")

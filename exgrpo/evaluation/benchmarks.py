@@ -46,6 +46,8 @@ __all__ = [
     "load_benchmarks",
     "parse_benchmark_spec",
     "register_benchmark",
+    "subset_indices",
+    "take_subset",
 ]
 
 _NAME_RE: Final = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -125,9 +127,27 @@ class Benchmark:
                 f"{self.name}: asked for {n} problems but the benchmark has {len(problems)}; "
                 f"use n <= {len(problems)} or omit n for all"
             )
-        order = list(range(len(problems)))
-        random.Random(f"{self.name}:{seed}").shuffle(order)
-        return [problems[i] for i in sorted(order[:n])]
+        return [problems[i] for i in subset_indices(self.name, len(problems), n, seed)]
+
+
+def subset_indices(name: str, size: int, n: int, seed: int = 0) -> list[int]:
+    """Which ``n`` of ``size`` items a subset of the set ``name`` takes: the first ``n`` of a permutation
+    seeded by name and ``seed``, in the set's own order (the 32 are within the 64 for one seed). Every
+    subset, registry benchmark or a run's own split, is drawn this way."""
+    order = list(range(size))
+    random.Random(f"{name}:{seed}").shuffle(order)
+    return sorted(order[:n])
+
+
+def take_subset(items: list[Any], name: str, n: int | None, seed: int, what: str) -> list[Any]:
+    """``n`` of ``items`` (the set ``name``, ``what`` in an error: e.g. "the run's held-out split") as
+    :func:`subset_indices` picks them; ``None``: all of them. More than there are is one line."""
+    if n is None:
+        return list(items)
+    if n > len(items):
+        raise ValueError(f"--benchmarks {name}:{n}: {what} has {len(items)} problems; give N <= {len(items)}, "
+                         f"or {name} for all of them")
+    return [items[i] for i in subset_indices(name, len(items), n, seed)]
 
 
 _REGISTRY: dict[str, Benchmark] = {}

@@ -22,7 +22,7 @@ import numpy as np
 
 from exgrpo.backends.base import HFCheckpoint
 from exgrpo.config import ConfigError, ExperimentConfig
-from exgrpo.evaluation.benchmarks import AnswerType, get_benchmark, parse_benchmark_spec
+from exgrpo.evaluation.benchmarks import AnswerType, get_benchmark, parse_benchmark_spec, take_subset
 from exgrpo.evaluation.metrics import scores_of
 from exgrpo.evaluation.vllm_engine import cpu_cannot_run, engine_death_cause
 
@@ -172,7 +172,8 @@ def evaluate_hf(found: HFCheckpoint, spec: str, settings: Any, python: str, work
 
     jobs: list[tuple[str, list[list[int]]]] = []
     if wants_val:
-        val = _val_rows(found.val_file)
+        val_n = next(r.n for r in parse_benchmark_spec(spec, validate=False) if r.name == "val")
+        val = take_subset(_val_rows(found.val_file), "val", val_n, settings.seed, "the run's held-out split")
         jobs.append(("val", [encode(r["messages"]) for r in val]))
     problems = {}
     for req in requests:

@@ -11,7 +11,7 @@ only for registry benchmarks: a toy MLP reads feature vectors, not text. Scores 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,8 @@ import torch
 from exgrpo.backends.base import build_policy, hf_checkpoint
 from exgrpo.backends.base import read_checkpoint as backend_checkpoint
 from exgrpo.config import ExperimentConfig, MLPPolicyConfig
-from exgrpo.evaluation.benchmarks import AnswerType, get_benchmark, parse_benchmark_spec
+from exgrpo.evaluation.benchmarks import (AnswerType, BenchmarkRequest, get_benchmark, list_benchmarks,
+                                          parse_benchmark_spec, take_subset)
 from exgrpo.evaluation.metrics import EvalSettings, Score, scores_of
 from exgrpo.rewards import MathVerifier
 from exgrpo.rewards.choice import LetterGrader
@@ -94,6 +95,21 @@ RUN_SPLITS: tuple[str, ...] = ("val", "train")
 probe, :func:`train_probe`)."""
 
 
+def parse_spec(spec: str) -> list[BenchmarkRequest]:
+    """The benchmarks of ``spec`` (``"val:100,train,gsm8k:64"``) with their subset sizes (None: all), each
+    a run's own split (:data:`RUN_SPLITS`) or a registry benchmark; a bad size, a name given twice or an
+    unknown name is one line, before any work."""
+    requests = parse_benchmark_spec(spec, validate=False)
+    for r in requests:
+        if r.name not in RUN_SPLITS and r.name not in list_benchmarks():
+            raise ValueError(f"--benchmarks {r.name}: no such benchmark; name {', '.join(RUN_SPLITS)} (the run's own) "
+                             f"or one of {', '.join(list_benchmarks())}")
+    return requests
+
+
+SPLIT_NAMES = {"val": "the run's held-out split", "train": "the run's training probe"}
+
+
 def run_benchmarks(path: str | Path | CheckpointPolicy) -> str:
     """What a checkpoint is scored on when no benchmark is named: as its run evaluates, ``val,train``; an
     external HF model's (scored from its merged HF directory) ``val``, as its run has no probe at hand."""
@@ -135,6 +151,10 @@ class Evaluation:
     scores: list[Score]
     step: int
     config: ExperimentConfig
+    settings: EvalSettings = EvalSettings()
+    """How the responses were sampled."""
+    subsets: dict[str, int] = field(default_factory=dict)
+    """Benchmark -> the problems of the subset it was scored on (absent: all of them)."""
 
 
 def score_checkpoint(path: str | Path | CheckpointPolicy, spec: str | None = None,
@@ -146,15 +166,17 @@ def score_checkpoint(path: str | Path | CheckpointPolicy, spec: str | None = Non
     model (a veRL run of ``policy.path`` or ``backend.verl.model_path``) is merged into an HF directory and
     generated from with the job environment's vLLM (``python``: its interpreter; :mod:`exgrpo.evaluation.hf_eval`)."""
     spec = spec or run_benchmarks(path)
+    subsets = {r.name: r.n for r in parse_spec(spec) if r.n is not None}
     found = None if isinstance(path, CheckpointPolicy) else hf_checkpoint(Path(path))
     if found is not None:
         from exgrpo.evaluation.hf_eval import evaluate_hf, job_python
 
         cfg = ExperimentConfig.model_validate_json(found.config)
         interpreter = job_python(cfg, python)  # before any work: no vLLM is one line
-        return Evaluation(evaluate_hf(found, spec, settings, interpreter, workers, log=log), found.step, cfg)
+        return Evaluation(evaluate_hf(found, spec, settings, interpreter, workers, log=log), found.step, cfg,
+                          settings, subsets)
     loaded = path if isinstance(path, CheckpointPolicy) else load_checkpoint_policy(path)
-    return Evaluation(_evaluate_policy(loaded, spec, settings, workers), loaded.step, loaded.config)
+    return Evaluation(_evaluate_policy(loaded, spec, settings, workers), loaded.step, loaded.config, settings, subsets)
 
 
 def _evaluate_policy(loaded: CheckpointPolicy, spec: str, settings: EvalSettings, workers: int) -> list[Score]:
@@ -172,27 +194,27 @@ def _score_policy(loaded: CheckpointPolicy, spec: str, settings: EvalSettings, w
     cfg, task, policy = loaded.config, loaded.task, loaded.policy
     is_lm = not isinstance(cfg.policy, MLPPolicyConfig)
     max_tokens = settings.max_tokens or policy.max_response_length
-    names = [s.strip() for s in spec.split(",") if s.strip()]
-    registry = [n for n in names if n.split(":")[0] not in RUN_SPLITS]
-    requests = parse_benchmark_spec(",".join(registry)) if registry else []
+    asked = parse_spec(spec)
+    requests = [r for r in asked if r.name not in RUN_SPLITS]
     if requests and not is_lm:
         raise ValueError(f"benchmarks {[r.name for r in requests]} need an LM policy; tier {cfg.tier.value} only has "
                          f"{' and '.join(RUN_SPLITS)}")
+    # every subset drawn before any is scored: one too large is one line, not the end of a long evaluation
+    splits = {r.name: take_subset(list(task.val_ids) if r.name == "val" else train_probe(task), r.name, r.n,
+                                  settings.seed, SPLIT_NAMES[r.name])
+              for r in sorted((r for r in asked if r.name in RUN_SPLITS), key=lambda r: RUN_SPLITS.index(r.name))}
+    chosen = [(req, bench, bench.subset(req.n, seed=settings.seed))
+              for req, bench in ((r, get_benchmark(r.name)) for r in requests)]
     scores: list[Score] = []
     template = _text_codec(task)[2] if is_lm else "features"
-    for split in RUN_SPLITS:
-        if not any(n.split(":")[0] == split for n in names):
-            continue
-        ids = list(task.val_ids) if split == "val" else train_probe(task)
+    for split, ids in splits.items():
         rows = _sample(policy, task.prompts(ids), settings, max_tokens)
         correct = np.stack([task.rewards(ids, t, m).numpy() for t, m in rows], axis=1)
         scores += scores_of(split, correct, settings, max_tokens, template, f"{cfg.task.kind}-exact", "builtin")
-    if requests:
+    if chosen:
         encode, decode, template = _text_codec(task)
         with MathVerifier(workers=workers) as math_verifier:
-            for req in requests:
-                bench = get_benchmark(req.name)
-                problems = bench.subset(req.n, seed=settings.seed)
+            for req, bench, problems in chosen:
                 prompts = [list(encode(p.prompt)) for p in problems]
                 rows = _sample(policy, prompts, settings, max_tokens)
                 golds = [p.gold for p in problems]

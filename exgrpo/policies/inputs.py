@@ -28,6 +28,8 @@ def check_inputs(cfg: ExperimentConfig) -> None:
     if cfg.backend.name == "native":
         check_precision(getattr(cfg.policy, "precision", "fp32"))
         check_weights_dtype(getattr(cfg.policy, "dtype", "float32"))
+        if getattr(cfg.policy, "rollout_precision", "fp32") == "bf16":  # decoded from bf16 weights, as dtype bfloat16 is
+            check_weights_dtype("bfloat16", field="policy.rollout_precision", spelled=("bf16", "fp32"))
 
 
 def check_vllm_cpu_head_size(cfg: ExperimentConfig) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -14,7 +15,7 @@ from typing import Any
 
 from exgrpo.batch import ParentSummary, finish_parent, start_on_ray
 from exgrpo.cluster import cluster_address, require_shared_stores, task_cpus
-from exgrpo.errors import one_line
+from exgrpo.errors import one_line, redact_uri
 from exgrpo.slots import launch_slots, run_as_slots_free
 from exgrpo.sweep.space import SweepConfig, base_config, resolve_storage, space_signature, trial_config
 from exgrpo.sweep.study import make_pruner, open_study
@@ -229,7 +230,8 @@ def run_sweep(
         try:
             _run_trials(sc, base, study, todo, tracker, parent, experiment, url, ray_address, result, on_trial)
         except BaseException:  # Ray refused, the driver interrupted: the parent run never stays RUNNING
-            tracker.end_run(parent, "FAILED")
+            with contextlib.suppress(Exception):  # MLflow gone too: the error raised is the one to see
+                tracker.end_run(parent, "FAILED")
             raise
 
     # the study's outcome (from Optuna's storage), then its summary on the parent run
@@ -262,7 +264,7 @@ def _parent_run(tracker: Tracker, sc: SweepConfig, base: Any, study: Any, experi
     tracker.log_params(parent, {"study.name": sc.study.name, "study.direction": sc.study.direction,
                                 "study.metric": sc.study.metric, "study.sampler": sc.study.sampler,
                                 "study.pruner": sc.study.pruner, "budget_steps": sc.budget_steps,
-                                "optuna.storage": url})
+                                "optuna.storage": redact_uri(url)})  # anyone who reaches the UI reads it
     tracker.client.log_dict(parent, json.loads(space_signature(sc)), "sweep/space.json")
     study.set_user_attr("mlflow_parent_run_id", parent)
     return parent

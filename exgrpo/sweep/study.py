@@ -7,6 +7,7 @@ import warnings
 from typing import Any
 
 from exgrpo.config import ExperimentConfig, flatten
+from exgrpo.errors import one_line, redact_uri
 from exgrpo.sqlite_wal import ensure_wal, sqlite_file
 from exgrpo.sweep.space import StudySpec, SweepConfig, SweepError, base_config, resolve_storage, space_signature
 
@@ -65,7 +66,7 @@ def open_study(sc: SweepConfig, storage: str | None = None):
     url = resolve_storage(storage or sc.study.storage)
     ensure_wal(url)  # a sqlite file: trials writing at once and the dashboard reading do not lock each other out
     sig = space_signature(sc)
-    names = optuna.study.get_all_study_names(url) if _storage_exists(url) else []
+    names = _study_names(url) if _storage_exists(url) else []
     if sc.study.name in names:
         study = optuna.load_study(study_name=sc.study.name, storage=url, sampler=make_sampler(sc),
                                   pruner=make_pruner(sc.study))
@@ -73,7 +74,7 @@ def open_study(sc: SweepConfig, storage: str | None = None):
         if old is not None and old != sig:
             diff = _space_diff(json.loads(old), json.loads(sig))
             raise SweepError(
-                f"study {sc.study.name!r} in {url} was created with a different search space "
+                f"study {sc.study.name!r} in {redact_uri(url)} was created with a different search space "
                 f"(differs in: {', '.join(diff)}); use a new study.name, or restore the original space to resume it"
             )
         return study, url, False
@@ -88,6 +89,18 @@ def open_study(sc: SweepConfig, storage: str | None = None):
     for fixed in sc.study.enqueue:
         study.enqueue_trial(fixed, user_attrs={"enqueued": "sweep-file"})
     return study, url, True
+
+
+def _study_names(url: str) -> list[str]:
+    """The studies in storage ``url``; a database that cannot be reached is a one-line error, before any trial."""
+    import optuna
+    from sqlalchemy.exc import OperationalError
+
+    try:
+        return optuna.study.get_all_study_names(url)
+    except OperationalError as e:
+        raise SweepError(f"Optuna storage {redact_uri(url)} is not reachable ({one_line(e.orig or e, 200)}); "
+                         "start its database, or pass --storage (or EXGRPO_OPTUNA_STORAGE) of one that is") from None
 
 
 def _storage_exists(url: str) -> bool:

@@ -21,10 +21,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import urlparse, urlsplit, urlunsplit
 
 from exgrpo.config import ExperimentConfig, flatten, mlflow_param_keys
-from exgrpo.errors import UserError
+from exgrpo.errors import UserError, redact_uri
 from exgrpo.paths import project_root, running_ui  # project_root re-exported: callers import it from here and exgrpo.tracking
 from exgrpo.sqlite_wal import ensure_wal, sqlite_file
 from exgrpo.tracking.code_version import code_version_tags
@@ -69,7 +69,7 @@ def check_reachable(uri: str, timeout: float = 3.0) -> None:
     http(s): ``GET <uri>/health``; sqlite: the directory can be created and written; other
     database URLs: a TCP connection to host:port.
     """
-    parsed = urlparse(uri)
+    parsed, shown = urlparse(uri), redact_uri(uri)
     hint = (f"start one with `exgrpo ui`, or unset MLFLOW_TRACKING_URI to log to the local store "
             f"{default_tracking_uri()}")
     if parsed.scheme in ("http", "https"):
@@ -79,25 +79,26 @@ def check_reachable(uri: str, timeout: float = 3.0) -> None:
         try:
             r = requests.get(url, timeout=timeout)
         except requests.RequestException as e:
-            raise TrackingError(f"MLflow tracking server {uri} is not reachable ({type(e).__name__}: {e}); "
-                                f"{hint}") from None
+            raise TrackingError(f"MLflow tracking server {shown} is not reachable ({type(e).__name__}: "
+                                f"{redact_uri(str(e))}); {hint}") from None
         if r.status_code != 200:
-            raise TrackingError(f"MLflow tracking server {uri} answered {url} with HTTP {r.status_code}; {hint}")
+            raise TrackingError(f"MLflow tracking server {shown} answered {redact_uri(url)} with HTTP {r.status_code}; "
+                                f"{hint}")
         return
     if parsed.scheme.split("+")[0] == "sqlite":
         db = sqlite_file(uri)
         if db is None:
-            raise TrackingError(f"tracking URI {uri!r}: give a file, e.g. {default_tracking_uri()}")
+            raise TrackingError(f"tracking URI {shown!r}: give a file, e.g. {default_tracking_uri()}")
         try:
             db.parent.mkdir(parents=True, exist_ok=True)
             probe = db.parent / f".write-probe-{os.getpid()}"
             probe.write_text("")
             probe.unlink()
         except OSError as e:
-            raise TrackingError(f"tracking store {uri}: cannot write to {db.parent} ({e})") from None
+            raise TrackingError(f"tracking store {shown}: cannot write to {db.parent} ({e})") from None
         return
     if parsed.scheme in ("file", ""):
-        raise TrackingError(f"tracking URI {uri!r}: the MLflow file store is not supported; use a database, "
+        raise TrackingError(f"tracking URI {shown!r}: the MLflow file store is not supported; use a database, "
                             f"e.g. {default_tracking_uri()}")
     host, port = parsed.hostname, parsed.port
     if host:
@@ -191,14 +192,23 @@ def _serving_ui(uri: str) -> str | None:
     return str(record["mlflow_url"]) if record and record.get("mlflow_url") and record.get("mlflow_store") == uri else None
 
 
+def _without_credentials(url: str) -> str:
+    """``url`` without its ``user:password@``: a link to print, which the browser opens as any other
+    (asking for a login where the server wants one)."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
 def _ui(tracking_uri: str | None) -> tuple[str, bool]:
-    """(the MLflow UI of the store, whether it has :data:`OPEN_PATH`): the tracking server itself (has
-    it when a running ``exgrpo ui`` serves that address); else ``EXGRPO_MLFLOW_UI``, else the UI a running
-    ``exgrpo ui`` serves for this store, else where ``exgrpo ui`` would serve it: each one ``exgrpo ui``'s."""
+    """(the MLflow UI of the store, whether it has :data:`OPEN_PATH`): the tracking server itself, without
+    the credentials of its URI (has it when a running ``exgrpo ui`` serves that address); else
+    ``EXGRPO_MLFLOW_UI``, else the UI a running ``exgrpo ui`` serves for this store, else where ``exgrpo ui``
+    would serve it: each one ``exgrpo ui``'s."""
     uri = resolve_tracking_uri(tracking_uri)
     if uri.startswith(("http://", "https://")):
         record = running_ui() or {}
-        return uri.rstrip("/"), str(record.get("mlflow_url") or "").rstrip("/") == uri.rstrip("/")
+        base = _without_credentials(uri).rstrip("/")
+        return base, str(record.get("mlflow_url") or "").rstrip("/") == base
     return (os.environ.get("EXGRPO_MLFLOW_UI") or _serving_ui(uri) or DEFAULT_UI).rstrip("/"), True
 
 
@@ -216,7 +226,7 @@ def ui_command(tracking_uri: str | None = None) -> str | None:
     uri = resolve_tracking_uri(tracking_uri)
     if uri.startswith(("http://", "https://")) or os.environ.get("EXGRPO_MLFLOW_UI") or _serving_ui(uri):
         return None
-    return "exgrpo ui" + ("" if uri == default_tracking_uri() else f" --tracking-uri {uri}")
+    return "exgrpo ui" + ("" if uri == default_tracking_uri() else f" --tracking-uri {redact_uri(uri)}")
 
 
 def ui_note(tracking_uri: str | None = None) -> str:
@@ -273,6 +283,10 @@ class Tracker:
             for k, v in {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
                          "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}.items():
                 os.environ.setdefault(k, v)
+            if redact_uri(self.uri) != self.uri:
+                # MLflow prints "View run ... at <url>" as a run ends, the URL built from the store's URI
+                # with its password; the project prints its own links, without it
+                os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
         if check:
             check_reachable(self.uri, timeout)
         ensure_wal(self.uri)  # a sqlite store: readers (the UI, dashboards) never block the runs writing

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from exgrpo.tracking.finished_run import policy_checkpoint
-from exgrpo.tracking.mlflow_tracking import resolve_tracking_uri
+from exgrpo.tracking.mlflow_tracking import Tracker
 
 CHAMPION = "champion"
 """The alias of a sweep's best policy."""
@@ -66,8 +66,8 @@ def resolve_checkpoint(spec: str, tracking_uri: str | None = None, dst_dir: str 
         return Path(spec)
     import mlflow
 
-    uri = resolve_tracking_uri(tracking_uri)
-    client = mlflow.MlflowClient(uri)
+    tracker = Tracker(tracking_uri)  # a store it cannot use: one line now, not MLflow's retries for minutes
+    uri, client = tracker.uri, tracker.client
     ref = spec[len(MODELS_PREFIX):]
     if "@" in ref:
         name, alias = ref.split("@", 1)

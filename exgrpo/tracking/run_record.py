@@ -42,7 +42,9 @@ def write_record(where: str | Path, tracking_uri: str, run_id: str) -> RunRecord
     """Record that this process records ``where``'s run as MLflow run ``run_id`` of ``tracking_uri``."""
     record = RunRecord(tracking_uri, run_id, socket.gethostname(), os.getpid(), process_started(os.getpid()) or 0.0)
     Path(where).mkdir(parents=True, exist_ok=True)
-    write_text_atomic(Path(where) / RECORD_FILE, json.dumps(asdict(record)))
+    # the store's URI as given, a password included (a resume and `exgrpo sync` reach the store with it):
+    # its owner's alone
+    write_text_atomic(Path(where) / RECORD_FILE, json.dumps(asdict(record)), mode=0o600)
     return record
 
 

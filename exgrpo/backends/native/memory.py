@@ -14,8 +14,17 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import os
 
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # mallopt parameters (malloc.h)
+
+ONEDNN_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+ONEDNN_CACHE_PRIMITIVES = 64
+"""oneDNN primitives kept per process. oneDNN (bf16 products, packed fp32 ones) compiles one primitive per
+shape and keeps the last 1,024 by default, 1-4 MB each with their scratch buffers. A training step's products
+take a new shape with every count of real response tokens, so a run fills the whole cache, step after step:
+a SmolLM2 process grew by gigabytes over a run and kept them between the runs of a comparison. A step reuses
+a shape only among the layers of one pass, a few dozen primitives, which 64 covers."""
 
 
 @functools.cache
@@ -33,3 +42,10 @@ def keep_freed_memory() -> bool:
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     # trim threshold is an int here; the largest positive int keeps freed heap memory
     return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
+
+
+def bound_onednn_cache(primitives: int = ONEDNN_CACHE_PRIMITIVES) -> int:
+    """Bound oneDNN's primitive cache (:data:`ONEDNN_CACHE_PRIMITIVES`) unless the user set
+    ``ONEDNN_PRIMITIVE_CACHE_CAPACITY``; returns the capacity in force. oneDNN reads the variable when it
+    makes its first primitive, so this acts when called before the process's first oneDNN product."""
+    return int(os.environ.setdefault(ONEDNN_CACHE_ENV, str(primitives)))

@@ -27,7 +27,7 @@ from exgrpo.backends.native import checkpoint as ckpt
 from exgrpo.policies.build import build_task_and_policy
 from exgrpo.policies.interfaces import Policy, Task
 from exgrpo.policies.lm.precision import check_precision, check_weights_dtype
-from exgrpo.backends.native.memory import keep_freed_memory
+from exgrpo.backends.native.memory import bound_onednn_cache, keep_freed_memory
 from exgrpo.backends.native.policy_loss import get_exgrpo_loss_fn
 from exgrpo.core.fresh import FreshSampler
 from exgrpo.config import (
@@ -58,8 +58,11 @@ class Trainer:
         torch.set_num_threads(cfg.train.threads)
         check_precision(getattr(cfg.policy, "precision", Precision.FP32))  # before any work
         check_weights_dtype(getattr(cfg.policy, "dtype", "float32"))
+        if getattr(cfg.policy, "rollout_precision", "fp32") == "bf16":  # decoded from bf16 weights, as dtype bfloat16 is
+            check_weights_dtype("bfloat16", field="policy.rollout_precision", spelled=("bf16", "fp32"))
         if cfg.train.keep_freed_memory:
             keep_freed_memory()
+        bound_onednn_cache()
         if task is None or policy is None:
             task, policy = build_task_and_policy(cfg, progress=progress)
         self.task, self.policy = task, policy
@@ -185,6 +188,9 @@ class Trainer:
                 skipped = not math.isfinite(grad_norm) or (skip is not None and grad_norm > skip)
                 if not skipped:
                     self.optimizer.step()
+                # the gradients are read by nothing until the next backward: free them now, so that the
+                # rollout, the evaluations and the checkpoint do not hold a second copy of the weights
+                self.optimizer.zero_grad(set_to_none=True)
             m["actor/grad_norm"] = grad_norm
             m["actor/step_skipped"] = float(skipped)
             for key, v in m.items():

@@ -4,7 +4,7 @@ one-line diagnosis a job prints of its own failure (shared by the child-process 
 from __future__ import annotations
 
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 SPEC_FILE = "verl_run.json"
@@ -30,6 +30,8 @@ class PreparedRun:
     command: list[str]
     env: dict[str, str]
     """Variables the run needs on top of the caller's environment (also a Ray Job's runtime_env)."""
+    scratch: list[Path] = field(default_factory=list)
+    """Directories made for this run alone (its private Ray's temp dir, its datasets cache), removed when it ends."""
 
 
 def diagnosed(lines) -> str | None:

@@ -12,10 +12,10 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections import deque
 from collections.abc import Callable
@@ -30,6 +30,7 @@ from exgrpo.backends.verl.prepared import DIAGNOSIS_LINES, SPEC_FILE, PreparedRu
 from exgrpo.config import ConfigError, ExperimentConfig
 from exgrpo.config.backend import VerlSettings, verl_model
 from exgrpo.progress import StepProgress, console, is_watched
+from exgrpo.raylocal import local_temp_dir
 from exgrpo.backends.verl import assets
 from exgrpo.backends.verl.checkpoints import newest_intact
 from exgrpo.backends.verl.overrides import RunPaths, hydra_overrides
@@ -46,6 +47,8 @@ def own_line(line: str) -> str | None:
     return match.group(1) if match else None
 RAW_METRICS = "verl_metrics"
 """Directory of veRL's own metric logs, one JSONL file per attempt (veRL truncates its file on open)."""
+DATASETS_CACHE = "hf-datasets-cache"
+"""The run's Hugging Face datasets cache in its run directory while its job runs (``HF_DATASETS_CACHE``)."""
 
 
 def prepare(cfg: ExperimentConfig, resume: bool = False, progress: bool = False,
@@ -73,19 +76,34 @@ def prepare(cfg: ExperimentConfig, resume: bool = False, progress: bool = False,
     reward_fn = Path(__file__).with_name("reward.py")
     paths = RunPaths(model, train_files, val_files, ckpt, reward_fn)
     overrides = hydra_overrides(cfg, paths)
+    scratch = [run_dir / DATASETS_CACHE]
     if cfg.backend.verl.device == "cpu" and cfg.backend.verl.ray_address is None:
-        ray_tmp = tempfile.mkdtemp(prefix="exgrpo-ray-")  # short: Ray's socket paths must fit 107 chars
+        ray_tmp = local_temp_dir()  # under RAY_TMPDIR, and short: Ray's socket paths must fit 107 chars
+        scratch.append(Path(ray_tmp))
         overrides += [f"+ray_kwargs.ray_init._temp_dir={ray_tmp}"]
-    spec = {"config": json.loads(cfg.model_dump_json()), "overrides": overrides,
-            "external_model": model if verl_model(cfg) is not None else None}
-    write_text_atomic(run_dir / SPEC_FILE, json.dumps(spec, indent=1))
-    raw = run_dir / RAW_METRICS
-    raw.mkdir(exist_ok=True)
-    attempt = len(list(raw.glob("attempt_*.jsonl")))
-    env = job_env(cfg, raw / f"attempt_{attempt:03d}.jsonl")
+    try:
+        spec = {"config": json.loads(cfg.model_dump_json()), "overrides": overrides,
+                "external_model": model if verl_model(cfg) is not None else None}
+        write_text_atomic(run_dir / SPEC_FILE, json.dumps(spec, indent=1))
+        raw = run_dir / RAW_METRICS
+        raw.mkdir(exist_ok=True)
+        attempt = len(list(raw.glob("attempt_*.jsonl")))
+        env = job_env(cfg, raw / f"attempt_{attempt:03d}.jsonl")
+    except BaseException:
+        remove_scratch(scratch)
+        raise
+    # veRL reads the run's parquet files through `datasets`, which keeps an Arrow copy of each in its
+    # cache: the run's own, removed with it, instead of two entries per run in the user's home
+    env["HF_DATASETS_CACHE"] = str(run_dir / DATASETS_CACHE)
     command = [python, "-m", "exgrpo.backends.verl.main", str(run_dir / SPEC_FILE),
                "trainer.logger=[console,file]"]
-    return PreparedRun(run_dir, command, env)
+    return PreparedRun(run_dir, command, env, scratch)
+
+
+def remove_scratch(dirs: list[Path]) -> None:
+    """Remove the directories a run made for itself (:attr:`PreparedRun.scratch`) once its job has ended."""
+    for d in dirs:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def job_env(cfg: ExperimentConfig, metrics_file: Path) -> dict[str, str]:
@@ -299,6 +317,13 @@ class VerlBackend:
     def train(self, cfg: ExperimentConfig, callbacks=None, resume: bool = False, progress: bool = True,
               force_resume: bool = False, mlflow_run: MLflowRun | None = None):
         prepared = prepare(cfg, resume=resume, progress=progress, force_resume=force_resume)
+        try:
+            return self._run(prepared, cfg, callbacks, resume, progress, mlflow_run)
+        finally:  # ended, failed or stopped: the job and its private Ray are gone
+            remove_scratch(prepared.scratch)
+
+    def _run(self, prepared: PreparedRun, cfg: ExperimentConfig, callbacks, resume: bool, progress: bool,
+             mlflow_run: MLflowRun | None):
         ended = ended_at(prepared.run_dir, cfg.train.max_steps) if resume else None
         if ended is not None:  # a finished run resumed (e.g. by `exgrpo compare --resume`): reused as it is
             note = f"exgrpo: the run already ended at step {ended} of {cfg.train.max_steps}; nothing to train"

@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from exgrpo.policies.lm.fused_kv import FusedKVDecoder, supports_fused_kv
+from exgrpo.policies.lm.lm_head import head_log_prob_entropy
 from exgrpo.policies.lm.static_kv import StaticKVDecoder, distinct_rows, supports_static_kv
 from exgrpo.policies.lm.unpadded import forward_responses, supports_unpadded
 from exgrpo.config.options import Decoder
@@ -474,7 +475,9 @@ class RolloutEngine:
                 tokens[:, :-1], follows,
                 start=prefix.position_ids[:, -1].index_select(0, inv) + 1,
             )  # (M, d)
-            lp, ent, _ = token_log_prob_entropy(self.model.lm_head(hidden), tokens[:, 1:][follows], temp)  # (M,)
+            targets = tokens[:, 1:][follows]
+            chunked = head_log_prob_entropy(self.model.lm_head, hidden, targets, temp)  # (M,) each, a block at a time
+            lp, ent = chunked if chunked is not None else token_log_prob_entropy(self.model.lm_head(hidden), targets, temp)[:2]
             log_prob, entropy = log_prob.masked_scatter(follows, lp), entropy.masked_scatter(follows, ent)
         first = mask[:, 0]
         log_prob = torch.cat([torch.where(first, log_prob_0, 0.0)[:, None], log_prob], dim=1)

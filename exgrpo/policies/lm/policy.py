@@ -11,6 +11,7 @@ so that the importance ratio of an on-policy token compares one numeric path wit
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import torch
@@ -36,10 +37,15 @@ class LMPolicy(nn.Module):
         self.precision = Precision(cfg.precision)
         """The training forward's compute precision (``score``)."""
         weights = next(model.parameters()).dtype
-        self.rollout_precision = Precision.FP32 if weights == torch.float32 else Precision.BF16
-        """The sampler's, that of the weights: fp32 (the fp32 decoders, prepacked for oneDNN's fp32 GEMM), or
-        bf16 for bf16 weights (``policy.dtype: bfloat16``), whose decoder is another bf16 computation than
-        the training forward: its log-probs are re-scored, as a bf16 training forward's are."""
+        asked = Precision(getattr(cfg, "rollout_precision", Precision.FP32))
+        self.rollout_precision = Precision.FP32 if weights == torch.float32 and asked is Precision.FP32 else Precision.BF16
+        """The sampler's: fp32 (fp32 weights sampled as they are, by the fp32 decoders), or bf16 (bf16 weights,
+        ``policy.dtype: bfloat16``, or a bf16 copy of fp32 ones, ``policy.rollout_precision: bf16``), whose
+        decoder is another bf16 computation than the training forward: its log-probs are re-scored, as a bf16
+        training forward's are."""
+        self._rollout_copy = weights == torch.float32 and asked is Precision.BF16
+        """Sample from a bfloat16 copy of the fp32 weights (:meth:`_sampler`)."""
+        self._sampler_copy: list[nn.Module] = []  # the bf16 copy, made once (a list: not a submodule, not in state_dict)
         params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p)
         self._engine = RolloutEngine(model, self.pad_id, self.eos_id, params, decoder=cfg.decoder,
                                      prepack=cfg.prepack_weights, unpadded=cfg.unpadded_scoring)
@@ -49,6 +55,35 @@ class LMPolicy(nn.Module):
         self._engine.model = self.model  # follow a swapped model
         return self._engine
 
+    @torch.no_grad()
+    def _sampler(self) -> nn.Module:
+        """The module rollouts and evaluations decode with: the model itself, or its bfloat16 copy with the
+        current weights (one copy kept for the run, its values refreshed here: half the weights' bytes, read
+        once per decoded token; no gradient or optimiser state of its own)."""
+        if not self._rollout_copy:
+            return self.model
+        if not self._sampler_copy:
+            shadow = copy.deepcopy(self.model).to(torch.bfloat16).eval()
+            for p in shadow.parameters():
+                p.requires_grad_(False)
+            self._sampler_copy.append(shadow)
+        else:
+            for dst, src in zip(self._sampler_copy[0].parameters(), self.model.parameters(), strict=True):
+                dst.copy_(src)
+        return self._sampler_copy[0]
+
+    def _decoding_engine(self, params: SamplingParams | None = None) -> RolloutEngine:
+        """The engine that samples: the policy's own, or one over :meth:`_sampler`'s copy, with the policy's
+        sampling settings or ``params`` (an evaluation's own)."""
+        engine = self.engine
+        model = self._sampler()
+        if model is self.model:
+            if params is None:
+                return engine
+            return RolloutEngine(model, self.pad_id, self.eos_id, params, decoder=engine.decoder)
+        return RolloutEngine(model, self.pad_id, self.eos_id, params or engine.params, decoder=engine.decoder,
+                             prepack=engine.prepack)
+
     @classmethod
     def from_tiny_lm(cls, tiny, cfg: LMPolicyConfig | None = None) -> LMPolicy:
         """From a :class:`~exgrpo.policies.lm.tiny_lm.TinyLM` (what ``load_tiny_lm`` returns)."""
@@ -56,15 +91,14 @@ class LMPolicy(nn.Module):
 
     def generate(self, prompts: Sequence[Sequence[int]], generator: torch.Generator, greedy: bool = False) -> Rollout:
         """One response per prompt row; randomness only from ``generator`` (reproducible)."""
-        out = self.engine.generate(prompts, generator=generator, greedy=greedy)
+        out = self._decoding_engine().generate(prompts, generator=generator, greedy=greedy)
         return Rollout(tokens=out.tokens, mask=out.mask, log_prob=out.log_prob, entropy=out.entropy)
 
     def sample(self, prompts: Sequence[Sequence[int]], generator: torch.Generator, greedy: bool, max_tokens: int,
                temperature: float, top_p: float) -> Rollout:
         """One response per prompt row with these sampling settings (an evaluation's) instead of the
         policy's own, on the policy's decoder."""
-        params = SamplingParams(max_tokens, temperature, top_p)
-        engine = RolloutEngine(self.model, self.pad_id, self.eos_id, params, decoder=self.engine.decoder)
+        engine = self._decoding_engine(SamplingParams(max_tokens, temperature, top_p))
         out = engine.generate(prompts, generator=generator, greedy=greedy)
         return Rollout(tokens=out.tokens, mask=out.mask, log_prob=out.log_prob, entropy=out.entropy)
 

@@ -124,19 +124,21 @@ def check_precision(precision: Precision | str, field: str = "policy.precision",
                           f"(torch.ops.mkldnn._is_mkldnn_bf16_supported): set {field}=fp32")
 
 
-def check_weights_dtype(dtype: str, field: str = "policy.dtype", cpuinfo: str | None = None) -> None:
+def check_weights_dtype(dtype: str, field: str = "policy.dtype", cpuinfo: str | None = None,
+                        spelled: tuple[str, str] | None = None) -> None:
     """ConfigError, one line naming the CPU flags, when ``dtype`` is bfloat16 and this CPU (``cpuinfo``
     as in :func:`check_precision`) has no oneDNN bf16 kernels (:func:`bf16_weights`, or torch says no):
     the decoders' prepacked bf16 weights need them; nothing for float32."""
     if dtype == "float32":
         return
+    asked, fallback = spelled or (dtype, "float32")  # how ``field`` spells bf16 and its fp32 fallback
     needs = " or ".join(", ".join(group) for group in BF16_WEIGHT_FLAGS)
     if not bf16_weights(cpu_flags(cpuinfo)):
-        raise ConfigError(f"{field}={dtype} needs a CPU with oneDNN's bf16 kernels ({needs} {_WHERE}); "
-                          f"{cpu_name(cpuinfo)} has none: set {field}=float32")
+        raise ConfigError(f"{field}={asked} needs a CPU with oneDNN's bf16 kernels ({needs} {_WHERE}); "
+                          f"{cpu_name(cpuinfo)} has none: set {field}={fallback}")
     if not _torch_bf16_supported():
-        raise ConfigError(f"{field}={dtype}: torch's oneDNN reports no bf16 support on this CPU "
-                          f"(torch.ops.mkldnn._is_mkldnn_bf16_supported): set {field}=float32")
+        raise ConfigError(f"{field}={asked}: torch's oneDNN reports no bf16 support on this CPU "
+                          f"(torch.ops.mkldnn._is_mkldnn_bf16_supported): set {field}={fallback}")
 
 
 @contextlib.contextmanager

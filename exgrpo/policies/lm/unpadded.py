@@ -55,10 +55,16 @@ def _attention(
     keys = torch.cat([prompt_k, _to_grid(k, slots, n, s)], dim=2)  # (N, Hkv, P + S, D)
     values = torch.cat([prompt_v, _to_grid(v, slots, n, s)], dim=2)
     groups = q.shape[1] // keys.shape[1]  # query heads per key/value head (HF's repeat_kv order)
-    out = F.scaled_dot_product_attention(
-        _to_grid(q, slots, n, s), keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1),
-        attn_mask=mask, scale=attn.scaling,
-    )  # (N, H, S, D)
+    queries = _to_grid(q, slots, n, s)
+    keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
+    if torch.is_autocast_enabled("cpu"):
+        # under bf16 autocast the products are bf16 all the same, but CPU's flash attention runs its backward
+        # 2x slower in bf16 than in fp32 at these sizes (tens of queries a row): it runs in fp32 here
+        with torch.autocast("cpu", enabled=False):
+            out = F.scaled_dot_product_attention(queries.float(), keys.float(), values.float(), attn_mask=mask,
+                                                 scale=attn.scaling)
+    else:
+        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=attn.scaling)  # (N, H, S, D)
     out = out.transpose(1, 2).reshape(n * s, -1).index_select(0, slots)  # (M, H * D)
     return attn.o_proj(out)
 
