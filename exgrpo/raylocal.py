@@ -106,35 +106,55 @@ def agent_port_any() -> None:
 
 
 @contextlib.contextmanager
+def sigterm_held() -> Iterator[None]:
+    """A SIGTERM that arrives inside the block is held, and handed to this process's handler once the block
+    ends (nothing changes where there is no handler of its own, or off the main thread).
+
+    Around Ray's blocking calls (``ray.wait``, ``ray.get``): Python runs a signal's handler wherever the
+    main thread checks for signals, inside Ray's Cython code too, and a handler that raises there (the
+    CLI's ``Terminated``, Prefect's ``TerminationSignal``) leaves that code returning a result with an
+    exception set: a ``SystemError`` and a second traceback instead of the stop. Holding it at the Python
+    level, not with ``pthread_sigmask``: a mask is per thread (the signal goes to another thread, and Python
+    runs the handler in the main thread all the same), and every process started meanwhile would inherit it
+    and ignore SIGTERM for good."""
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGTERM) if main else None
+    if not callable(before):
+        yield
+        return
+    held: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+        if held:  # also when the block failed: the stop asked for wins over that error
+            before(signal.SIGTERM, None)
+
+
+@contextlib.contextmanager
 def sigterm_kept() -> Iterator[None]:
     """Keep this process's own SIGTERM handler across ``ray.init``, which would replace it with ``sys.exit``.
 
     A command's handler (:mod:`exgrpo.cli`) ends it as Ctrl-C does, stopping what it started; Ray's
     ``sys.exit`` inside a Prefect flow crashed the flow, aborted the process and left its Prefect
     server and Ray's agents running. Inside the block Ray installs no handler, and a SIGTERM that
-    arrives is held and handed to this process's handler once the block ends, with Ray whole (up, or
-    failed to start): Ray's handler would exit from the middle of its start, with its processes half
-    made. Holding it at the Python level, not with ``pthread_sigmask``: a mask is per thread (the
-    signal goes to another thread, and Python runs the handler in the main thread all the same), and
-    every process Ray starts meanwhile would inherit it and ignore SIGTERM for good."""
+    arrives is held (:func:`sigterm_held`) and handed to this process's handler once the block ends, with
+    Ray whole (up, or failed to start): Ray's handler would exit from the middle of its start, with its
+    processes half made."""
     main = threading.current_thread() is threading.main_thread()
-    before = signal.getsignal(signal.SIGTERM) if main else None
-    if not callable(before):  # no handler of its own to keep (or not the main thread, where Ray sets none)
+    if not (main and callable(signal.getsignal(signal.SIGTERM))):
         yield
         return
     import ray._private.utils as ray_utils
 
-    held: list[int] = []
     set_handler = ray_utils.set_sigterm_handler
     ray_utils.set_sigterm_handler = lambda handler: None  # looked up there by ray.init on each call
-    signal.signal(signal.SIGTERM, lambda signum, frame: held.append(signum))
     try:
-        yield
+        with sigterm_held():
+            yield
     finally:
         ray_utils.set_sigterm_handler = set_handler
-        signal.signal(signal.SIGTERM, before)
-        if held:  # also when Ray failed to start: the stop asked for wins over that error
-            before(signal.SIGTERM, None)
 
 
 def init_local_ray(num_cpus: int, **kwargs: Any):

@@ -9,6 +9,7 @@ from typing import Any
 
 from exgrpo.backends.verl.resources import DRIVER_CPUS, SlotPlan, check, needs, plan_slots
 from exgrpo.cluster import ClusterError, alive_nodes, available_nodes
+from exgrpo.raylocal import sigterm_held
 
 
 def launch_slots(cfgs: Iterable[Any], address: str | None,
@@ -115,7 +116,8 @@ def run_as_slots_free(jobs: Iterable[Any], launch: Callable[[Any, dict[str, Any]
     fill()
     while inflight or held:
         if inflight:
-            ready, _ = ray.wait(list(inflight), num_returns=1, timeout=1.0)
+            with sigterm_held():  # a stop raised inside Ray's wait would be a SystemError: raised after it
+                ready, _ = ray.wait(list(inflight), num_returns=1, timeout=1.0)
         else:
             ready = []
             time.sleep(1.0)
@@ -125,7 +127,8 @@ def run_as_slots_free(jobs: Iterable[Any], launch: Callable[[Any, dict[str, Any]
             if schedule is not None:
                 schedule.give_back(handle)
             try:
-                result, error = ray.get(ref), None
+                with sigterm_held():
+                    result, error = ray.get(ref), None
             except Exception as e:  # noqa: BLE001 - the job failed (or its worker died): said through on_end
                 result, error = None, e
             on_end(job, result, error)

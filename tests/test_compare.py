@@ -383,7 +383,7 @@ def test_a_failed_run_does_not_sink_the_others(tmp_path):
     assert len(e.value.outcomes) == 3
 
 
-def _sigterm_compare(tmp_path, env: dict, args: list[str], when: str) -> None:
+def _sigterm_compare(tmp_path, env: dict, args: list[str], when: str) -> list:
     """Start `exgrpo compare` with ``args``, SIGTERM it once a line holds ``when``: exit 143 and
     "terminated", and every process it had started by then (its Prefect server, a private Ray's) ends."""
     import signal
@@ -414,6 +414,13 @@ def _sigterm_compare(tmp_path, env: dict, args: list[str], when: str) -> None:
     assert "terminated\n" in out and "Traceback" not in out, out[-3000:]  # (Prefect logs its server's stop after it)
     _, alive = psutil.wait_procs(started, timeout=30)
     assert not alive, [" ".join(p.cmdline()) for p in alive]
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    # the comparison and each run that had begun end KILLED, none left RUNNING for `exgrpo sync` to find
+    assert {r.info.status for r in runs} <= {"KILLED"}, [(r.info.run_name, r.info.status) for r in runs]
+    return runs
 
 
 def test_sigterm_stops_what_a_comparison_started_and_ends_it_in_one_line(tmp_path):
@@ -423,13 +430,13 @@ def test_sigterm_stops_what_a_comparison_started_and_ends_it_in_one_line(tmp_pat
                      "warm start: not in the cache, training it now")
 
 
-@pytest.mark.extended
 def test_sigterm_while_ray_trains_a_comparisons_runs_stops_them_and_the_ray_too(tmp_path):
     """SIGTERM once the runs train on the comparison's private Ray, whose ``ray.init`` installs a handler of
     its own (``sys.exit``): that crashed the flow, aborted the command (exit 134) and left its Prefect server
     and Ray's agents running."""
-    _sigterm_compare(tmp_path, dict(os.environ), ["--seeds", "2", "--workers", "2", "--set", "train.max_steps=400"],
-                     "progress: ")
+    runs = _sigterm_compare(tmp_path, dict(os.environ), ["--seeds", "2", "--workers", "2", "--set",
+                                                        "train.max_steps=400"], "progress: ")
+    assert len(runs) >= 2  # the comparison's and a run's, at least
 
 
 def test_accuracy_at_equal_sampled_tokens_is_interpolated_on_the_evaluation_grid():

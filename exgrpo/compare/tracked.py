@@ -7,6 +7,8 @@ address) or to the spawned process pool of :func:`exgrpo.compare.run_local`.
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 import math
 from collections.abc import Callable
@@ -203,9 +205,16 @@ def run_tracked_compare(
         if failures:
             raise RuntimeError(f"{len(failures)} of {train_stage.launched} runs failed: " + "; ".join(failures))
         return result
-    finally:
+    except BaseException as e:
         if not ended:
-            tracker.end_run(parent, "FAILED")
+            stopped = not isinstance(e, Exception)  # Ctrl-C, SIGTERM (the CLI's, Prefect's), an exit
+            # never hides the error on its way out, MLflow down too included
+            with contextlib.suppress(Exception):
+                if stopped:
+                    tracker.end_running_children(parent, "KILLED")
+            with contextlib.suppress(Exception):
+                tracker.end_run(parent, "KILLED" if stopped else "FAILED")
+        raise
 
 
 def _start_parent(tracker: Tracker, cc: CompareConfig, base: ExperimentConfig, run_name: str | None, resume: bool,

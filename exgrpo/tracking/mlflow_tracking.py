@@ -369,6 +369,17 @@ class Tracker:
     def end_run(self, run_id: str, status: str = "FINISHED") -> None:
         self.client.set_terminated(run_id, status)
 
+    def end_running_children(self, parent_run_id: str, status: str = "KILLED") -> list[str]:
+        """End ``status`` every child of ``parent_run_id`` still RUNNING (what a stopped comparison's
+        workers, ended with their Ray, could not end themselves); their ids."""
+        parent = self.client.get_run(parent_run_id)
+        running = self.client.search_runs(
+            [parent.info.experiment_id],
+            filter_string=f"tags.`mlflow.parentRunId` = '{parent_run_id}' and attributes.status = 'RUNNING'")
+        for run in running:
+            self.client.set_terminated(run.info.run_id, status)
+        return [run.info.run_id for run in running]
+
 
 def param_values(params: Mapping[str, Any]) -> dict[str, str]:
     """Params as MLflow stores them: sanitized keys, values as text cut to MLflow's limit."""
