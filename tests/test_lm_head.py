@@ -55,6 +55,17 @@ def test_blocks_of_rows_under_bf16_autocast_agree_with_autocasts_own_head_to_bf1
         torch.testing.assert_close(got, want, atol=3e-2, rtol=3e-2, msg=name)
 
 
-def test_a_head_with_a_bias_is_left_to_the_plain_computation():
+def test_a_head_with_a_bias_is_left_to_the_plain_computation(monkeypatch):
+    monkeypatch.setattr(lm_head, "CHUNK_ELEMENTS", 9)
     head = torch.nn.Linear(4, 9, bias=True)
     assert lm_head.head_log_prob_entropy(head, torch.zeros(2, 4), torch.zeros(2, dtype=torch.long), 1.0) is None
+
+
+def test_logits_that_fit_in_one_block_are_left_to_the_plain_computation(monkeypatch):
+    """A small vocabulary's logits (the tiny LM's) keep the plain computation's rounding, so its runs keep their
+    numbers; past one block, the blocks take over."""
+    head, hidden, tokens, _, _ = _case()
+    monkeypatch.setattr(lm_head, "CHUNK_ELEMENTS", 37 * 301)
+    assert lm_head.head_log_prob_entropy(head, hidden, tokens, 1.0) is None
+    monkeypatch.setattr(lm_head, "CHUNK_ELEMENTS", 37 * 301 - 1)
+    assert lm_head.head_log_prob_entropy(head, hidden, tokens, 1.0) is not None

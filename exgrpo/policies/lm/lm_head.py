@@ -88,8 +88,12 @@ class ChunkedLogProbEntropy(torch.autograd.Function):
 def head_log_prob_entropy(head: torch.nn.Module, hidden: torch.Tensor, tokens: torch.Tensor,
                           temperature: float) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(M,) log-probs and entropies of ``tokens`` after ``head`` (an ``nn.Linear`` without bias) over
-    ``hidden`` (M, d), block by block (:class:`ChunkedLogProbEntropy`); None for a head it does not
-    reproduce (a bias, or not a plain linear layer)."""
+    ``hidden`` (M, d), block by block (:class:`ChunkedLogProbEntropy`); None where the logits fit in one
+    block (M x V <= :data:`CHUNK_ELEMENTS`: nothing to save, and the plain computation keeps its rounding, so
+    a small model's runs keep their numbers), or for a head it does not reproduce (a bias, or not a plain
+    linear layer)."""
     if type(head) is not torch.nn.Linear or head.bias is not None:
+        return None
+    if hidden.shape[0] * head.weight.shape[0] <= CHUNK_ELEMENTS:
         return None
     return ChunkedLogProbEntropy.apply(hidden, head.weight, tokens.long(), float(temperature), _compute_dtype())
