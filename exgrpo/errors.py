@@ -11,9 +11,11 @@ class UserError(Exception):
     so it is reported without its type's name, and never with a traceback."""
 
 
-_CREDENTIALS = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s/?#@:]*:)(?P<password>[^\s/?#]*)@")
-"""``scheme://user:password@``: the password runs to the last ``@`` before the host (an unescaped ``@``
-in a password is what a user types; the host never holds one)."""
+_CREDENTIALS = re.compile(
+    r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s/?#@:]*:)(?P<password>\S*?)@(?=[^\s@/?#]*(?:[/?#\s]|$))")
+"""``scheme://user:password@host``: the password runs to the ``@`` that a host follows (a host holds no
+``@``, and ends at ``/``, ``?``, ``#`` or the end): an unescaped ``@``, ``/``, ``?`` or ``#`` in a password
+is what a user types, or a generator makes."""
 
 _QUERY_PASSWORD = re.compile(r"(?P<head>[?&](?:password|pwd)=)(?P<password>[^&#\s]*)", re.IGNORECASE)
 """A password given as a query option (libpq's ``?password=``)."""

@@ -44,6 +44,9 @@ ENV_SET_BY_TRACKING = ("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "MLFLOW_HTTP_RE
     ("postgresql://exgrpo:p%40ss@127.0.0.1:55432/optuna", "postgresql://exgrpo:***@127.0.0.1:55432/optuna"),
     ("mysql://u:pa@ss@host/db", "mysql://u:***@host/db"),  # an unescaped @ in the password: the last @ ends it
     ("postgresql://host/db?user=u&password=S3CRETPW", "postgresql://host/db?user=u&password=***"),
+    ("postgresql://u:p/w@host/db", "postgresql://u:***@host/db"),  # the characters a generated password holds
+    ("postgresql://u:p?w#x@host:5432/db", "postgresql://u:***@host:5432/db"),
+    ("http://u:pw@host/x?mail=a@b.c", "http://u:***@host/x?mail=a@b.c"),  # an @ after the host is not the password's
     ("http://alice@127.0.0.1:5000", "http://alice@127.0.0.1:5000"),  # no password: nothing to hide
     ("http://127.0.0.1:5000", "http://127.0.0.1:5000"),
     ("sqlite:////tmp/mlruns/mlflow.db", "sqlite:////tmp/mlruns/mlflow.db"),
