@@ -4,6 +4,7 @@ Each run itself is :func:`exgrpo.launch.tracked_train`'s."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -113,26 +114,35 @@ def run_as_slots_free(jobs: Iterable[Any], launch: Callable[[Any, dict[str, Any]
             options, handle = taken
             inflight[launch(job, options)] = (job, handle)
 
-    fill()
-    while inflight or held:
-        if inflight:
-            with sigterm_held():  # a stop raised inside Ray's wait would be a SystemError: raised after it
-                ready, _ = ray.wait(list(inflight), num_returns=1, timeout=1.0)
-        else:
-            ready = []
-            time.sleep(1.0)
-        poll()
-        for ref in ready:
-            job, handle = inflight.pop(ref)
-            if schedule is not None:
-                schedule.give_back(handle)
-            try:
-                with sigterm_held():
-                    result, error = ray.get(ref), None
-            except Exception as e:  # noqa: BLE001 - the job failed (or its worker died): said through on_end
-                result, error = None, e
-            on_end(job, result, error)
+    try:
         fill()
+        while inflight or held:
+            if inflight:
+                with sigterm_held():  # a stop raised inside Ray's wait would be a SystemError: raised after it
+                    ready, _ = ray.wait(list(inflight), num_returns=1, timeout=1.0)
+            else:
+                ready = []
+                time.sleep(1.0)
+            poll()
+            for ref in ready:
+                job, handle = inflight.pop(ref)
+                if schedule is not None:
+                    schedule.give_back(handle)
+                try:
+                    with sigterm_held():
+                        result, error = ray.get(ref), None
+                except Exception as e:  # noqa: BLE001 - the job failed (or its worker died): said through on_end
+                    result, error = None, e
+                on_end(job, result, error)
+            fill()
+    except BaseException:
+        # A stop (or a failure of the loop itself) ends the jobs it started before the caller records them as
+        # ended: on a cluster that outlives this process they would otherwise train on, and log into runs
+        # already marked KILLED.
+        for ref in inflight:
+            with contextlib.suppress(Exception):
+                ray.cancel(ref, force=True)
+        raise
 
 
 _NONE = object()

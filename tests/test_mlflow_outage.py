@@ -289,6 +289,32 @@ def test_a_summary_mlflow_refuses_while_it_is_up_is_delivered_once_by_sync_which
     assert _points(server.url, parent, "best_value") == [(3, 0.5)]
 
 
+def test_only_a_request_mlflow_rejects_is_kept_as_refused_a_server_error_is_tried_again(server):
+    """While MLflow is up, a 4xx answer (a key it does not accept) is kept as refused: every sync would meet
+    it again. A 5xx (its database locked, a restart) or a dropped connection passes: it is raised, so the
+    marker stays and the value is sent by the next sync instead of being written off."""
+    import requests
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import INTERNAL_ERROR, INVALID_PARAMETER_VALUE, TEMPORARILY_UNAVAILABLE
+
+    from exgrpo.tracking.sync import _Delivery
+
+    def fails(error):
+        def send():
+            raise error
+        return send
+
+    deliver = _Delivery(server.url)
+    deliver("tag", "bad?key", "x", fails(MlflowException("Invalid tag name", INVALID_PARAMETER_VALUE)))
+    assert [r["key"] for r in deliver.refused] == ["bad?key"]
+    for error in (MlflowException("database is locked", INTERNAL_ERROR),
+                  MlflowException("try later", TEMPORARILY_UNAVAILABLE),
+                  requests.ConnectionError("connection reset by peer")):
+        with pytest.raises(type(error)):
+            deliver("metric", "loss", {"step": 1, "value": 0.5}, fails(error))
+    assert [r["key"] for r in deliver.refused] == ["bad?key"]
+
+
 def test_a_ray_that_does_not_start_while_mlflow_is_down_is_the_error_the_user_sees(server, tmp_path, monkeypatch):
     """Ray does not start and MLflow is gone as well: the parent's error tag cannot be written, and
     Ray's one line is what is raised, not MLflow's."""

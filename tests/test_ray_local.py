@@ -187,6 +187,48 @@ def test_the_scheduling_loop_keeps_its_limit_and_its_slots_and_outlives_a_failed
     ray.shutdown()
 
 
+def test_a_stop_in_the_scheduling_loop_ends_the_jobs_it_started(tmp_path):
+    """A stop (KeyboardInterrupt, as the CLI's SIGTERM handler raises) while jobs run: the loop cancels
+    them before the stop reaches its caller, which then marks their runs KILLED; on a cluster that outlives
+    the caller, a job left running would train on and record its end into a run already ended."""
+    import time
+
+    import pytest
+    import ray
+
+    from exgrpo.cluster import ensure_ray
+    from exgrpo.slots import run_as_slots_free
+
+    ensure_ray()
+
+    @ray.remote(num_cpus=0)
+    def work(job: int, out: str) -> int:
+        time.sleep(6)
+        open(f"{out}/done-{job}", "w").close()
+        return job
+
+    started = time.monotonic()
+
+    def poll():
+        if time.monotonic() - started > 2:
+            raise KeyboardInterrupt
+
+    refs = []
+
+    def launch(job, options):
+        refs.append(work.remote(job, str(tmp_path)))
+        return refs[-1]
+
+    with pytest.raises(KeyboardInterrupt):
+        run_as_slots_free(range(2), launch, lambda *a: None, limit=2, poll=poll)
+    for ref in refs:
+        with pytest.raises((ray.exceptions.TaskCancelledError, ray.exceptions.WorkerCrashedError)):
+            ray.get(ref, timeout=30)
+    time.sleep(6)  # past the jobs' end, had they run on
+    assert not list(tmp_path.glob("done-*"))
+    ray.shutdown()
+
+
 def test_verl_runs_start_by_their_own_size_from_what_ray_reports_free(capsys):
     """The veRL slot plan on a real local Ray of 12 CPUs and 2 (logical) GPUs, one node. Each tiny
     veRL run takes 6 CPUs and 1 GPU (3 + 1 for its worker, 2 for its launcher and TaskRunner, 1 for

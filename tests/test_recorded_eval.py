@@ -107,6 +107,56 @@ def test_evaluations_with_other_settings_are_records_of_their_own(tracked_toy_ru
     assert sorted(s["temperature"] for r in read for s in r["scores"][:1]) == [0.0, 0.7, 1.0]
 
 
+class _CutShort:
+    """A real tracker whose ``method`` (of the tracker or its MLflow client) fails once, as a store that goes
+    away in the middle of a log."""
+
+    def __init__(self, tracker, method: str) -> None:
+        self.tracker, self.method, self.failed = tracker, method, False
+        self.client = self if method != "log_metrics" else tracker.client
+
+    def __getattr__(self, name):
+        attr = getattr(self.tracker.client if self.client is self else self.tracker, name)
+        if name != self.method or self.failed:
+            return attr
+
+        def fail(*args, **kwargs):
+            self.failed = True
+            raise ConnectionError("the store went away")
+        return fail
+
+
+@pytest.mark.parametrize("cut", ["log_artifact", "log_metrics"])
+def test_an_evaluation_log_cut_short_is_completed_whole_by_repeating_it(tracked_toy_run, cut):
+    """A log of an evaluation cut short (the store gone between two calls), then repeated as `exgrpo sync`
+    repeats it: the run ends with each value once, its settings tag and exactly one artifact holding it,
+    wherever the cut fell."""
+    from mlflow import MlflowClient
+
+    from exgrpo.evaluation.metrics import Score
+    from exgrpo.tracking import Tracker
+    from exgrpo.tracking.eval_record import log_scores
+
+    uri, _, run = tracked_toy_run
+    run_id, real = run.info.run_id, Tracker(uri)
+    scores = [Score("val", m, v, 16, 4, 0.7, 1.0, 8, "plain", "exact", "1") for m, v in
+              (("avg_at_4", 0.25), ("pass_at_4", 0.5))]
+    settings = {"n": 4, "temperature": 0.7, "top_p": 1.0, "seed": 0}
+    cut_short = _CutShort(real, cut)
+    with pytest.raises(ConnectionError):
+        log_scores(cut_short, run_id, scores, 9, settings)
+    assert cut_short.failed
+    again = log_scores(real, run_id, scores, 9, settings)
+    client = MlflowClient(uri)
+    tags = client.get_run(run_id).data.tags
+    for metric, value in (("avg_at_4", 0.25), ("pass_at_4", 0.5)):
+        name = f"eval/val/{metric}/n4-t0.7-seed0"
+        assert [(m.step, m.value) for m in client.get_metric_history(run_id, name)] == [(9, value)]
+        assert "temperature=0.7" in tags[f"{name}.settings"]
+    files = [a.path for a in client.list_artifacts(run_id, "evaluations") if "step_9" in a.path]
+    assert files == ["evaluations/step_9-n4-t0.7-seed0.json"] and again.artifact == files[0], (files, again)
+
+
 def _move_store(tmp_path):
     """The run's store moved away (as a directory is moved): the run's record names a store that is gone."""
     (tmp_path / "store").rename(tmp_path / "store-moved")

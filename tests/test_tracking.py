@@ -370,3 +370,23 @@ def test_train_names_the_command_that_serves_its_run_where_no_ui_does(tmp_path, 
     record = json.loads(out[out.rindex('{\n  "run_dir"'):])
     assert "mlflow_url" not in record and ":5000" not in out
     assert f"`exgrpo ui --tracking-uri {store}` does" in record["mlflow_ui"] and record["mlflow_run_id"]
+
+
+def test_a_stopped_comparisons_children_are_all_ended_past_one_page_of_search(tmp_path, monkeypatch):
+    """``end_running_children`` reads every page of MLflow's search: with pages of 2 runs, all 5 RUNNING
+    children are ended KILLED, the FINISHED one and another parent's child are left as they are."""
+    from mlflow import MlflowClient
+
+    from exgrpo.tracking import mlflow_tracking
+
+    monkeypatch.setattr(mlflow_tracking, "SEARCH_PAGE", 2)
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db")
+    parent, other = tracker.start_run("pages", "parent"), tracker.start_run("pages", "other")
+    children = [tracker.start_run("pages", f"child-{i}", parent_run_id=parent) for i in range(6)]
+    stranger = tracker.start_run("pages", "stranger", parent_run_id=other)
+    tracker.end_run(children[0], "FINISHED")
+    ended = tracker.end_running_children(parent, "KILLED")
+    client = MlflowClient(tracker.uri)
+    assert sorted(ended) == sorted(children[1:])
+    assert [client.get_run(c).info.status for c in children] == ["FINISHED"] + ["KILLED"] * 5
+    assert client.get_run(stranger).info.status == "RUNNING"

@@ -6,7 +6,7 @@ from typing import Any
 
 from exgrpo.errors import redact_uri
 from exgrpo.sqlite_wal import sqlite_file
-from exgrpo.tracking.mlflow_tracking import TrackingError, check_reachable, resolve_tracking_uri, run_url
+from exgrpo.tracking.mlflow_tracking import TrackingError, check_reachable, resolve_tracking_uri, run_url, search_all
 
 
 class DashboardError(RuntimeError):
@@ -38,20 +38,6 @@ def get_run(client: Any, run_id: str) -> Any:
     except MlflowException as e:
         first = e.message.splitlines()[0] if e.message else ""
         raise DashboardError(f"run {run_id!r} not found in {redact_uri(client.tracking_uri)}: {first}") from None
-
-
-def search_all(client: Any, experiment_ids: list[str], filter_string: str,
-               order_by: list[str] | None = None) -> list[Any]:
-    """Every matching (active) run, following page tokens."""
-    out: list[Any] = []
-    token = None
-    while True:
-        page = client.search_runs(experiment_ids, filter_string=filter_string, max_results=1000,
-                                  order_by=order_by, page_token=token)
-        out.extend(page)
-        token = page.token
-        if not token:
-            return out
 
 
 def children(client: Any, parent: Any) -> list[Any]:

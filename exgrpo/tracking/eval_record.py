@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -104,6 +105,20 @@ class Logged:
     """The artifact the scores were written to (None: nothing new to record)."""
 
 
+def _artifact_holding(client: Any, run_id: str, stem: str, record: dict[str, Any]) -> str | None:
+    """The name of the run's ``evaluations/<stem>[-<n>].json`` that holds ``record``, or None."""
+    mine = re.compile(re.escape(stem) + r"(-\d+)?\.json")
+    for a in client.list_artifacts(run_id, "evaluations"):
+        name = Path(a.path).name
+        if not mine.fullmatch(name):
+            continue
+        with tempfile.TemporaryDirectory(prefix="exgrpo-eval-") as tmp:
+            local = client.download_artifacts(run_id, a.path, tmp)
+            if json.loads(Path(local).read_text()) == json.loads(json.dumps(record)):
+                return name
+    return None
+
+
 def _free_artifact(client: Any, run_id: str, stem: str) -> str:
     """``evaluations/<stem>.json``, or ``<stem>-2.json``, ... : the first name the run does not hold."""
     taken = {Path(a.path).name for a in client.list_artifacts(run_id, "evaluations")}
@@ -117,26 +132,33 @@ def log_scores(tracker: Any, run_id: str, scores: list[Any], step: int, settings
                subsets: Mapping[str, int] | None = None) -> Logged:
     """Log ``scores`` (:class:`exgrpo.evaluation.metrics.Score`) made with ``settings`` (None: the run's
     own) on benchmark subsets ``subsets`` (benchmark -> problems) on run ``run_id`` at ``step``, named by
-    :func:`metric_names`; the scores whole go to an artifact of their own under ``evaluations/``."""
+    :func:`metric_names`; the scores whole go to an artifact of their own under ``evaluations/``.
+
+    What describes the values (their settings tags, the artifact) is written before the values: a log cut
+    short is repeated whole (by ``exgrpo sync``), and a run that holds the values holds their description;
+    an artifact the cut-short log wrote already is found by its content, not written twice."""
     client = tracker.client
     names = metric_names(scores, settings, subsets)
     by_name = {names[s.key]: s for s in scores}
     logged, held = place(client, run_id, {name: s.value for name, s in by_name.items()}, step)
     if not logged:
         return Logged(logged, held)
-    tracker.log_metrics(run_id, logged, step=step)
     s = _settings(settings)
     seed = f" seed={s.get('seed', 0)}" if s else ""
     for key in logged:
         source = by_name[key if key in by_name else "eval/" + key.split("/", 1)[1]]
         client.set_tag(run_id, f"{key}.settings", " ".join(f"{f}={getattr(source, f)}" for f in SETTINGS) + seed)
     key = settings_key(settings)
-    name = _free_artifact(client, run_id, f"step_{step}" + (f"-{key}" if key else ""))
+    stem = f"step_{step}" + (f"-{key}" if key else "")
     record = {"step": step, "settings": s or None, "subsets": dict(subsets or {}),
               "metrics": dict(logged), "scores": [x.to_dict() for x in scores]}
-    with tempfile.TemporaryDirectory(prefix="exgrpo-eval-") as tmp:
-        path = write_text_atomic(Path(tmp) / name, json.dumps(record, indent=1))
-        client.log_artifact(run_id, str(path), "evaluations")
+    name = _artifact_holding(client, run_id, stem, record)
+    if name is None:
+        name = _free_artifact(client, run_id, stem)
+        with tempfile.TemporaryDirectory(prefix="exgrpo-eval-") as tmp:
+            path = write_text_atomic(Path(tmp) / name, json.dumps(record, indent=1))
+            client.log_artifact(run_id, str(path), "evaluations")
+    tracker.log_metrics(run_id, logged, step=step)
     return Logged(logged, held, f"evaluations/{name}")
 
 

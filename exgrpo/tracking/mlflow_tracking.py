@@ -373,12 +373,30 @@ class Tracker:
         """End ``status`` every child of ``parent_run_id`` still RUNNING (what a stopped comparison's
         workers, ended with their Ray, could not end themselves); their ids."""
         parent = self.client.get_run(parent_run_id)
-        running = self.client.search_runs(
-            [parent.info.experiment_id],
-            filter_string=f"tags.`mlflow.parentRunId` = '{parent_run_id}' and attributes.status = 'RUNNING'")
+        running = search_all(
+            self.client, [parent.info.experiment_id],
+            f"tags.`mlflow.parentRunId` = '{parent_run_id}' and attributes.status = 'RUNNING'")
         for run in running:
             self.client.set_terminated(run.info.run_id, status)
         return [run.info.run_id for run in running]
+
+
+SEARCH_PAGE = 1000
+"""Runs read per ``search_runs`` call (MLflow's own default page)."""
+
+
+def search_all(client: Any, experiment_ids: list[str], filter_string: str,
+               order_by: list[str] | None = None) -> list[Any]:
+    """Every matching (active) run, following page tokens (one ``search_runs`` reads one page)."""
+    out: list[Any] = []
+    token = None
+    while True:
+        page = client.search_runs(experiment_ids, filter_string=filter_string, max_results=SEARCH_PAGE,
+                                  order_by=order_by, page_token=token)
+        out.extend(page)
+        token = page.token
+        if not token:
+            return out
 
 
 def param_values(params: Mapping[str, Any]) -> dict[str, str]:

@@ -101,10 +101,19 @@ def log_once(client: Any, run_id: str, metrics: Mapping[str, float], step: int) 
         client.log_batch(run_id, metrics=items[i:i + 1000])
 
 
+def is_refusal(error: BaseException) -> bool:
+    """Whether MLflow answered ``error`` because of the request itself (a 4xx status: a key or value it
+    does not accept), which every later sync would meet again; a server error (5xx: a locked database, a
+    restart) or a broken connection may pass, and is tried again."""
+    from mlflow.exceptions import MlflowException
+
+    return isinstance(error, MlflowException) and 400 <= error.get_http_status_code() < 500
+
+
 class _Delivery:
-    """Each part of a marker delivered on its own: one that MLflow refuses while it is up is noted (it
-    would be refused again by every sync) and the rest goes on; any failure while MLflow is unreachable
-    is raised, and the marker stays for the next sync."""
+    """Each part of a marker delivered on its own: one that MLflow refuses while it is up (:func:`is_refusal`)
+    is noted (it would be refused again by every sync) and the rest goes on; any other failure is raised,
+    and the marker stays for the next sync."""
 
     def __init__(self, uri: str) -> None:
         self.uri = uri
@@ -114,7 +123,7 @@ class _Delivery:
         try:
             send()
         except Exception as e:
-            if not is_reachable(self.uri):
+            if not is_refusal(e) or not is_reachable(self.uri):
                 raise
             self.refused.append({"kind": kind, "key": key, "value": value, "error": one_line(e, 500)})
 
@@ -124,8 +133,8 @@ class _Delivery:
             batch = metrics[i:i + 1000]
             try:
                 client.log_batch(run_id, metrics=batch)
-            except Exception:
-                if not is_reachable(self.uri):
+            except Exception as e:
+                if not is_refusal(e) or not is_reachable(self.uri):
                     raise
                 for m in batch:
                     self("metric", m.key, {"step": m.step, "value": m.value},

@@ -63,9 +63,12 @@ class LMPolicy(nn.Module):
         if not self._rollout_copy:
             return self.model
         if not self._sampler_copy:
-            shadow = copy.deepcopy(self.model).to(torch.bfloat16).eval()
+            # Parameters only: buffers such as RoPE's inverse frequencies stay as the training forward
+            # reads them (fp32), so the copy differs from the model by the weights' rounding alone.
+            shadow = copy.deepcopy(self.model).eval()
             for p in shadow.parameters():
                 p.requires_grad_(False)
+                p.data = p.data.to(torch.bfloat16)
             self._sampler_copy.append(shadow)
         else:
             for dst, src in zip(self._sampler_copy[0].parameters(), self.model.parameters(), strict=True):
