@@ -25,7 +25,7 @@ JOB_STAMP := .venv-job/.installed
 GPU_PY    := .venv-gpu/bin/python
 GPU_STAMP := .venv-gpu/.installed
 
-.PHONY: venv job-env gpu-env gpu-smoke demo demo-toy test test-extended test-fast lint services bench ui docs clean
+.PHONY: venv job-env gpu-env gpu-smoke demo demo-toy test test-extended test-full test-fast lint services bench ui docs clean
 
 # pip 26 first: its resolver reads far less than the venv's bundled 23.2 (the GPU environment's dry run
 # in tests/test_stack_versions.py takes about a third of the CPU time); both resolve requirements-cpu.txt
@@ -97,6 +97,10 @@ test: $(STAMP) $(JOB_STAMP) lint docs services
 # the end-to-end cases over CI's time budget (`extended` in pyproject.toml's markers), about 45 minutes of 2 cores
 test-extended: $(STAMP) $(JOB_STAMP) services
 	EXGRPO_EXTENDED=1 $(PY) -m pytest -q --durations=20 -n 2 --dist loadfile --no-loadscope-reorder -m extended
+
+# every test, no tier skipped: make test's and the extended tier's
+test-full: $(STAMP) $(JOB_STAMP) lint docs services
+	EXGRPO_EXTENDED=1 $(PY) -m pytest -q --durations=40 -n 2 --dist loadfile --no-loadscope-reorder
 
 test-fast: $(STAMP) lint   # the inner loop: core, config, rewards and unit tests (no servers, Ray or veRL)
 	$(PY) -m pytest -q -n 2 -m "not e2e and not slow"

@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from exgrpo.errors import redact_uri
@@ -36,8 +36,20 @@ class Service:
     url: str
     health: str
     cmd: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    """What the service reads from its environment: the stores' URIs, which may hold a password (a process's
+    command line is readable by every user of the host, its environment by its owner only)."""
     proc: subprocess.Popen | None = None
     log: Path | None = None
+
+
+OPTUNA_STORAGE_ENV = "EXGRPO_OPTUNA_STORAGE"
+
+_OPTUNA_DASHBOARD = ("import os, sys; from importlib.metadata import entry_points; "
+                     f"sys.argv[1:1] = [os.environ.pop({OPTUNA_STORAGE_ENV!r})]; "
+                     "entry_points(group='console_scripts', name='optuna-dashboard')[0].load()()")
+"""optuna-dashboard's own command, given its storage from the environment (it reads it only from its
+arguments or a file)."""
 
 
 def _exe(name: str) -> str:
@@ -88,17 +100,19 @@ def services(host: str = "127.0.0.1", prefect_port: int = 4200, mlflow_port: int
     if db is not None:
         db.parent.mkdir(parents=True, exist_ok=True)
         out.append(Service("mlflow", f"http://{host}:{mlflow_port}", f"http://{host}:{mlflow_port}/health", [
-            _exe("mlflow"), "server", "--host", host, "--port", str(mlflow_port), "--backend-store-uri", uri,
-            "--artifacts-destination", str(db.parent / "artifacts"), "--workers", "1", *_mlflow_app()]))
+            _exe("mlflow"), "server", "--host", host, "--port", str(mlflow_port),
+            "--artifacts-destination", str(db.parent / "artifacts"), "--workers", "1", *_mlflow_app()],
+            {"MLFLOW_BACKEND_STORE_URI": uri}))
     elif "://" in uri and not uri.startswith(("http://", "https://", "file:")):  # a database (team mode: PostgreSQL)
         dest = artifact_root(uri) or project_root() / "mlruns" / "artifacts"
         out.append(Service("mlflow", f"http://{host}:{mlflow_port}", f"http://{host}:{mlflow_port}/health", [
-            _exe("mlflow"), "server", "--host", host, "--port", str(mlflow_port), "--backend-store-uri", uri,
-            "--artifacts-destination", str(dest), "--workers", "1", *_mlflow_app()]))
+            _exe("mlflow"), "server", "--host", host, "--port", str(mlflow_port),
+            "--artifacts-destination", str(dest), "--workers", "1", *_mlflow_app()],
+            {"MLFLOW_BACKEND_STORE_URI": uri}))
     storage = resolve_storage(storage)
     out.append(Service("optuna-dashboard", f"http://{host}:{optuna_port}", f"http://{host}:{optuna_port}/api/studies",
-                       [_exe("optuna-dashboard"), storage, "--host", host, "--port", str(optuna_port),
-                        "--server", "wsgiref"]))
+                       [sys.executable, "-c", _OPTUNA_DASHBOARD, "--host", host, "--port", str(optuna_port),
+                        "--server", "wsgiref"], {OPTUNA_STORAGE_ENV: storage}))
     return out
 
 
@@ -112,7 +126,7 @@ def start(svcs: list[Service], log_dir: Path, timeout: float = 120.0) -> None:
             raise RuntimeError(f"{s.name}: port {port} is in use; pick another (see `exgrpo ui --help`)")
     for s in svcs:
         if s.name == "optuna-dashboard":  # the dashboard needs the storage to exist
-            optuna.storages.RDBStorage(s.cmd[1])
+            optuna.storages.RDBStorage(s.env[OPTUNA_STORAGE_ENV])
     log_dir.mkdir(parents=True, exist_ok=True)
     env = os.environ.copy()
     use_prefect_home(env, find_server=False)
@@ -127,7 +141,8 @@ def start(svcs: list[Service], log_dir: Path, timeout: float = 120.0) -> None:
         s.log = log_dir / f"{s.name}.log"
         # the service writes its log through its own copy of the descriptor: this process keeps none open
         with s.log.open("w") as log:
-            s.proc = subprocess.Popen(s.cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            s.proc = subprocess.Popen(s.cmd, stdout=log, stderr=subprocess.STDOUT, env={**env, **s.env},
+                                      start_new_session=True)
     deadline = time.monotonic() + timeout
     pending = list(svcs)
     while pending:

@@ -164,7 +164,6 @@ def test_compare_cli_resume_trains_only_the_new_seeds(tmp_path):
     assert not list((tmp_path / "runs").glob("**/seed0.old-*"))  # nothing moved aside
 
 
-@pytest.mark.extended
 def test_a_comparison_and_a_single_run_of_the_same_name_never_move_each_other(tmp_path):
     """A comparison's runs live under its own directory (runs/<comparison>/<comparison>-<arm>/seed<k>):
     a single run named like an arm keeps its directory, and the comparison keeps its own."""

@@ -109,7 +109,6 @@ def resolve(*requirements: str) -> dict[str, str]:
     return {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in report["install"]}
 
 
-@pytest.mark.extended
 @pytest.mark.network
 @pytest.mark.slow
 def test_the_gpu_environment_resolves_from_pypi_to_the_cpu_job_environments_versions():

@@ -105,6 +105,12 @@ def test_ui_starts_three_servers(ui):
     assert requests.get(f"{ui.prefect}/api/health", timeout=5).json() is True
     assert requests.get(f"{ui.mlflow}/health", timeout=5).text == "OK"
     assert "study_summaries" in requests.get(f"http://127.0.0.1:{ui.ports.optuna}/api/studies", timeout=5).json()
+    # the stores reach MLflow and optuna-dashboard through their environment: no URI on a command line, which
+    # every user of the host can read (a URI with a password would show it)
+    import psutil
+
+    lines = [" ".join(p.cmdline()) for p in psutil.Process(ui.proc.pid).children(recursive=True)]
+    assert len(lines) >= 3 and not [x for x in lines if "sqlite:" in x or "postgresql" in x], lines
 
 
 def test_the_comparison_and_the_ui_share_the_projects_prefect_home(ui):

@@ -41,3 +41,15 @@ def test_a_services_log_is_written_by_the_service_and_held_open_by_no_one_else(t
     finally:
         ui.stop([svc], grace=5)
     assert svc.proc.poll() is not None
+
+
+def test_no_store_uri_is_on_a_services_command_line(monkeypatch):
+    """A store URI with a password reaches MLflow and optuna-dashboard in their environment, never in their
+    arguments (a process's command line is readable by every user of the host; its environment is not)."""
+    monkeypatch.setattr(ui, "_mlflow_app", lambda: [])
+    uri, storage = "postgresql://alice:S3CRETPW@127.0.0.1:55432/mlflow", "postgresql://bob:0THERPW@127.0.0.1:55432/optuna"
+    svcs = {s.name: s for s in ui.services(tracking_uri=uri, storage=storage)}
+    assert set(svcs) == {"prefect", "mlflow", "optuna-dashboard"}
+    assert not [s.cmd for s in svcs.values() if any("PW@" in a for a in s.cmd)], [s.cmd for s in svcs.values()]
+    assert svcs["mlflow"].env == {"MLFLOW_BACKEND_STORE_URI": uri}
+    assert svcs["optuna-dashboard"].env == {ui.OPTUNA_STORAGE_ENV: storage}
