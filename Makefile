@@ -94,7 +94,7 @@ lint: $(STAMP)   # ruff, then the floors of the package: no import points up (py
 test: $(STAMP) $(JOB_STAMP) lint docs services
 	$(PY) -m pytest -q --durations=40 -n 2 --dist loadfile --no-loadscope-reorder
 
-# the end-to-end cases over CI's time budget (`extended` in pyproject.toml's markers), about 45 minutes of 2 cores
+# the end-to-end cases over CI's time budget (`extended` in pyproject.toml's markers), about 25 minutes of 2 cores
 test-extended: $(STAMP) $(JOB_STAMP) services
 	EXGRPO_EXTENDED=1 $(PY) -m pytest -q --durations=20 -n 2 --dist loadfile --no-loadscope-reorder -m extended
 

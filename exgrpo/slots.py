@@ -139,10 +139,32 @@ def run_as_slots_free(jobs: Iterable[Any], launch: Callable[[Any, dict[str, Any]
         # A stop (or a failure of the loop itself) ends the jobs it started before the caller records them as
         # ended: on a cluster that outlives this process they would otherwise train on, and log into runs
         # already marked KILLED.
-        for ref in inflight:
+        cancel(list(inflight))
+        raise
+
+
+CANCEL_GRACE_SECONDS = 45.0
+"""How long a cancelled job has to clean up (a Ray Job it submitted stopped, its run ended) before its
+worker is killed."""
+
+
+def cancel(refs: list[Any], grace_seconds: float = CANCEL_GRACE_SECONDS) -> None:
+    """End the Ray tasks of ``refs``: interrupted first (a KeyboardInterrupt in the task, whose handlers
+    stop what it started elsewhere), then, past ``grace_seconds``, their workers killed."""
+    import ray
+
+    if not refs:
+        return
+    for ref in refs:
+        with contextlib.suppress(Exception):
+            ray.cancel(ref)
+    try:
+        with contextlib.suppress(Exception), sigterm_held():  # a second stop while they clean up: after the kill
+            _, refs = ray.wait(refs, num_returns=len(refs), timeout=grace_seconds)
+    finally:
+        for ref in refs:
             with contextlib.suppress(Exception):
                 ray.cancel(ref, force=True)
-        raise
 
 
 _NONE = object()

@@ -47,7 +47,7 @@ OPTUNA_STORAGE_ENV = "EXGRPO_OPTUNA_STORAGE"
 
 _OPTUNA_DASHBOARD = ("import os, sys; from importlib.metadata import entry_points; "
                      f"sys.argv[1:1] = [os.environ.pop({OPTUNA_STORAGE_ENV!r})]; "
-                     "entry_points(group='console_scripts', name='optuna-dashboard')[0].load()()")
+                     "entry_points(group='console_scripts')['optuna-dashboard'].load()()")
 """optuna-dashboard's own command, given its storage from the environment (it reads it only from its
 arguments or a file)."""
 
@@ -110,6 +110,7 @@ def services(host: str = "127.0.0.1", prefect_port: int = 4200, mlflow_port: int
             "--artifacts-destination", str(dest), "--workers", "1", *_mlflow_app()],
             {"MLFLOW_BACKEND_STORE_URI": uri}))
     storage = resolve_storage(storage)
+    _exe("optuna-dashboard")  # installed: its entry point runs below, with the storage out of its arguments
     out.append(Service("optuna-dashboard", f"http://{host}:{optuna_port}", f"http://{host}:{optuna_port}/api/studies",
                        [sys.executable, "-c", _OPTUNA_DASHBOARD, "--host", host, "--port", str(optuna_port),
                         "--server", "wsgiref"], {OPTUNA_STORAGE_ENV: storage}))

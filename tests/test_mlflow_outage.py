@@ -290,12 +290,16 @@ def test_a_summary_mlflow_refuses_while_it_is_up_is_delivered_once_by_sync_which
 
 
 def test_only_a_request_mlflow_rejects_is_kept_as_refused_a_server_error_is_tried_again(server):
-    """While MLflow is up, a 4xx answer (a key it does not accept) is kept as refused: every sync would meet
-    it again. A 5xx (its database locked, a restart) or a dropped connection passes: it is raised, so the
-    marker stays and the value is sent by the next sync instead of being written off."""
+    """While MLflow is up, what rejects the request itself is kept as refused (every sync would meet it
+    again): a value MLflow does not accept, a file too large for the artifact proxy, a file the marker names
+    that is gone. What may pass is raised, so the marker stays and the value is sent by the next sync: a
+    server error (its database locked, a restart), a login refused (a password rotated), a closed database
+    connection the SQL store reports as a bad request, a dropped connection."""
     import requests
+    import sqlalchemy.exc
     from mlflow.exceptions import MlflowException
-    from mlflow.protos.databricks_pb2 import INTERNAL_ERROR, INVALID_PARAMETER_VALUE, TEMPORARILY_UNAVAILABLE
+    from mlflow.protos.databricks_pb2 import (BAD_REQUEST, INTERNAL_ERROR, INVALID_PARAMETER_VALUE,
+                                              TEMPORARILY_UNAVAILABLE, UNAUTHENTICATED)
 
     from exgrpo.tracking.sync import _Delivery
 
@@ -304,15 +308,33 @@ def test_only_a_request_mlflow_rejects_is_kept_as_refused_a_server_error_is_trie
             raise error
         return send
 
+    def http_error(status: int) -> requests.HTTPError:
+        response = requests.Response()
+        response.status_code = status
+        return requests.HTTPError(f"{status}", response=response)
+
+    def wrapping(cause: Exception, code) -> MlflowException:
+        try:
+            raise MlflowException(str(cause), code) from cause
+        except MlflowException as e:
+            return e
+
     deliver = _Delivery(server.url)
-    deliver("tag", "bad?key", "x", fails(MlflowException("Invalid tag name", INVALID_PARAMETER_VALUE)))
-    assert [r["key"] for r in deliver.refused] == ["bad?key"]
+    refused = {"bad?key": MlflowException("Invalid tag name", INVALID_PARAMETER_VALUE),
+               "big.bin": http_error(413), "gone.txt": FileNotFoundError("gone.txt"),
+               "twice": wrapping(sqlalchemy.exc.IntegrityError("INSERT", {}, Exception("UNIQUE")), BAD_REQUEST)}
+    for key, error in refused.items():
+        deliver("tag", key, "x", fails(error))
+    assert [r["key"] for r in deliver.refused] == list(refused)
     for error in (MlflowException("database is locked", INTERNAL_ERROR),
                   MlflowException("try later", TEMPORARILY_UNAVAILABLE),
-                  requests.ConnectionError("connection reset by peer")):
+                  MlflowException("bad credentials", UNAUTHENTICATED),
+                  wrapping(sqlalchemy.exc.InterfaceError("SELECT", {}, Exception("connection already closed")),
+                           BAD_REQUEST),
+                  http_error(503), requests.ConnectionError("connection reset by peer")):
         with pytest.raises(type(error)):
             deliver("metric", "loss", {"step": 1, "value": 0.5}, fails(error))
-    assert [r["key"] for r in deliver.refused] == ["bad?key"]
+    assert [r["key"] for r in deliver.refused] == list(refused)
 
 
 def test_a_ray_that_does_not_start_while_mlflow_is_down_is_the_error_the_user_sees(server, tmp_path, monkeypatch):

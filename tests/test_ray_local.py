@@ -190,7 +190,8 @@ def test_the_scheduling_loop_keeps_its_limit_and_its_slots_and_outlives_a_failed
 def test_a_stop_in_the_scheduling_loop_ends_the_jobs_it_started(tmp_path):
     """A stop (KeyboardInterrupt, as the CLI's SIGTERM handler raises) while jobs run: the loop cancels
     them before the stop reaches its caller, which then marks their runs KILLED; on a cluster that outlives
-    the caller, a job left running would train on and record its end into a run already ended."""
+    the caller, a job left running would train on and record its end into a run already ended. A job is
+    interrupted, not killed, so that its own handlers run (a Ray Job it submitted is stopped there)."""
     import time
 
     import pytest
@@ -203,14 +204,17 @@ def test_a_stop_in_the_scheduling_loop_ends_the_jobs_it_started(tmp_path):
 
     @ray.remote(num_cpus=0)
     def work(job: int, out: str) -> int:
-        time.sleep(6)
+        open(f"{out}/started-{job}", "w").close()
+        try:
+            time.sleep(6)
+        except KeyboardInterrupt:  # what a cancelled task's handlers do: stop what it started elsewhere
+            open(f"{out}/cleaned-{job}", "w").close()
+            raise
         open(f"{out}/done-{job}", "w").close()
         return job
 
-    started = time.monotonic()
-
-    def poll():
-        if time.monotonic() - started > 2:
+    def poll():  # the stop, once both jobs run
+        if len(list(tmp_path.glob("started-*"))) == 2:
             raise KeyboardInterrupt
 
     refs = []
@@ -226,6 +230,7 @@ def test_a_stop_in_the_scheduling_loop_ends_the_jobs_it_started(tmp_path):
             ray.get(ref, timeout=30)
     time.sleep(6)  # past the jobs' end, had they run on
     assert not list(tmp_path.glob("done-*"))
+    assert sorted(p.name for p in tmp_path.glob("cleaned-*")) == ["cleaned-0", "cleaned-1"]  # interrupted, not killed
     ray.shutdown()
 
 

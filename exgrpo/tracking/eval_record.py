@@ -107,14 +107,15 @@ class Logged:
 
 def _artifact_holding(client: Any, run_id: str, stem: str, record: dict[str, Any]) -> str | None:
     """The name of the run's ``evaluations/<stem>[-<n>].json`` that holds ``record``, or None."""
-    mine = re.compile(re.escape(stem) + r"(-\d+)?\.json")
+    same_stem = re.compile(re.escape(stem) + r"(-\d+)?\.json")
+    wanted = json.dumps(record, sort_keys=True)  # as text: a NaN score equals itself
     for a in client.list_artifacts(run_id, "evaluations"):
         name = Path(a.path).name
-        if not mine.fullmatch(name):
+        if not same_stem.fullmatch(name):
             continue
         with tempfile.TemporaryDirectory(prefix="exgrpo-eval-") as tmp:
             local = client.download_artifacts(run_id, a.path, tmp)
-            if json.loads(Path(local).read_text()) == json.loads(json.dumps(record)):
+            if json.dumps(json.loads(Path(local).read_text()), sort_keys=True) == wanted:
                 return name
     return None
 

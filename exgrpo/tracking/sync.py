@@ -101,13 +101,31 @@ def log_once(client: Any, run_id: str, metrics: Mapping[str, float], step: int) 
         client.log_batch(run_id, metrics=items[i:i + 1000])
 
 
+REFUSED_CODES = ("INVALID_PARAMETER_VALUE", "RESOURCE_ALREADY_EXISTS", "BAD_REQUEST")
+"""MLflow's answers to a request it will never take (a key or value it does not accept)."""
+
+
 def is_refusal(error: BaseException) -> bool:
-    """Whether MLflow answered ``error`` because of the request itself (a 4xx status: a key or value it
-    does not accept), which every later sync would meet again; a server error (5xx: a locked database, a
-    restart) or a broken connection may pass, and is tried again."""
+    """Whether ``error`` rejects the request itself, so every later sync would meet it again: one of
+    :data:`REFUSED_CODES` (but not a database error that passes, such as a closed connection, which the
+    SQL store reports as a bad request too), an HTTP 400 or 413 from the artifact proxy, or a file the
+    marker names and the disk no longer holds. Anything else (an authentication or server error, a
+    dropped connection) may pass, and is tried again by the next sync."""
+    import requests
     from mlflow.exceptions import MlflowException
 
-    return isinstance(error, MlflowException) and 400 <= error.get_http_status_code() < 500
+    if isinstance(error, MlflowException):
+        if error.error_code not in REFUSED_CODES:
+            return False
+        cause = error.__cause__
+        if cause is not None and type(cause).__module__.startswith("sqlalchemy"):
+            import sqlalchemy.exc
+
+            return isinstance(cause, (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.DataError))
+        return True
+    if isinstance(error, requests.HTTPError):
+        return error.response is not None and error.response.status_code in (400, 413)
+    return isinstance(error, FileNotFoundError)
 
 
 class _Delivery:
