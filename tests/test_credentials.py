@@ -190,3 +190,18 @@ def test_prefect_records_no_password_of_a_sweep_it_runs(server, tmp_path, capsys
     home = Path(os.environ["PREFECT_HOME"])
     assert list(home.rglob("*.db")), f"no Prefect database under {home}"
     assert _files_holding_password(home) == [], "the password reached Prefect's records"
+
+
+def test_an_unexpected_errors_traceback_hides_a_password(monkeypatch, capsys):
+    """An error no command expects ends with Python's traceback and exit 1, as before, but with any URI's
+    password hidden: MLflow's errors name the URL they requested, credentials included."""
+    from exgrpo import cli
+
+    def fails(argv):
+        raise RuntimeError("API request to http://alice:S3CRETPW@127.0.0.1:5000/api/2.0/mlflow/runs/get failed")
+
+    monkeypatch.setattr(cli, "_main", fails)
+    assert cli.main(["runs"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback (most recent call last):") and "RuntimeError: API request to" in err, err
+    assert "S3CRETPW" not in err and "http://alice:***@127.0.0.1:5000" in err, err

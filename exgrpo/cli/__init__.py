@@ -403,6 +403,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr, flush=True)
         return 130
+    except Exception:  # unexpected: the traceback as Python prints it, but a store's password hidden in it
+        import traceback
+
+        print(redact_uri(traceback.format_exc()), file=sys.stderr, end="", flush=True)
+        return 1
 
 
 def _main(argv: list[str] | None) -> int:
