@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from exgrpo.compare import RunOutcome, format_table, summarize
+from exgrpo.compare import RunOutcome, diff_at_equal_tokens, format_table, summarize
 from exgrpo.stats import bootstrap_ci, mean_ci, paired_difference, steps_to_target
 
 
@@ -464,6 +464,18 @@ def test_accuracy_at_equal_sampled_tokens_is_interpolated_on_the_evaluation_grid
     assert "diff vs grpo at equal tokens" in text
     one = {r.arm: r for r in summarize([o for o in outs if o.seed == 0], ["grpo", "extra"], "grpo")}
     assert "(one seed, no interval) at 2.00 M" in format_table(list(one.values()), "val/accuracy", "grpo")
+    # each seed's pair is read at its own budget: seed 0's runs spent 1M and 1.5M, seed 1's 4M and 6M; read
+    # at the fewest tokens of all runs (1M), seed 1 would be cut to a quarter of its pair's run
+    uneven = [RunOutcome("grpo", 0, 0.3, [0, 1, 2], [0.1, 0.2, 0.3], curve_tokens=[0, 0.5e6, 1e6]),
+              RunOutcome("extra", 0, 0.3, [0, 1, 2], [0.1, 0.2, 0.3], curve_tokens=[0, 0.75e6, 1.5e6]),
+              RunOutcome("grpo", 1, 0.3, [0, 1, 2], [0.1, 0.2, 0.3], curve_tokens=[0, 2e6, 4e6]),
+              RunOutcome("extra", 1, 0.7, [0, 1, 2], [0.1, 0.5, 0.7], curve_tokens=[0, 3e6, 6e6])]
+    budget, d = diff_at_equal_tokens({o.seed: o for o in uneven if o.arm == "extra"},
+                                     {o.seed: o for o in uneven if o.arm == "grpo"})
+    # seed 0 at 1M: extra 0.2 + 0.1 * (0.25 / 0.75), grpo 0.3
+    # seed 1 at 4M: extra 0.5 + 0.2 / 3 = 0.5667; grpo 0.3
+    assert budget == pytest.approx(2.5e6)  # the median of 1M and 4M
+    assert d.n == 2 and d.mean == pytest.approx(((0.2 + 0.1 / 3 - 0.3) + (0.5 + 0.2 / 3 - 0.3)) / 2)
     # a run without a token curve (a backend that does not log it) gives no reading, not a wrong one
     bare = [RunOutcome(a, s, 0.5, [0, 1], [0.1, 0.5]) for a in ("grpo", "extra") for s in range(2)]
     assert {r.arm: r for r in summarize(bare, ["grpo", "extra"], "grpo")}["extra"].diff_at_equal_tokens is None

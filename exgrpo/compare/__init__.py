@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -122,18 +123,23 @@ def equal_token_budget(runs: Iterable[RunOutcome]) -> float | None:
 
 
 def diff_at_equal_tokens(arm: dict[int, RunOutcome], base: dict[int, RunOutcome]) -> tuple[float, Estimate] | None:
-    """Per seed both arms share, the arm's metric minus the baseline's at the sampled-token budget
-    every run of the two reached (:func:`equal_token_budget`), each curve interpolated on its
-    evaluation grid; the budget and the paired difference with its 95% CI. None without a budget."""
+    """Per seed both arms share, the arm's metric minus the baseline's at the sampled-token budget both
+    runs of that seed reached (:func:`equal_token_budget` of the pair), each curve interpolated on its
+    evaluation grid; the median of those budgets and the paired difference with its 95% CI. None where a
+    pair has no budget.
+
+    Each pair is read at its own budget: seeds whose runs sample far more than another seed's (response
+    lengths vary several-fold between seeds on a pretrained model) are not cut to the shortest run of all,
+    where every arm is near its start and the reading says nothing."""
     common = sorted(set(arm) & set(base))
-    budget = equal_token_budget([arm[s] for s in common] + [base[s] for s in common])
-    if budget is None:
+    budgets = [equal_token_budget([arm[s], base[s]]) for s in common]
+    if not budgets or any(b is None for b in budgets):
         return None
-    a = [value_at(budget, arm[s].curve_tokens, arm[s].curve_values) for s in common]
-    b = [value_at(budget, base[s].curve_tokens, base[s].curve_values) for s in common]
+    a = [value_at(t, arm[s].curve_tokens, arm[s].curve_values) for s, t in zip(common, budgets, strict=True)]
+    b = [value_at(t, base[s].curve_tokens, base[s].curve_values) for s, t in zip(common, budgets, strict=True)]
     if any(v is None for v in a + b):
         return None
-    return budget, paired_difference(a, b)
+    return float(statistics.median(budgets)), paired_difference(a, b)
 
 
 def _first_reach(o: RunOutcome, target: float, along: list[float]) -> float | None:
@@ -171,10 +177,11 @@ class ArmSummary:
     seconds_to_baseline_final: float | None = None
     """The same in training wall time (seconds)."""
     equal_tokens: float | None = None
-    """The sampled-token count at which this arm and the baseline are read side by side: the fewest
-    that any run of either spent in all (:func:`equal_token_budget`); None for the baseline itself."""
+    """The median over seeds of the sampled-token count at which a seed's run of this arm and of the
+    baseline are read side by side: the fewer that either of the two spent in all
+    (:func:`diff_at_equal_tokens`); None for the baseline itself."""
     diff_at_equal_tokens: Estimate | None = None
-    """The arm minus the baseline in the metric at ``equal_tokens`` sampled tokens (each run's curve
+    """The arm minus the baseline in the metric, each seed's pair at its own equal budget (each run's curve
     interpolated on its evaluation grid, :func:`exgrpo.stats.value_at`), paired by seed, with a
     Student-t 95% CI: the comparison at equal generation compute."""
 
@@ -368,7 +375,8 @@ def format_table(rows: list[ArmSummary], metric: str, baseline: str, horizon: fl
     lines += [
         "",
         f"| arm | step reaching {baseline}'s final | tokens sampled (M) then | train min then "
-        f"| tokens sampled / in loss (M) | fresh questions | train min | diff vs {baseline} at equal tokens (paired, 95% CI) |",
+        f"| tokens sampled / in loss (M) | fresh questions | train min | diff vs {baseline} at equal tokens "
+        "(each seed's pair at its own budget; paired, 95% CI; median budget) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -405,9 +413,10 @@ def format_table(rows: list[ArmSummary], metric: str, baseline: str, horizon: fl
         "sampled again); mean over seeds, millions.",
         "- fresh questions: questions drawn from the training set over a run (replay takes some of a batch's "
         "places); train min: the run's training steps' wall time (evaluations excluded); means over seeds.",
-        f"- diff vs {baseline} at equal tokens: each run's {metric} read at the same number of sampled response "
-        f"tokens (the fewest any run of the pair spent in all, M), interpolated linearly between its evaluations; "
-        f"the arm minus {baseline} on the same seed, averaged, with a Student-t 95% CI of the paired differences.",
+        f"- diff vs {baseline} at equal tokens: each seed's two runs' {metric} read at the same number of sampled "
+        f"response tokens (the fewer that either of the two spent in all; the median over seeds shown, M), "
+        f"interpolated linearly between evaluations; the arm minus {baseline} on the same seed, averaged, with a "
+        f"Student-t 95% CI of the paired differences.",
         "",
         verdict(rows, metric, baseline),
     ]

@@ -314,7 +314,7 @@ def summary_table(data: ComparisonData) -> str:
 
 
 def _equal_tokens_cell(r: ArmSummary) -> str:
-    """The arm minus the baseline at the sampled tokens every run of the pair reached, with its CI."""
+    """The arm minus the baseline, each seed's pair at the sampled tokens both its runs reached, with its CI."""
     e = r.diff_at_equal_tokens
     if e is None or r.equal_tokens is None:
         return H.td("—", arm=r.arm, col="diff_equal_tokens")
