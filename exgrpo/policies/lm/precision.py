@@ -118,7 +118,7 @@ def check_precision(precision: Precision | str, field: str = "policy.precision",
     if not bf16_matmul(flags):
         raise ConfigError(f"{field}=bf16 needs a CPU with bf16 matmul ({' or '.join(BF16_CPU_FLAGS)} {_WHERE}); "
                           f"{cpu_name(cpuinfo)} has none, and bf16 there is slower than fp32: set {field}=fp32")
-    if not _torch_bf16_supported():
+    if cpuinfo is None and not _torch_bf16_supported():  # torch speaks for this machine, not for ``cpuinfo``'s
         have = ", ".join(f for f in (*BF16_CPU_FLAGS, ARM_BF16_FEATURE) if f in flags)
         raise ConfigError(f"{field}=bf16: this CPU has {have}, but torch's oneDNN reports no bf16 support "
                           f"(torch.ops.mkldnn._is_mkldnn_bf16_supported): set {field}=fp32")
@@ -136,7 +136,7 @@ def check_weights_dtype(dtype: str, field: str = "policy.dtype", cpuinfo: str | 
     if not bf16_weights(cpu_flags(cpuinfo)):
         raise ConfigError(f"{field}={asked} needs a CPU with oneDNN's bf16 kernels ({needs} {_WHERE}); "
                           f"{cpu_name(cpuinfo)} has none: set {field}={fallback}")
-    if not _torch_bf16_supported():
+    if cpuinfo is None and not _torch_bf16_supported():
         raise ConfigError(f"{field}={asked}: torch's oneDNN reports no bf16 support on this CPU "
                           f"(torch.ops.mkldnn._is_mkldnn_bf16_supported): set {field}={fallback}")
 
