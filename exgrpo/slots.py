@@ -148,13 +148,15 @@ CANCEL_GRACE_SECONDS = 45.0
 worker is killed."""
 
 
-def cancel(refs: list[Any], grace_seconds: float = CANCEL_GRACE_SECONDS) -> None:
+def cancel(refs: list[Any], grace_seconds: float | None = None) -> None:
     """End the Ray tasks of ``refs``: interrupted first (a KeyboardInterrupt in the task, whose handlers
-    stop what it started elsewhere), then, past ``grace_seconds``, their workers killed."""
+    stop what it started elsewhere), then, past ``grace_seconds`` (None: :data:`CANCEL_GRACE_SECONDS`),
+    their workers killed."""
     import ray
 
     if not refs:
         return
+    grace_seconds = CANCEL_GRACE_SECONDS if grace_seconds is None else grace_seconds
     for ref in refs:
         with contextlib.suppress(Exception):
             ray.cancel(ref)

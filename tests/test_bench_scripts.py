@@ -39,6 +39,11 @@ SMOKE = [
     pytest.param(argv, goals, marks=[pytest.mark.extended] if argv[0] == "bench_orchestration.py" else [])
     for argv, goals in SMOKE], ids=[a[0].removesuffix(".py") for a, _ in SMOKE])
 def test_a_bench_script_runs_and_records_its_goals(argv, goals, tmp_path):
+    if argv[0] == "bench_precision.py":
+        from exgrpo.policies.lm.precision import bf16_matmul, cpu_flags
+
+        if not bf16_matmul(cpu_flags()):
+            pytest.skip("bench_precision times bf16 products, which this CPU lacks (refused by the config)")
     summary = tmp_path / "bench.jsonl"
     env = {**os.environ, "EXGRPO_BENCH_SUMMARY": str(summary)}
     env.pop("PREFECT_API_URL", None)  # the orchestration bench starts its own ephemeral Prefect API

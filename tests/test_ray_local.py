@@ -187,51 +187,52 @@ def test_the_scheduling_loop_keeps_its_limit_and_its_slots_and_outlives_a_failed
     ray.shutdown()
 
 
-def test_a_stop_in_the_scheduling_loop_ends_the_jobs_it_started(tmp_path):
-    """A stop (KeyboardInterrupt, as the CLI's SIGTERM handler raises) while jobs run: the loop cancels
-    them before the stop reaches its caller, which then marks their runs KILLED; on a cluster that outlives
-    the caller, a job left running would train on and record its end into a run already ended. A job is
-    interrupted, not killed, so that its own handlers run (a Ray Job it submitted is stopped there)."""
+def test_a_stop_in_the_scheduling_loop_ends_the_jobs_it_started(tmp_path, monkeypatch):
+    """A stop (KeyboardInterrupt, as the CLI's SIGTERM handler raises) while jobs run: the loop ends them
+    before the stop reaches its caller, which then marks their runs KILLED; on a cluster that outlives the
+    caller, a job left running would train on and record its end into a run already ended. A job is
+    interrupted first, so that its own handlers can run (a Ray Job it submitted is stopped there), and
+    killed once the grace has passed."""
     import time
 
     import pytest
     import ray
 
+    from exgrpo import slots
     from exgrpo.cluster import ensure_ray
     from exgrpo.slots import run_as_slots_free
 
+    monkeypatch.setattr(slots, "CANCEL_GRACE_SECONDS", 3.0)
     ensure_ray()
+    try:
+        @ray.remote(num_cpus=0)
+        def work(job: int, out: str) -> int:
+            open(f"{out}/started-{job}", "w").close()
+            time.sleep(20)
+            open(f"{out}/done-{job}", "w").close()
+            return job
 
-    @ray.remote(num_cpus=0)
-    def work(job: int, out: str) -> int:
-        open(f"{out}/started-{job}", "w").close()
-        try:
-            time.sleep(6)
-        except KeyboardInterrupt:  # what a cancelled task's handlers do: stop what it started elsewhere
-            open(f"{out}/cleaned-{job}", "w").close()
-            raise
-        open(f"{out}/done-{job}", "w").close()
-        return job
+        def poll():  # the stop, once both jobs run
+            if len(list(tmp_path.glob("started-*"))) == 2:
+                raise KeyboardInterrupt
 
-    def poll():  # the stop, once both jobs run
-        if len(list(tmp_path.glob("started-*"))) == 2:
-            raise KeyboardInterrupt
+        refs = []
 
-    refs = []
+        def launch(job, options):
+            refs.append(work.remote(job, str(tmp_path)))
+            return refs[-1]
 
-    def launch(job, options):
-        refs.append(work.remote(job, str(tmp_path)))
-        return refs[-1]
-
-    with pytest.raises(KeyboardInterrupt):
-        run_as_slots_free(range(2), launch, lambda *a: None, limit=2, poll=poll)
-    for ref in refs:
-        with pytest.raises((ray.exceptions.TaskCancelledError, ray.exceptions.WorkerCrashedError)):
-            ray.get(ref, timeout=30)
-    time.sleep(6)  # past the jobs' end, had they run on
-    assert not list(tmp_path.glob("done-*"))
-    assert sorted(p.name for p in tmp_path.glob("cleaned-*")) == ["cleaned-0", "cleaned-1"]  # interrupted, not killed
-    ray.shutdown()
+        started = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            run_as_slots_free(range(2), launch, lambda *a: None, limit=2, poll=poll)
+        assert time.monotonic() - started < 18  # ended, not waited for
+        for ref in refs:
+            with pytest.raises((ray.exceptions.TaskCancelledError, ray.exceptions.WorkerCrashedError)):
+                ray.get(ref, timeout=30)
+        time.sleep(max(0.0, 22 - (time.monotonic() - started)))  # past the jobs' end, had they run on
+        assert not list(tmp_path.glob("done-*"))
+    finally:
+        ray.shutdown()
 
 
 def test_verl_runs_start_by_their_own_size_from_what_ray_reports_free(capsys):
