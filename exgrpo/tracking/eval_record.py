@@ -105,28 +105,22 @@ class Logged:
     """The artifact the scores were written to (None: nothing new to record)."""
 
 
-def _artifact_holding(client: Any, run_id: str, stem: str, record: dict[str, Any]) -> str | None:
-    """The name of the run's ``evaluations/<stem>[-<n>].json`` that holds ``record``, or None."""
+def _artifact_for(client: Any, run_id: str, stem: str, record: dict[str, Any]) -> tuple[str, bool]:
+    """(name, held): the run's ``evaluations/<stem>[-<n>].json`` that holds ``record`` already (held), else
+    the first of ``<stem>.json``, ``<stem>-2.json``, ... that the run does not hold (one listing of the run's
+    evaluations serves both)."""
     same_stem = re.compile(re.escape(stem) + r"(-\d+)?\.json")
     wanted = json.dumps(record, sort_keys=True)  # as text: a NaN score equals itself
-    for a in client.list_artifacts(run_id, "evaluations"):
-        name = Path(a.path).name
-        if not same_stem.fullmatch(name):
-            continue
-        with tempfile.TemporaryDirectory(prefix="exgrpo-eval-") as tmp:
-            local = client.download_artifacts(run_id, a.path, tmp)
-            if json.dumps(json.loads(Path(local).read_text()), sort_keys=True) == wanted:
-                return name
-    return None
-
-
-def _free_artifact(client: Any, run_id: str, stem: str) -> str:
-    """``evaluations/<stem>.json``, or ``<stem>-2.json``, ... : the first name the run does not hold."""
     taken = {Path(a.path).name for a in client.list_artifacts(run_id, "evaluations")}
+    for name in sorted(n for n in taken if same_stem.fullmatch(n)):
+        with tempfile.TemporaryDirectory(prefix="exgrpo-eval-") as tmp:
+            local = client.download_artifacts(run_id, f"evaluations/{name}", tmp)
+            if json.dumps(json.loads(Path(local).read_text()), sort_keys=True) == wanted:
+                return name, True
     name, i = f"{stem}.json", 2
     while name in taken:
         name, i = f"{stem}-{i}.json", i + 1
-    return name
+    return name, False
 
 
 def log_scores(tracker: Any, run_id: str, scores: list[Any], step: int, settings: Any = None,
@@ -153,9 +147,8 @@ def log_scores(tracker: Any, run_id: str, scores: list[Any], step: int, settings
     stem = f"step_{step}" + (f"-{key}" if key else "")
     record = {"step": step, "settings": s or None, "subsets": dict(subsets or {}),
               "metrics": dict(logged), "scores": [x.to_dict() for x in scores]}
-    name = _artifact_holding(client, run_id, stem, record)
-    if name is None:
-        name = _free_artifact(client, run_id, stem)
+    name, held_already = _artifact_for(client, run_id, stem, record)
+    if not held_already:
         with tempfile.TemporaryDirectory(prefix="exgrpo-eval-") as tmp:
             path = write_text_atomic(Path(tmp) / name, json.dumps(record, indent=1))
             client.log_artifact(run_id, str(path), "evaluations")
