@@ -25,7 +25,7 @@ JOB_STAMP := .venv-job/.installed
 GPU_PY    := .venv-gpu/bin/python
 GPU_STAMP := .venv-gpu/.installed
 
-.PHONY: venv job-env gpu-env gpu-smoke demo demo-toy test test-extended test-full test-fast lint services bench ui docs clean
+.PHONY: venv job-env gpu-env gpu-smoke demo demo-toy test test-full test-fast lint services bench ui docs clean
 
 # pip 26 first: its resolver reads far less than the venv's bundled 23.2 (the GPU environment's dry run
 # in tests/test_stack_versions.py takes about a third of the CPU time); both resolve requirements-cpu.txt
@@ -89,18 +89,16 @@ lint: $(STAMP)   # ruff, then the floors of the package: no import points up (py
 	.venv/bin/ruff check .
 	.venv/bin/lint-imports
 
-# two workers, each running a whole module at a time, the longest modules first (tests/conftest.py):
+# every test but the whole forms of the few cases it runs smaller (`full` in pyproject.toml's markers),
+# on two workers, each running a whole module at a time, the longest modules first (tests/conftest.py):
 # module fixtures (a veRL run read by many tests, a Prefect server) are still made once
 test: $(STAMP) $(JOB_STAMP) lint docs services
-	$(PY) -m pytest -q --durations=40 -n 2 --dist loadfile --no-loadscope-reorder
+	$(PY) -m pytest -q --durations=40 -n 2 --dist loadfile --no-loadscope-reorder -m "not full"
 
-# the end-to-end cases over CI's time budget (`extended` in pyproject.toml's markers), about 25 minutes of 2 cores
-test-extended: $(STAMP) $(JOB_STAMP) services
-	EXGRPO_EXTENDED=1 $(PY) -m pytest -q --durations=20 -n 2 --dist loadfile --no-loadscope-reorder -m extended
-
-# every test, no tier skipped: make test's and the extended tier's
+# every test, the whole forms too: make test's and the `full` cases (the eight-pair family-wise error at
+# 1,000 permutations, the veRL sweep of two trials), about 5 minutes of 2 cores more than make test
 test-full: $(STAMP) $(JOB_STAMP) lint docs services
-	EXGRPO_EXTENDED=1 $(PY) -m pytest -q --durations=40 -n 2 --dist loadfile --no-loadscope-reorder
+	$(PY) -m pytest -q --durations=40 -n 2 --dist loadfile --no-loadscope-reorder
 
 test-fast: $(STAMP) lint   # the inner loop: core, config, rewards and unit tests (no servers, Ray or veRL)
 	$(PY) -m pytest -q -n 2 -m "not e2e and not slow"

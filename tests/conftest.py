@@ -21,9 +21,9 @@ not slow"``): the core, config, rewards and unit tests."""
 
 
 LONGEST_FIRST = [
-    "test_verl_resume", "test_vllm_resume", "test_vllm_rollout", "test_verl_flows", "test_verl_grpo_run", "test_ray_cluster",
-    "test_prefect_server", "test_compare", "test_verl_stop", "test_ray_local", "test_mlflow_outage", "test_bench_scripts",
-    "test_lm_tier", "test_golden", "test_team_mode", "test_verl_platform", "test_verl_sweep", "test_vllm_cpu_heads",
+    "test_vllm_rollout", "test_ray_cluster", "test_verl_resume", "test_compare", "test_vllm_resume", "test_verl_grpo_run",
+    "test_verl_sweep", "test_verl_flows", "test_prefect_server", "test_verl_stop", "test_vllm_cpu_heads", "test_ray_local",
+    "test_mlflow_outage", "test_bench_scripts", "test_lm_tier", "test_golden", "test_team_mode", "test_verl_platform",
 ]
 """Modules by how long they take (``--durations`` of a whole run), longest first. ``make test`` runs
 the suite on two workers, a module to a worker at a time (``-n 2 --dist loadfile
@@ -99,18 +99,10 @@ def pytest_sessionfinish(session, exitstatus):
         gc.freeze()
 
 
-EXTENDED = "EXGRPO_EXTENDED"
-"""Set (``make test-extended``): the tests marked ``extended`` run; otherwise they are skipped, saying so."""
-
-
 def pytest_collection_modifyitems(config, items):
-    skip = pytest.mark.skip(reason="extended tier (a case another test's path mostly covers, over CI's time budget): "
-                                   "`make test-extended` runs it")
     for item in items:
         if Path(str(item.fspath)).stem in E2E_MODULES:
             item.add_marker(pytest.mark.e2e)
-        if "extended" in item.keywords and not os.environ.get(EXTENDED):
-            item.add_marker(skip)
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(Path(str(item.fspath)).stem, len(rank)))  # stable: each module in order
 

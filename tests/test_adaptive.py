@@ -261,7 +261,7 @@ def test_eight_pairs_against_one_baseline_hold_the_family_wise_error_at_100_perm
     assert rate * sims <= stats.binom.ppf(1 - 1e-3, sims, alpha), rate
 
 
-@pytest.mark.extended
+@pytest.mark.full  # the smaller form above runs in make test
 @pytest.mark.slow
 def test_eight_pairs_against_one_baseline_hold_the_family_wise_error():
     """docs/seeds.md's eight-pair case: eight arms with no difference from the baseline, 2,000 simulated

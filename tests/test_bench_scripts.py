@@ -35,9 +35,7 @@ SMOKE = [
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("argv,goals", [
-    pytest.param(argv, goals, marks=[pytest.mark.extended] if argv[0] == "bench_orchestration.py" else [])
-    for argv, goals in SMOKE], ids=[a[0].removesuffix(".py") for a, _ in SMOKE])
+@pytest.mark.parametrize("argv,goals", SMOKE, ids=[a[0].removesuffix(".py") for a, _ in SMOKE])
 def test_a_bench_script_runs_and_records_its_goals(argv, goals, tmp_path):
     if argv[0] == "bench_precision.py":
         from exgrpo.policies.lm.precision import bf16_matmul, cpu_flags

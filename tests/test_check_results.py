@@ -74,7 +74,7 @@ def test_every_toy_page_records_its_runs() -> None:
 
 @pytest.mark.slow
 @pytest.mark.e2e
-@pytest.mark.extended  # four toy runs, about 70 s of CPU; `make check-results` re-trains them too
+# four toy runs, about 70 s of CPU; `make check-results` re-trains them too
 def test_the_toy_pages_first_seed_of_each_arm_reproduces(capsys: pytest.CaptureFixture[str]) -> None:
     """One training run per arm of experiments/toy.yaml (300 steps each, about 70 s of CPU in all), each
     final as the pages record it; ``make check-results`` also runs the 800-step tables' first seeds."""

@@ -238,7 +238,6 @@ def test_a_missing_flow_is_a_one_line_error_not_a_silent_fallback(monkeypatch, c
     assert len(err) == 1 and "flows/compare.py:compare_flow cannot be loaded" in err[0] and "--no-prefect" in err[0]
 
 
-@pytest.mark.extended
 def test_compare_cli_shows_live_progress_from_the_ray_workers(tmp_path):
     """Two Ray workers, output captured as a non-terminal stream: per-run progress lines (step/total,
     pass@1) arrive while the runs are still going, and the runs done are counted."""
@@ -267,7 +266,6 @@ def test_compare_cli_shows_live_progress_from_the_ray_workers(tmp_path):
     assert any("/150" in lines[i] and "pass@1" in lines[i] for i in progress)
 
 
-@pytest.mark.extended
 def test_compare_cli_in_a_terminal_shows_a_live_table_with_totals_from_epochs(tmp_path):
     """Under a pseudo-terminal the progress is one rich table redrawn in place (no plain lines),
     and a config without train.max_steps still shows step/total (the trainer's planned steps)."""
@@ -329,6 +327,26 @@ def test_local_compare_runs_no_more_workers_than_the_cores_hold(tmp_path, capsys
     assert sorted(o.seed for o in outcomes) == [0, 1]
     said = capsys.readouterr().out
     assert f"compare: {max(1, cores // 2)} worker(s) instead of {cores}" in said
+
+
+def test_a_resumed_comparison_says_a_run_without_checkpoint_starts_again_not_to_use_resume(tmp_path, capsys):
+    """A run killed before its first checkpoint leaves its directory (config, a few metrics) behind;
+    ``--resume`` moves it aside and trains it afresh, saying it had no checkpoint, not "use --resume"."""
+    from exgrpo.compare import CompareConfig, run_local
+
+    cc = CompareConfig.model_validate({
+        "base": {"name": "early", "output_dir": str(tmp_path / "runs"), "task": {"max_operand": 5},
+                 "policy": {"hidden": 16, "layers": 1}, "train": {"max_steps": 2, "batch_size": 8}},
+        "arms": {"grpo": {"algorithm.replay": "none"}}, "seeds": [0, 1]})
+    killed = tmp_path / "runs" / "early" / "early-grpo" / "seed0"
+    killed.mkdir(parents=True)
+    (killed / "metrics.jsonl").write_text('{"step": 0}\n')
+    outcomes = run_local(cc, workers=1, resume=True)
+    assert sorted(o.seed for o in outcomes) == [0, 1]
+    said = capsys.readouterr().out
+    assert f"note: {killed} held an earlier run; moved it to " in said
+    assert "(it had no checkpoint to resume from)" in said and "use --resume" not in said, said
+    assert "seed1 does not exist" not in said  # a seed new to the comparison is simply trained
 
 
 def test_a_comparison_runs_some_of_its_arms_and_seeds_as_named():

@@ -57,7 +57,6 @@ def test_prefect_yaml_declares_the_deployments():
     assert every and all(s["active"] is False for _, s in every), every
 
 
-@pytest.mark.extended
 def test_compare_flow_parent_and_children_in_mlflow(tmp_path):
     cfg = tmp_path / "cmp.yaml"
     cfg.write_text(yaml.safe_dump({
@@ -241,7 +240,6 @@ def test_compare_flow_shows_each_run_as_a_task_run_and_a_failed_one_as_failed(tm
     assert broken.state.is_failed() and "/proc/exgrpo-cannot-write-here" in (broken.state.message or ""), broken.state
 
 
-@pytest.mark.extended
 def test_an_adaptive_comparison_resumes_at_its_stage_and_records_each_decision(tmp_path):
     """Stage 1's runs exist (a comparison killed after it, or the same seeds run fixed): ``--adaptive
     --resume`` reuses them, tests, and trains stage 2 only for the arms still undecided. "easy" (a

@@ -109,7 +109,6 @@ def test_eval_errors(tmp_path):
     assert missing.returncode == 2 and "no such file" in missing.stderr
 
 
-@pytest.mark.extended
 def test_smollm2_trains_one_step_through_the_cli(tmp_path):
     """The real pretrained model on CPU: one ExGRPO step on reasoning-gym questions, then eval."""
     sets = {"task.n_train": 4, "task.n_val": 2, "policy.max_new_tokens": 8, "algorithm.group_size": 2,

@@ -267,7 +267,6 @@ def test_sweep_deployment_has_two_paused_schedules_with_their_own_parameters(dep
     assert seen == want
 
 
-@pytest.mark.extended
 def test_a_train_verl_deployment_run_on_a_worker_is_evaluated_by_the_triggered_deployment(deployed, tmp_path,
                                                                                           exgrpo_cache):
     """What a user does in the Prefect UI: run the train-verl deployment. A process worker runs the

@@ -280,7 +280,6 @@ def verl_node(cluster):
     return cluster
 
 
-@pytest.mark.extended
 def test_a_verl_run_submitted_as_a_ray_job_reports_live_to_mlflow(verl_node, tracking, tmp_path):
     """A run launched as a Ray Job; a run launched as a process of its own is the comparison's, below."""
     cluster = verl_node
@@ -299,7 +298,6 @@ def test_a_verl_run_submitted_as_a_ray_job_reports_live_to_mlflow(verl_node, tra
     assert "ray_job_id" in run.data.tags
 
 
-@pytest.mark.extended
 def test_a_verl_comparison_starts_its_runs_as_the_cluster_hosts_them_whole(verl_node, tracking, tmp_path):
     """Started at once, two veRL runs' launchers and TaskRunners took the CPUs each run's workers and
     reward worker needed, and neither could ever start: here they run one after the other, each

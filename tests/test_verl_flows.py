@@ -10,7 +10,6 @@ from verlutil import EXGRPO
 
 
 # ------------------------------------------------------------------------------------ Prefect -> Ray Job -> MLflow
-@pytest.mark.extended
 @pytest.mark.slow
 def test_a_train_flow_whose_ray_job_fails_ends_its_mlflow_run_failed(tmp_path, exgrpo_cache, monkeypatch):
     """The train flow submits the veRL run as a Ray Job; a job that fails (here veRL refuses an

@@ -70,7 +70,6 @@ MEASUREMENTS = ("time/", "timing_s/", "timing_per_token_ms/", "perf/", "actor/pe
 """Metrics of how long and how much memory, not of what was learnt: they differ between any two runs."""
 
 
-@pytest.mark.extended
 @pytest.mark.slow
 def test_two_verl_runs_of_one_seed_learn_the_same_at_every_step(grpo_run, piped_grpo_run):
     """The hf rollout samples each request from (seed, step, row): a second run of the same config and

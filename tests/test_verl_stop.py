@@ -32,9 +32,7 @@ def _of_the_run(ray_dir):
     return found
 
 
-# SIGTERM only in the suite: Ctrl-C takes the same path in the runner (any interrupt stops the job's
-# process group the same way), and each case is a whole veRL run: the Ctrl-C case is in the extended tier
-@pytest.mark.parametrize("how", ["sigterm", pytest.param("ctrl-c", marks=pytest.mark.extended)])
+@pytest.mark.parametrize("how", ["sigterm", "ctrl-c"])
 def test_a_stopped_verl_run_ends_killed_and_leaves_no_process(how, tmp_path, exgrpo_cache):
     from mlflow import MlflowClient
 

@@ -13,26 +13,29 @@ from exgrpo.config import load_experiment
 from verlutil import GRPO, ONE_VAL_QUESTION, _cli_val_score, _env
 
 
-@pytest.mark.extended
 @pytest.mark.slow
-def test_a_verl_sweep_through_the_cli_registers_a_champion_that_evaluates_to_the_best_value(tmp_path, exgrpo_cache):
-    """`exgrpo sweep experiments/verl-tiny-sweep.yaml` (2 trials of 3 steps, the paper's defaults
-    first): each trial a veRL run in a Ray task with its own MLflow run; the best trial's
-    global_step_3 is registered as the study's champion, and `exgrpo eval` of
-    models:/exgrpo-verl-tiny-sweep@champion scores what the sweep measured for that trial."""
+@pytest.mark.parametrize("trials", [1, pytest.param(2, marks=pytest.mark.full)])
+def test_a_verl_sweep_through_the_cli_registers_a_champion_that_evaluates_to_the_best_value(tmp_path, exgrpo_cache,
+                                                                                            trials):
+    """`exgrpo sweep experiments/verl-tiny-sweep.yaml` (trials of 3 steps, the paper's defaults first):
+    each trial a veRL run in a Ray task with its own MLflow run; the best trial's global_step_3 is
+    registered as the study's champion, and `exgrpo eval` of models:/exgrpo-verl-tiny-sweep@champion
+    scores what the sweep measured for that trial. ``make test`` runs one trial (the whole path: a trial,
+    its record, the champion's registration and evaluation by name); the full form, two (the champion
+    chosen between them), about two minutes more."""
     import mlflow
     import optuna
 
     storage, uri = f"sqlite:///{tmp_path}/optuna.db", f"sqlite:///{tmp_path}/mlflow.db"
-    cmd = [sys.executable, "-m", "exgrpo.cli", "sweep", "experiments/verl-tiny-sweep.yaml", "--n-trials", "2",
+    cmd = [sys.executable, "-m", "exgrpo.cli", "sweep", "experiments/verl-tiny-sweep.yaml", "--n-trials", str(trials),
            "--set", "budget_steps=3", "--set", f"base.output_dir={tmp_path / 'runs'}", "--storage", storage,
            "--tracking-uri", uri, "--no-prefect"]
     res = subprocess.run(cmd, capture_output=True, text=True, env=_env(exgrpo_cache), timeout=1200)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     summary = json.loads(res.stdout[res.stdout.rindex("\n{") + 1:])
-    assert summary["counts"]["COMPLETE"] == 2 and summary["champion"] == "models:/exgrpo-verl-tiny-sweep@champion"
+    assert summary["counts"]["COMPLETE"] == trials and summary["champion"] == "models:/exgrpo-verl-tiny-sweep@champion"
     study = optuna.load_study(study_name="verl-tiny-sweep", storage=storage)
-    assert study.trials[0].params["algorithm.bucket_rbound"] == 3  # the paper's K-1 went first
+    assert len(study.trials) == trials and study.trials[0].params["algorithm.bucket_rbound"] == 3  # the paper's K-1 first
     client = mlflow.MlflowClient(uri)
     runs = {t.number: client.get_run(t.user_attrs["mlflow_run_id"]) for t in study.trials}
     assert all(r.info.status == "FINISHED" and r.data.tags["checkpoint"].endswith("global_step_3") for r in runs.values())
@@ -44,7 +47,6 @@ def test_a_verl_sweep_through_the_cli_registers_a_champion_that_evaluates_to_the
 
 
 @pytest.mark.slow
-@pytest.mark.extended
 @pytest.mark.parametrize("launch", ["process", "ray_job"])
 def test_verl_callbacks_see_each_step_while_the_job_runs_and_a_pruning_callback_stops_it(tmp_path, exgrpo_cache, monkeypatch,
                                                                                          launch):

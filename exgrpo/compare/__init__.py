@@ -19,7 +19,7 @@ from exgrpo.errors import one_line
 from exgrpo.stats import (Estimate, iqm_ci, mean_ci, paired_difference, probability_of_improvement, steps_to_target,
                           value_at)
 from exgrpo.backends.base import train
-from exgrpo.runs import has_checkpoint
+from exgrpo.runs import has_checkpoint, holds_earlier_run
 from exgrpo.policies.build import prepare_warm_starts  # noqa: F401 - where callers find it too
 
 
@@ -187,10 +187,11 @@ class ArmSummary:
 
 
 def continues(cfg: ExperimentConfig, resume: bool) -> bool:
-    """Whether a comparison's run of ``cfg`` continues from its own checkpoints: with ``resume``,
-    when its run directory has any (a finished run then ends at once with its record; a killed one
-    goes on); otherwise, or without checkpoints, it starts afresh."""
-    return resume and has_checkpoint(cfg.run_dir())
+    """Whether a comparison's run of ``cfg`` is started with ``--resume``: when its run directory holds a
+    run. With checkpoints it continues from them (a finished run then ends at once with its record; a
+    killed one goes on); one killed before its first checkpoint is moved aside and trained afresh, saying
+    so (:func:`exgrpo.runs.prepare_run_dir`). A seed new to the comparison is trained, without a note."""
+    return resume and (has_checkpoint(cfg.run_dir()) or holds_earlier_run(cfg.run_dir()))
 
 
 def run_one(cfg: ExperimentConfig, arm: str, metric: str = "val/accuracy", resume: bool = False) -> RunOutcome:
