@@ -114,6 +114,26 @@ def test_the_private_local_ray_exports_no_prometheus_metrics():
     assert out.stdout.split()[:2] == ["NOT", "SERVED"], out.stdout
 
 
+def test_a_verl_jobs_private_ray_starts_no_idle_workers():
+    """Ray starts a worker per CPU ahead of work; veRL's actors each carry a runtime environment of their
+    own and never run in them, so the job's private Ray (JOB_RAY_SYSTEM_CONFIG) starts none: on 4 CPUs
+    no ``ray::IDLE`` process is up seconds after it started (Ray's default started 4)."""
+    code = (
+        "import time, ray\n"
+        "from exgrpo.backends.verl.main import JOB_RAY_SYSTEM_CONFIG\n"
+        "ray.init(num_cpus=4, include_dashboard=False, _system_config=JOB_RAY_SYSTEM_CONFIG)\n"
+        "time.sleep(8)\n"
+        "import psutil\n"
+        "(raylet,) = ray._private.worker.global_worker.node.all_processes['raylet']\n"
+        "workers = [' '.join(p.cmdline()) for p in psutil.Process(raylet.process.pid).children(recursive=True)]\n"
+        "print('IDLE', sum(w.startswith('ray::IDLE') for w in workers))\n"
+        "ray.shutdown()\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "IDLE 0" in out.stdout.splitlines(), out.stdout
+
+
 def test_a_job_server_beside_another_private_ray_accepts_jobs():
     """Two private Rays on one host (a sweep's, and a Prefect worker's job server for a veRL Ray Job):
     both agents asked for port 52365, the second's HTTP server failed, and every job submitted to it

@@ -333,3 +333,26 @@ def test_the_warm_start_is_the_same_whatever_thread_count_its_caller_runs_at(tmp
     assert line.startswith("tiny LM warm start: trained now in ")
     assert json.loads((path / RECORD_FILE).read_text())["torch_threads"] == SFT_THREADS
     assert load_tiny_lm(cfg, progress=False).cache_hit
+
+
+def test_a_cached_verl_export_is_found_without_loading_the_model(tmp_path, monkeypatch):
+    """veRL's copy of the tiny LM (``hf-verl`` in its cache entry) is found from the cache key alone: no
+    transformers import, no model load in the launching command (seconds of CPU a run); without that copy
+    the model is loaded and exported."""
+    from exgrpo.backends.verl.assets import export_model
+    from exgrpo.policies.lm import tiny_lm
+
+    cfg = load_experiment("experiments/verl-tiny-grpo.yaml")
+    monkeypatch.setenv("EXGRPO_CACHE", str(tmp_path))
+    entry = tmp_path / "tiny-lm" / tiny_lm.config_hash(cfg.policy.model)
+    (entry / "hf-verl").mkdir(parents=True)
+    (entry / tiny_lm.RECORD_FILE).write_text(json.dumps({"torch_threads": tiny_lm.SFT_THREADS}))
+
+    def load(*args, **kwargs):
+        raise AssertionError("the tiny LM was loaded")
+
+    monkeypatch.setattr(tiny_lm, "load_tiny_lm", load)
+    with pytest.raises(AssertionError, match="was loaded"):  # no export yet: loaded to make one
+        export_model(cfg)
+    (entry / "hf-verl" / "tokenizer.json").write_text("{}")
+    assert export_model(cfg) == entry / "hf-verl"

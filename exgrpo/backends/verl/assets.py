@@ -92,10 +92,13 @@ def model_dir(cfg: ExperimentConfig, progress: bool = False) -> str:
 def export_model(cfg: ExperimentConfig, progress: bool = False) -> Path:
     """The tiny LM of ``cfg.policy.model`` (SFT warm start, trained once and cached) as an HF model
     directory veRL loads with ``AutoModelForCausalLM`` / ``AutoTokenizer``; cached beside it."""
-    from exgrpo.policies.lm.tiny_lm import load_tiny_lm  # torch: not imported with the runner, which reads this module
+    from exgrpo.policies.lm.tiny_lm import cached_entry, load_tiny_lm  # torch: not imported with the runner, which reads this module
 
     if not isinstance(cfg.policy, LMPolicyConfig):
         raise ValueError(f"backend.name=verl needs policy.kind=lm (the tiny LM), got policy.kind={cfg.policy.kind!r}")
+    entry = cached_entry(cfg.policy.model)
+    if entry is not None and (entry / "hf-verl" / "tokenizer.json").is_file():
+        return entry / "hf-verl"  # exported before: neither transformers nor the model is loaded (seconds of CPU)
     tiny = load_tiny_lm(cfg.policy.model, progress=progress)
     out = tiny.path / "hf-verl"
     if (out / "tokenizer.json").is_file():

@@ -223,6 +223,13 @@ def _cached(path: Path) -> dict | None:
     return record if record.get("torch_threads") == SFT_THREADS else None
 
 
+def cached_entry(cfg: TinyLMConfig, cache_dir: str | Path | None = None) -> Path | None:
+    """The directory of ``cfg``'s complete cache entry (what :func:`load_tiny_lm` would load), else None;
+    nothing is loaded."""
+    path = cache_root(cache_dir) / "tiny-lm" / config_hash(cfg)
+    return path if _cached(path) else None
+
+
 def _load_cached(path: Path) -> TinyLM:
     from transformers import AutoModelForCausalLM
 
