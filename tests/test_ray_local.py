@@ -92,6 +92,13 @@ def test_disabled_ray_auth_is_refused_with_a_one_line_error(monkeypatch):
         enable_token_auth()
 
 
+def _python(code: str) -> str:
+    """What ``code`` printed, run in an interpreter of its own (its Ray is the only one it sees); it must succeed."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
 def test_the_private_local_ray_exports_no_prometheus_metrics():
     """Ray's metrics agent would serve, on every interface and without a token, the session name,
     driver PIDs, the node address and task names; the private local Ray runs without it (the same Ray
@@ -109,9 +116,8 @@ def test_the_private_local_ray_exports_no_prometheus_metrics():
         "print('SERVED' if served else 'NOT SERVED', port)\n"
         "ray.shutdown()\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split()[:2] == ["NOT", "SERVED"], out.stdout
+    out = _python(code)
+    assert out.split()[:2] == ["NOT", "SERVED"], out
 
 
 def test_a_verl_jobs_private_ray_starts_no_idle_workers():
@@ -119,19 +125,17 @@ def test_a_verl_jobs_private_ray_starts_no_idle_workers():
     own and never run in them, so the job's private Ray (JOB_RAY_SYSTEM_CONFIG) starts none: on 4 CPUs
     no ``ray::IDLE`` process is up seconds after it started (Ray's default started 4)."""
     code = (
-        "import time, ray\n"
+        "import time, psutil, ray\n"
         "from exgrpo.backends.verl.main import JOB_RAY_SYSTEM_CONFIG\n"
         "ray.init(num_cpus=4, include_dashboard=False, _system_config=JOB_RAY_SYSTEM_CONFIG)\n"
         "time.sleep(8)\n"
-        "import psutil\n"
         "(raylet,) = ray._private.worker.global_worker.node.all_processes['raylet']\n"
         "workers = [' '.join(p.cmdline()) for p in psutil.Process(raylet.process.pid).children(recursive=True)]\n"
         "print('IDLE', sum(w.startswith('ray::IDLE') for w in workers))\n"
         "ray.shutdown()\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "IDLE 0" in out.stdout.splitlines(), out.stdout
+    out = _python(code)
+    assert "IDLE 0" in out.splitlines(), out
 
 
 def test_a_job_server_beside_another_private_ray_accepts_jobs():
