@@ -428,3 +428,14 @@ def test_verl_needs_and_the_cluster_check():
     assert on_cluster(pinned, "h:1").backend.verl.ray_address == "other:2"
     native = load_experiment("experiments/toy-exgrpo.yaml")
     assert on_cluster(native, "h:1") is native
+
+
+def test_a_raylets_report_of_workers_killed_for_memory_is_fatal():
+    from exgrpo.backends.verl.prepared import fatal_line
+
+    report = ("\x1b[33m(raylet)\x1b[0m [2026-12-06 16:39:16,558 E 20601 20601] (raylet) node_manager.cc:3517: 4 Workers "
+              "(tasks / actors) killed due to memory pressure (OOM), 0 Workers crashed due to other reasons at node "
+              "(ID: 3fcee515, IP: 127.0.0.1) over the last time period.")
+    assert fatal_line(report).startswith("out of memory: Ray's memory monitor killed 4 of its workers")
+    assert fatal_line(report.replace(" 4 Workers", " 0 Workers")) is None  # only crashes for other reasons
+    assert fatal_line("(WorkerDict pid=1) step 3: saved the checkpoint") is None

@@ -76,3 +76,38 @@ def test_a_stopped_verl_run_ends_killed_and_leaves_no_process(how, tmp_path, exg
     (run,) = client.search_runs([client.get_experiment_by_name("verl-tiny-grpo").experiment_id])
     assert run.info.status == "KILLED"
     assert "error" not in run.data.tags
+
+
+
+_DEAD_ACTOR_DRIVER = (
+    "import sys, time, ray\n"
+    "from exgrpo.raylocal import init_local_ray\n"
+    "init_local_ray(1)\n"
+    "@ray.remote\n"
+    "class Server:\n"
+    "    def serve(self):\n"
+    "        time.sleep(3600)\n"
+    "server = Server.remote()\n"
+    "server.serve.remote()\n"
+    "print('serving', flush=True)\n"
+    "while True:\n"  # as veRL's agent loop awaits its rollout servers' replies: it never learns they died
+    "    time.sleep(1)\n"
+)
+
+
+def test_a_job_whose_workers_ray_kills_for_memory_is_stopped_on_the_raylets_report(tmp_path, monkeypatch):
+    """Ray's memory monitor kills the workers of a job's actors, which veRL never restarts, while its
+    driver waits on them (seen: a vLLM rollout's workers killed after a checkpoint, the run ended by
+    the stall bound 30 minutes later). The runner stops the job on the raylet's report and fails it,
+    naming the kill. A real private Ray whose memory monitor's threshold is under what any machine
+    uses, so that it kills the actor's worker; a driver that, like veRL's, waits without asking."""
+    from exgrpo.backends.verl.prepared import PreparedRun, VerlRunError
+    from exgrpo.backends.verl.runner import run_local
+
+    monkeypatch.setenv("RAY_memory_usage_threshold", "0.01")  # read by the raylet the driver's private Ray starts
+    prepared = PreparedRun(run_dir=tmp_path, command=[sys.executable, "-c", _DEAD_ACTOR_DRIVER], env={})
+    with pytest.raises(VerlRunError) as failed:
+        run_local(prepared, progress=False, stall_seconds=300)  # the hang guard: the stall bound
+    reason = str(failed.value).splitlines()[0]
+    assert reason.startswith("veRL run out of memory: Ray's memory monitor killed 1 of its workers"), reason
+    assert "RAY_memory_usage_threshold" in reason

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from exgrpo.backends.verl.live import StepFeed
-from exgrpo.backends.verl.prepared import DIAGNOSIS_LINES, PreparedRun, VerlRunError, diagnosed, last_error
+from exgrpo.backends.verl.prepared import (DIAGNOSIS_LINES, PreparedRun, VerlRunError, diagnosed, fatal_line, last_error,
+                                           stalled)
 from exgrpo.cluster import runtime_env
 from exgrpo.raylocal import init_local_ray
 
@@ -50,7 +51,8 @@ def run_ray_job(prepared: PreparedRun, address: str, on_line: Callable[[str], No
     """Submit the run, stream its log to ``on_line`` (and ``verl.log``), wait; returns the job id.
     ``on_submit(job_id)`` runs once the job is accepted. ``feed`` is polled every ``poll_seconds``;
     when one of its callbacks raises, the job is stopped and this raises VerlRunError (STOPPED). A job
-    whose log stays the same for ``stall_seconds`` is stopped and this raises VerlRunError."""
+    whose log stays the same for ``stall_seconds``, or says it cannot finish
+    (:func:`~exgrpo.backends.verl.prepared.fatal_line`), is stopped and this raises VerlRunError."""
     from ray.job_submission import JobStatus, JobSubmissionClient
 
     client = JobSubmissionClient(address)
@@ -69,7 +71,7 @@ def run_ray_job(prepared: PreparedRun, address: str, on_line: Callable[[str], No
     tail: deque[str] = deque(maxlen=log_tail)
     log_path = Path(prepared.run_dir) / "verl.log"
     try:
-        status, stalled, text = _follow(client, job_id, log_path, tail, on_line, poll_seconds, feed, stall_seconds)
+        status, stopped, text = _follow(client, job_id, log_path, tail, on_line, poll_seconds, feed, stall_seconds)
     except BaseException:  # Ctrl-C, SIGTERM, an error here: the job must not run on without its driver
         _stop(address, job_id)
         raise
@@ -77,8 +79,7 @@ def run_ray_job(prepared: PreparedRun, address: str, on_line: Callable[[str], No
     if final != "SUCCEEDED":
         info = client.get_job_info(job_id)
         last = "\n".join(tail)
-        why = (f"stalled: no output for {stall_seconds:.0f} s (backend.verl.stall_timeout_s), so it was stopped"
-               if stalled else (info.message or "no message").strip().splitlines()[0][:300])  # the job's log follows
+        why = stopped or (info.message or "no message").strip().splitlines()[0][:300]  # the job's log follows
         raise VerlRunError(diagnosed(tail) or f"Ray Job {job_id} {final}: {why}; {last_error(text.splitlines()[-DIAGNOSIS_LINES:])}see {log_path}. "
                                               f"Last lines:\n{last}")
     return job_id
@@ -99,14 +100,15 @@ def _stop(address: str, job_id: str, seconds: float = 15.0) -> None:
 
 
 def _follow(client, job_id: str, log_path: Path, tail: deque[str], on_line: Callable[[str], None],
-            poll_seconds: float, feed: StepFeed | None, stall_seconds: float | None) -> tuple[Any, bool, str]:
+            poll_seconds: float, feed: StepFeed | None, stall_seconds: float | None) -> tuple[Any, str | None, str]:
     """Stream the job's log to ``on_line``, ``tail`` and ``log_path`` until it ends; (its final status,
-    whether it was stopped for stalling, its whole log)."""
+    why it was stopped for stalling or for a fatal line of its log, else None; its whole log)."""
     from ray.job_submission import JobStatus
 
     seen = 0
     status = None
-    stopping = stalled = False
+    stopping = False
+    stopped: str | None = None
     last_output = time.monotonic()
     text = ""
     with log_path.open("a") as log:
@@ -120,13 +122,17 @@ def _follow(client, job_id: str, log_path: Path, tail: deque[str], on_line: Call
                 log.write(line + "\n")
                 tail.append(line)
                 on_line(line)
+                if not stopping and (fatal := fatal_line(line)):
+                    client.stop_job(job_id)
+                    stopping, stopped = True, fatal
             if len(text) != seen:
                 last_output = time.monotonic()
             seen = len(text)
             if stall_seconds is not None and not stopping and time.monotonic() - last_output > stall_seconds:
                 client.stop_job(job_id)
-                stopping = stalled = True
+                stopping = True
+                stopped = stalled(stall_seconds)
             if str(status.value if isinstance(status, JobStatus) else status) in TERMINAL:
                 break
             time.sleep(poll_seconds)
-    return status, stalled, text
+    return status, stopped, text

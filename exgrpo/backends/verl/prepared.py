@@ -3,6 +3,7 @@ one-line diagnosis a job prints of its own failure (shared by the child-process 
 
 from __future__ import annotations
 
+import re
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,29 @@ def spec_model(spec: dict) -> str | None:
     return spec.get("external_model") or spec["config"]["backend"]["verl"].get("model_path")
 JOB_ERROR = "exgrpo: error: "
 """Prefix of the one line a job prints when it diagnosed its own failure (the runner reports just that)."""
+
+
+OOM_KILLS = re.compile(r"(\d+) Workers \(tasks / actors\) killed due to memory pressure \(OOM\)")
+"""Ray's raylet, in a driver's log, when its memory monitor killed workers of the job (node memory over
+``RAY_memory_usage_threshold``)."""
+
+
+def fatal_line(line: str) -> str | None:
+    """Why the job cannot finish, if ``line`` of its log says so while it still runs; else None.
+
+    Ray's memory monitor kills the workers of veRL's actors (the trainer, the rollout servers), which
+    are never restarted, yet the driver can wait on them until the stall bound ends it: the run is
+    stopped on the line instead, its reason named."""
+    match = OOM_KILLS.search(line)
+    if match and int(match.group(1)) > 0:
+        return (f"out of memory: Ray's memory monitor killed {match.group(1)} of its workers (the node's memory use "
+                "passed RAY_memory_usage_threshold), so it was stopped; free memory on the node or run fewer jobs on it")
+    return None
+
+
+def stalled(seconds: float) -> str:
+    """Why a job whose log stayed the same for ``seconds`` was stopped."""
+    return f"stalled: no output for {seconds:.0f} s (backend.verl.stall_timeout_s), so it was stopped"
 
 
 class VerlRunError(RuntimeError):

@@ -26,7 +26,8 @@ from exgrpo.atomic import torch_save_atomic, write_text_atomic
 from exgrpo.backends.base import HFCheckpoint, MLflowRun, TrainResult
 from exgrpo.backends.verl.jobs import local_job_server, run_ray_job
 from exgrpo.backends.verl.live import FILE_LOGGER_ENV, LOOPBACK_ENV, RUN_ID_ENV, StepFeed, TRACKING_URI_ENV, verl_row
-from exgrpo.backends.verl.prepared import DIAGNOSIS_LINES, SPEC_FILE, PreparedRun, VerlRunError, diagnosed, last_error
+from exgrpo.backends.verl.prepared import (DIAGNOSIS_LINES, SPEC_FILE, PreparedRun, VerlRunError, diagnosed, fatal_line,
+                                           last_error, stalled)
 from exgrpo.config import ConfigError, ExperimentConfig
 from exgrpo.config.backend import VerlSettings, verl_model
 from exgrpo.progress import StepProgress, console, is_watched
@@ -178,7 +179,8 @@ def run_local(prepared: PreparedRun, progress: bool = True, log_tail: int = 40, 
     terminal with ``progress``). A failure raises :class:`VerlRunError` with the log's last lines.
     ``feed`` is polled as the job prints (at most every ``poll_seconds``); when one of its callbacks
     raises, the job is stopped (SIGTERM, then SIGKILL after 30 s) and this raises VerlRunError. A job
-    that prints nothing for ``stall_seconds`` (a hung worker or rollout server) is stopped and fails.
+    that prints nothing for ``stall_seconds`` (a hung worker or rollout server) is stopped and fails, as
+    is one whose log says it cannot finish (:func:`~exgrpo.backends.verl.prepared.fatal_line`).
     Without ``progress``, the job's own ``exgrpo: `` lines (a resume, where it runs) go to ``notify``."""
     import queue
     import threading
@@ -190,7 +192,7 @@ def run_local(prepared: PreparedRun, progress: bool = True, log_tail: int = 40, 
     tail: deque[str] = deque(maxlen=log_tail)
     recent: deque[str] = deque(maxlen=DIAGNOSIS_LINES)  # what the error line is read from
     last_poll = time.monotonic()
-    stalled = False
+    stopped: str | None = None  # why this process stopped the job (a stall, a fatal line of its log)
     # a process group of its own: a terminal's Ctrl-C reaches this process alone, which stops the job as it
     # stops it on SIGTERM (one path, bounded), and the group holds what the job starts (Ray's processes)
     proc = subprocess.Popen(prepared.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -211,7 +213,7 @@ def run_local(prepared: PreparedRun, progress: bool = True, log_tail: int = 40, 
                 try:
                     line = lines.get(timeout=stall_seconds)
                 except queue.Empty:
-                    stalled = True
+                    stopped = stalled(stall_seconds)
                     stop_child(proc)
                     break
                 if line is None:
@@ -223,6 +225,10 @@ def run_local(prepared: PreparedRun, progress: bool = True, log_tail: int = 40, 
                     print(line, end="", flush=True)
                 elif notify is not None and (message := own_line(line)):
                     notify(message)
+                if fatal := fatal_line(line):
+                    stopped = fatal
+                    stop_child(proc)
+                    break
                 if feed is not None and time.monotonic() - last_poll >= poll_seconds:
                     last_poll = time.monotonic()
                     if not feed.poll():
@@ -232,9 +238,8 @@ def run_local(prepared: PreparedRun, progress: bool = True, log_tail: int = 40, 
     except BaseException:  # Ctrl-C, SIGTERM (the CLI's Terminated), a callback's error: the job stops too
         stop_child(proc)
         raise
-    if stalled:
-        raise VerlRunError(f"veRL run stalled: no output for {stall_seconds:.0f} s (backend.verl.stall_timeout_s), "
-                           f"so it was stopped; {last_error(recent)}see {log_path}. Last lines:\n" + "\n".join(tail))
+    if stopped:
+        raise VerlRunError(f"veRL run {stopped}; {last_error(recent)}see {log_path}. Last lines:\n" + "\n".join(tail))
     if rc != 0:
         raise VerlRunError(diagnosed(tail) or f"veRL run failed (exit code {rc}): {last_error(recent)}see {log_path}. "
                            "Last lines:\n" + "\n".join(tail))
