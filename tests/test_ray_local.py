@@ -51,11 +51,21 @@ _CLIENT = (
 )
 
 
-def _client(address: str, env: dict[str, str]) -> str:
+def _clients(address: str, *envs: dict[str, str]) -> list[str]:
+    """The last line each client printed, one client per environment in ``envs``, all at once (a refused
+    client waits on its connection for tens of seconds, idle)."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
-    out = subprocess.run([sys.executable, "-c", _CLIENT, address], capture_output=True, text=True, timeout=240,
-                         env={**base, **env})
-    return (out.stdout.strip().splitlines() or [f"no output: {out.stderr[-1500:]}"])[-1]
+    procs = [subprocess.Popen([sys.executable, "-c", _CLIENT, address], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env={**base, **env}) for env in envs]
+    lines = []
+    for proc in procs:
+        try:
+            out, err = proc.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        lines.append((out.strip().splitlines() or [f"no output: {err[-1500:]}"])[-1])
+    return lines
 
 
 def test_local_ray_refuses_clients_without_its_token():
@@ -70,10 +80,12 @@ def test_local_ray_refuses_clients_without_its_token():
         gcs, token = line
         port = gcs.rsplit(":", 1)[1]
         address = f"127.0.0.1:{port}"
-        assert _client(address, {"RAY_AUTH_MODE": "disabled"}).startswith("REFUSED")
-        assert _client(address, {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64}).startswith("REFUSED")
+        no_token, wrong_token, right_token = _clients(address, {"RAY_AUTH_MODE": "disabled"},
+                                                      {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64},
+                                                      {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token})
+        assert no_token.startswith("REFUSED") and wrong_token.startswith("REFUSED"), (no_token, wrong_token)
         # the control: the same client with the driver's token joins (so the refusals above are auth)
-        assert _client(address, {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}) == "JOINED 42"
+        assert right_token == "JOINED 42"
     finally:
         driver.stdin.close()
         try:
