@@ -80,7 +80,7 @@ def test_a_stopped_verl_run_ends_killed_and_leaves_no_process(how, tmp_path, exg
 
 
 _DEAD_ACTOR_DRIVER = (
-    "import sys, time, ray\n"
+    "import time, ray\n"
     "from exgrpo.raylocal import init_local_ray\n"
     "init_local_ray(1)\n"
     "@ray.remote\n"
