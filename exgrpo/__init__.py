@@ -10,3 +10,8 @@ __version__ = "0.1.0"
 # log-batch then failed with `KeyError: '_MLFLOW_TELEMETRY_SESSION_ID'`. Set before mlflow is imported,
 # in every process that imports exgrpo (CLI, Prefect worker, Ray task, veRL job).
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+# transformers goes without scikit-learn, which it would import for nothing exgrpo uses (lean_imports.py)
+from exgrpo import lean_imports as _lean_imports  # noqa: E402
+
+_lean_imports.install()

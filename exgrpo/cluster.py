@@ -32,6 +32,7 @@ from typing import Any
 
 from exgrpo.config import ConfigError
 from exgrpo.errors import UserError, one_line
+from exgrpo.lean_imports import RAY_SETUP_HOOK
 from exgrpo.raylocal import init_local_ray, sigterm_kept
 from exgrpo.tracking import resolve_tracking_uri
 
@@ -320,7 +321,8 @@ def ensure_ray(address: str | None = None, num_cpus: int = 2) -> None:
     if ray.is_initialized():
         return
     address = cluster_address(address)
-    runtime_env = {"env_vars": {"OMP_NUM_THREADS": "1"}}
+    # its workers load transformers without scikit-learn (exgrpo/lean_imports.py)
+    runtime_env = {"env_vars": {"OMP_NUM_THREADS": "1"}, "worker_process_setup_hook": RAY_SETUP_HOOK}
     if address:
         join(address, log_to_driver=True, runtime_env=runtime_env)
         return

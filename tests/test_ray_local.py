@@ -453,3 +453,20 @@ def test_a_ray_job_whose_driver_is_interrupted_is_stopped_on_the_cluster(tmp_pat
     finally:
         server.stdin.close()
         server.wait(timeout=60)
+
+
+def test_the_workers_of_a_private_local_ray_load_transformers_without_scikit_learn():
+    """Ray's worker_process_setup_hook runs exgrpo/lean_imports.py's install in each worker before its
+    task is loaded (a task's own module, like a veRL actor's, may load transformers before exgrpo)."""
+    code = (
+        "import ray\n"
+        "from exgrpo.cluster import ensure_ray\n"
+        "ensure_ray()\n"
+        "def load():\n"
+        "    import sys\n"
+        "    from transformers import LlamaForCausalLM\n"
+        "    return 'exgrpo' in sys.modules, 'sklearn' in sys.modules\n"
+        "print(*ray.get(ray.remote(load).remote()))\n"
+        "ray.shutdown()\n"
+    )
+    assert _python(code).split() == ["True", "False"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 import statistics
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -294,16 +295,24 @@ def _stop_pool(ex: ProcessPoolExecutor, grace: float = 10.0) -> None:
     """Cancel what ``ex`` has not started and end its worker processes, killed after ``grace`` seconds: a
     signal to the command alone (SIGTERM from a scheduler, a ``kill``) does not reach them, and a worker
     left running holds the command's exit until its run ends (Python joins the pool at exit). The workers
-    are read before the shutdown, which forgets them."""
+    are read before the shutdown, which forgets them. Their exits are read from their sentinels, not by
+    reaping: the pool's own thread reaps a worker that dies under it, and a second reaper sees no child
+    and takes it for alive."""
+    from multiprocessing.connection import wait as ready
+
     procs = list((getattr(ex, "_processes", None) or {}).values())
     ex.shutdown(wait=False, cancel_futures=True)
     for proc in procs:
         proc.terminate()
-    for proc in procs:
-        proc.join(grace)
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
+    running = {proc.sentinel: proc for proc in procs}
+    deadline = time.monotonic() + grace
+    while running and (left := deadline - time.monotonic()) > 0:
+        for ended in ready(list(running), left):
+            running.pop(ended)
+    for proc in running.values():
+        proc.kill()
+    if running:
+        ready(list(running))
     ex.shutdown(wait=True)
 
 

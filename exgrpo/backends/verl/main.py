@@ -20,6 +20,7 @@ from exgrpo.backends.verl import resources
 from exgrpo.backends.verl.live import LiveMetrics
 from exgrpo.backends.verl.overrides import compose
 from exgrpo.cluster import ClusterError, alive_nodes, describe, join
+from exgrpo.lean_imports import RAY_SETUP_HOOK
 from exgrpo.raylocal import LOCAL_SYSTEM_CONFIG, agent_port_any, enable_token_auth
 
 
@@ -103,6 +104,8 @@ def run(cfg: ExperimentConfig, overrides: list[str]) -> None:
     if not ray.is_initialized():
         init = OmegaConf.to_container(config.ray_kwargs.get("ray_init", {}), resolve=True)
         runtime_env = OmegaConf.to_container(OmegaConf.merge(get_ppo_ray_runtime_env(config), init.pop("runtime_env", {}) or {}))
+        # each Ray worker loads veRL, and with it transformers, without scikit-learn (exgrpo/lean_imports.py)
+        runtime_env.setdefault("worker_process_setup_hook", RAY_SETUP_HOOK)
         env = runtime_env.setdefault("env_vars", {})
         for key, value in os.environ.items():  # what the TaskRunner needs, also on a configured cluster
             if key in FORWARDED_ENV or key.startswith("MLFLOW_"):
