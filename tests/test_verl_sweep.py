@@ -58,7 +58,9 @@ def test_verl_callbacks_see_each_step_while_the_job_runs_and_a_pruning_callback_
     from exgrpo.backends.base import train
 
     monkeypatch.setenv("EXGRPO_CACHE", str(exgrpo_cache))
-    cfg = load_experiment(GRPO, {"output_dir": str(tmp_path), "backend.verl.launch": launch})
+    # no validation nor checkpoint at step 3, where it is pruned: nothing here reads them
+    cfg = load_experiment(GRPO, {"output_dir": str(tmp_path), "backend.verl.launch": launch,
+                                 "train.eval_every_steps": None, "train.checkpoint_every": 0})
     metric_file = tmp_path / "verl-tiny-grpo" / "seed0" / "verl_metrics" / "attempt_000.jsonl"
 
     def written() -> list[int]:

@@ -24,7 +24,9 @@ def test_vllm_exgrpo_replays_and_a_killed_run_resumes_with_its_pool(tmp_path, ex
 
     import torch
 
-    extra = [*VLLM, "--set=train.max_steps=4", "--set=train.checkpoint_every=2", "--set=train.eval_every_steps=4"]
+    # untracked: nothing here reads MLflow, and a tracked run's end adds a final evaluation and a logged model
+    extra = [*VLLM, "--set=train.max_steps=4", "--set=train.checkpoint_every=2", "--set=train.eval_every_steps=4",
+             "--no-tracking"]
     cmd = [sys.executable, "-m", "exgrpo.cli", "train", EXGRPO, "--no-progress", "--output-dir", str(tmp_path), *extra]
     env = {**os.environ, "EXGRPO_CACHE": str(exgrpo_cache)}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
