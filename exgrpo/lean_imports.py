@@ -2,14 +2,14 @@
 
 transformers imports scikit-learn, and through it SciPy's statistics and joblib, whenever it is
 installed (MLflow requires it), for one thing: the ROC curve of assisted generation's confidence
-threshold, which exgrpo never uses. That costs about 1.3 s of CPU in every process that loads a model
-class (AMD EPYC, Zen 3): the CLI, a veRL job's driver and each of its five Ray actors, a native run's
+threshold, which exgrpo never uses. That costs about 1.1 s of CPU in every process that loads a model
+class (median, AMD EPYC Zen 3): the CLI, a veRL job's driver and each of its five Ray actors, a native run's
 workers. :func:`install` makes transformers decide, the first time it asks, that scikit-learn is
 absent (the answer is cached for the process), while scikit-learn stays importable for anything else.
 
-It is installed when ``exgrpo`` is imported, and in every worker of a veRL job's Ray through Ray's
-``worker_process_setup_hook`` (:data:`RAY_SETUP_HOOK`), which runs before an actor's class, and with it
-veRL and transformers, is loaded.
+It is installed when ``exgrpo`` is imported, and in every Ray worker exgrpo starts (a veRL job's, a
+comparison's or a sweep's) through Ray's ``worker_process_setup_hook`` (:data:`RAY_SETUP_HOOK`), which
+runs before a task's or an actor's class, and with it veRL and transformers, is loaded.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import importlib.util
 import sys
 
 RAY_SETUP_HOOK = "exgrpo.lean_imports.install"
-"""``runtime_env["worker_process_setup_hook"]`` of a veRL job: its Ray workers install this too."""
+"""``runtime_env["worker_process_setup_hook"]`` of the Ray jobs exgrpo starts: their workers install this too."""
 
 _DECIDER = "transformers.utils.import_utils"
 """The module whose ``is_sklearn_available`` (an ``lru_cache``) transformers asks."""
