@@ -253,7 +253,8 @@ def test_two_threads_reproduce_a_run_bit_for_bit(tmp_path, experiment, steps):
     runs = []
     for i in range(2):
         cfg = load_experiment(experiment, {"train.max_steps": steps, "seed": 0, "train.threads": 2,
-                                           "output_dir": str(tmp_path / str(i))})
+                                           "train.eval_before_train": False, "train.eval_every_steps": None,
+                                           "output_dir": str(tmp_path / str(i))})  # what is compared is trained
         res = train(cfg, progress=False)
         runs.append(([{k: v for k, v in row.items() if not k.startswith("time/")} for row in res.history],
                      [p.detach().clone() for p in res.policy.parameters()]))
