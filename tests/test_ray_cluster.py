@@ -32,6 +32,7 @@ from exgrpo.cluster import (
     without_job_env,
 )
 from exgrpo.config import ConfigError, load_experiment
+from cliutil import WITH_CTRL_C
 from mlflowserver import Server
 from raycluster import start_cluster
 
@@ -185,12 +186,6 @@ def test_doctor_with_a_dead_cluster_address_answers(tmp_path):
     assert "MLflow:" in out.stdout  # the checks after it still ran
 
 
-_WITH_CTRL_C = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); import exgrpo.cli; "
-                "sys.exit(exgrpo.cli.main(sys.argv[1:]))")
-"""`exgrpo` with Ctrl-C acting, as in a terminal: a process started with SIGINT ignored (the disposition
-a test worker's children were seen to inherit in CI) keeps it ignored."""
-
-
 def test_doctor_stops_on_ctrl_c_while_a_cluster_keeps_it_waiting(tmp_path):
     """A port that accepts connections and never answers: Ctrl-C ends the doctor at once."""
     import signal
@@ -203,7 +198,7 @@ def test_doctor_stops_on_ctrl_c_while_a_cluster_keeps_it_waiting(tmp_path):
         # the GCS wait outlasts the test: with its 5 s default, a loaded machine sent the signal after the
         # doctor had given up on the port and ended on its own (exit 1, nothing on stderr)
         env = {**{k: v for k, v in os.environ.items() if not k.startswith("RAY_")}, "EXGRPO_RAY_GCS_SECONDS": "600"}
-        proc = subprocess.Popen([sys.executable, "-c", _WITH_CTRL_C, "doctor", "experiments/verl-tiny-grpo.yaml",
+        proc = subprocess.Popen([sys.executable, "-c", WITH_CTRL_C, "doctor", "experiments/verl-tiny-grpo.yaml",
                                  "--set", f"backend.verl.ray_address={address}", "--set",
                                  f"backend.verl.python={tmp_path}/no-python"], env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)

@@ -12,6 +12,7 @@ import time
 import psutil
 import pytest
 
+from cliutil import WITH_CTRL_C
 from verlutil import GRPO, _env
 
 
@@ -32,19 +33,12 @@ def _of_the_run(ray_dir):
     return found
 
 
-_WITH_CTRL_C = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); import exgrpo.cli; "
-                "sys.exit(exgrpo.cli.main(sys.argv[1:]))")
-"""`exgrpo` with Ctrl-C acting, as in a terminal: started from a suite that runs with SIGINT ignored (a
-shell's background job, `nohup`), the command would inherit that and ignore the Ctrl-C (seen: the run
-trained on until the hang guard)."""
-
-
 @pytest.mark.parametrize("how", ["sigterm", "ctrl-c"])
 def test_a_stopped_verl_run_ends_killed_and_leaves_no_process(how, tmp_path, exgrpo_cache):
     from mlflow import MlflowClient
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    cmd = [sys.executable, "-c", _WITH_CTRL_C, "train", GRPO, "--no-progress", "--output-dir", str(tmp_path / "runs"),
+    cmd = [sys.executable, "-c", WITH_CTRL_C, "train", GRPO, "--no-progress", "--output-dir", str(tmp_path / "runs"),
            "--tracking-uri", uri, "--set=train.max_steps=40"]  # far more steps than the test waits for
     proc = subprocess.Popen(cmd, env=_env(exgrpo_cache), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
