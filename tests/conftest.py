@@ -13,7 +13,7 @@ E2E_MODULES = {
     "test_bench_scripts", "test_compare", "test_dashboards", "test_flows", "test_golden", "test_lm_tier",
     "test_mlflow_outage", "test_prefect_server", "test_ray_cluster", "test_ray_local", "test_run_record", "test_sweep", "test_team_mode", "test_ui",
     "test_verl_flows", "test_verl_grpo_run", "test_verl_platform", "test_verl_resume", "test_verl_stop", "test_verl_sweep",
-    "test_vllm_cpu_heads", "test_vllm_resume", "test_vllm_rollout",
+    "test_vllm_cpu_heads", "test_vllm_rollout",
 }
 """Modules whose tests run the product end to end (servers, Ray, veRL, vLLM, the CLI on real runs, the
 golden runs in fresh interpreters): marked ``e2e``. ``make test-fast`` runs the rest (``-m "not e2e and
@@ -21,7 +21,7 @@ not slow"``): the core, config, rewards and unit tests."""
 
 
 LONGEST_FIRST = [
-    "test_vllm_rollout", "test_ray_cluster", "test_verl_resume", "test_compare", "test_vllm_resume", "test_verl_grpo_run",
+    "test_vllm_rollout", "test_ray_cluster", "test_verl_resume", "test_compare", "test_verl_grpo_run",
     "test_verl_sweep", "test_verl_flows", "test_prefect_server", "test_verl_stop", "test_vllm_cpu_heads", "test_ray_local",
     "test_mlflow_outage", "test_bench_scripts", "test_lm_tier", "test_golden", "test_team_mode", "test_verl_platform",
 ]

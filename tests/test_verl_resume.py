@@ -1,7 +1,10 @@
-"""A veRL ExGRPO run killed for real and resumed with its pool, and the importance ratio of the
-replayed tokens seen by veRL's actor update. One run serves every test here: the fixture kills it,
-resumes it to its end, resumes it once more (nothing to train), then shifts its stored behaviour
-log-probs and trains one step more; each test reads what was recorded at its stage."""
+"""A veRL ExGRPO run on veRL's vLLM rollout (the job environment) killed for real and resumed with its
+pool, and the importance ratio of the replayed tokens seen by veRL's actor update. One run serves every
+test here: the fixture kills it, resumes it to its end, resumes it once more (nothing to train), then
+shifts its stored behaviour log-probs and trains one step more; each test reads what was recorded at its
+stage. Replay and the pool's checkpoint are the trainer's own, whatever rollout serves it: the vLLM one
+is the rollout with the most processes for a kill to leave behind, and its replayed slots are skipped by
+the engine (``rollout/generated_rows``)."""
 
 import contextlib
 import json
@@ -20,13 +23,17 @@ from exgrpo.atomic import torch_save_atomic
 from exgrpo.backends.verl.checkpoints import HOLD_AFTER_CHECKPOINT_ENV, POOL_FILE
 
 from verlutil import EXGRPO, _env, _rows, _train, _train_in_a_terminal
+from vllmutil import VLLM, require_job_env
+
+require_job_env()
 
 # the lenient answer format: more early successes, so the pool holds trajectories to shift; a small
-# KL toward the behaviour policy, whose value on the shifted tokens is known. No validation and no
-# MLflow: nothing here reads them, and each of the run's three ends would add a final evaluation.
-KILL_RUN = ["--set=train.max_steps=6", "--set=train.checkpoint_every=2", "--set=train.keep_last=2",
+# KL toward the behaviour policy, whose value on the shifted tokens is known; validation (through vLLM) at
+# the last step only. No MLflow: nothing here reads it, and each of the run's three ends would add a final
+# evaluation.
+KILL_RUN = [*VLLM, "--set=train.max_steps=6", "--set=train.checkpoint_every=2", "--set=train.keep_last=2",
             "--set=task.answer_format=boxed_or_last_number", "--set=algorithm.kl_coeff=0.001",
-            "--set=train.eval_every_steps=null", "--no-tracking"]
+            "--set=train.eval_every_steps=6", "--no-tracking"]
 DELTA = 1.0
 """How far every stored behaviour log-prob is lowered before the last step."""
 
@@ -96,7 +103,7 @@ def killed_exgrpo_run(tmp_path_factory, exgrpo_cache):
            "resumed": resumed, "started": started, "checkpoint_at_kill": at_kill,
            "outlived": [f"{p.pid} {p.name()}" for p in outlived if p.is_running()],
            "log": (run_dir / "verl.log").read_text(), "checkpoints": _checkpoints(run_dir),
-           "steps": _steps(run_dir),
+           "steps": _steps(run_dir), "validated": [int(r["step"]) for r in _rows(run_dir) if "val/accuracy" in r],
            "final_pool": torch.load(ckpts / "global_step_6" / "exgrpo_pool.pt", weights_only=True)}
 
     # resumed again once it has ended (as `exgrpo compare --resume` does with finished runs)
@@ -109,7 +116,8 @@ def killed_exgrpo_run(tmp_path_factory, exgrpo_cache):
     assert len(state["replay"]["pool"]["qid"]), "nothing stored in six steps"
     state["replay"]["pool"]["behaviour_log_prob"] -= DELTA  # every stored token's behaviour log-prob
     torch_save_atomic(state, pool_path)
-    _train(EXGRPO, out, exgrpo_cache, *KILL_RUN, "--set=train.max_steps=7", "--resume")
+    _train(EXGRPO, out, exgrpo_cache, *KILL_RUN, "--set=train.max_steps=7", "--set=train.eval_every_steps=null",
+           "--resume")
     run["shifted_step"] = _steps(run_dir)[7]
     return run
 
@@ -143,6 +151,7 @@ def test_verl_exgrpo_killed_then_resumed_keeps_its_pool(killed_exgrpo_run):
     assert resumed in shown, shown[-2000:]
     assert run["checkpoints"] == ["global_step_4", "global_step_6"]
     assert sorted(rows) == [1, 2, 3, 4, 5, 6]  # step 4 trained again, and logged this time
+    assert run["validated"] == [6]  # through the resumed run's vLLM servers
     # the pool carried over: nothing retired before the checkpoint is forgotten
     assert rows[before + 1]["pool/retired"] >= len(killed_at["replay"]["pool"]["retired"])
 
