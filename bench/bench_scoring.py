@@ -1,6 +1,6 @@
 """The training forward + backward over a rollout: padded vs unpadded responses, one process.
 
-    .venv/bin/python bench/bench_scoring.py [--model smollm2|tiny-lm] [--repeats 5] [--threads N]
+    .venv/bin/python bench/bench_scoring.py [--model smollm2|tiny-lm] [--repeats 5] [--threads N] [--bf16 | --checkpoint]
 
 One sampled rollout at the tier's training batch (SmolLM2-135M: 16 rows = 4 questions x K 4,
 <= 64 tokens, 2 threads; tiny-lm: 256 rows = 32 x 8, <= 40 tokens, 1 thread), then the policy's
@@ -16,6 +16,10 @@ One sampled rollout at the tier's training batch (SmolLM2-135M: 16 rows = 4 ques
 fp32's (mean, p99, max over the real tokens) and the gradients' relative difference: the price of
 that speed in importance ratios when π_old is the fp32 sampler's (what ``policy.precision: bf16`` avoids by re-scoring
 the rollouts in bf16: docs/speed.md, "bf16 compute").
+
+``--checkpoint`` instead times the unpadded forward + backward against the same with its layers recomputed in
+the backward (``policy.gradient_checkpointing``), and prints the bytes each keeps for the backward (autograd's
+saved tensors, each storage once): the memory that setting buys, and its price in time.
 
 The malloc setting is the trainer's default (``train.keep_freed_memory``). Before timing it prints the largest log-prob / entropy / gradient difference between the two.
 Timings are medians over ``--repeats``, the two interleaved, after a warm-up of each.
@@ -42,7 +46,10 @@ def main() -> None:
     ap.add_argument("--model", choices=["tiny-lm", "smollm2"], default="smollm2")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--bf16", action="store_true", help="fp32 vs bf16 autocast (unpadded) instead of padded vs unpadded")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--bf16", action="store_true", help="fp32 vs bf16 autocast (unpadded) instead of padded vs unpadded")
+    mode.add_argument("--checkpoint", action="store_true",
+                      help="unpadded vs unpadded with its layers recomputed (policy.gradient_checkpointing)")
     ap.add_argument("--default-malloc", action="store_true", help="glibc's default (not train.keep_freed_memory)")
     args = ap.parse_args()
     if not args.default_malloc:
@@ -66,15 +73,26 @@ def main() -> None:
     prompts = [p for p in questions for _ in range(k)]  # each question K times in a row, as the trainer
     model.train()
     params = SamplingParams(max_new_tokens=new_tokens, temperature=1.0)
-    names = ("fp32", "bf16") if args.bf16 else ("padded", "unpadded")
-    engines = {name: RolloutEngine(model, pad_id, eos_id, params, unpadded=name != "padded") for name in names}
+    names = ("fp32", "bf16") if args.bf16 else ("unpadded", "recomputed") if args.checkpoint else ("padded", "unpadded")
+    engines = {name: RolloutEngine(model, pad_id, eos_id, params, unpadded=name != "padded",
+                                   checkpoint_layers=name == "recomputed") for name in names}
     ro = engines[names[0]].generate(prompts, torch.Generator().manual_seed(0))
     weights = torch.linspace(-1, 1, ro.mask.numel()).view_as(ro.mask)
     trainable = [p for p in model.parameters() if p.requires_grad]
 
+    kept: dict[str, int] = {}  # bytes autograd saved for the backward, per engine (each storage once)
+
     def step(name: str) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=name == "bf16"):
+        storages: dict[int, int] = {}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=name == "bf16"), \
+                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             sc = engines[name].score(prompts, ro.tokens, ro.mask, share_prompts=True)
+        kept[name] = sum(storages.values())
         grads = torch.autograd.grad((sc.log_prob * weights).sum() + 0.01 * sc.entropy.sum(), trainable)
         return sc.log_prob.detach(), sc.entropy.detach(), grads
 
@@ -86,6 +104,7 @@ def main() -> None:
     g_gap = max(float((a - b).abs().max()) for a, b in zip(g_a, g_b, strict=True))
     print(f"check: max |diff| log-prob {float((lp_a - lp_b).abs().max()):.2e}  entropy "
           f"{float((ent_a - ent_b).abs().max()):.2e}  gradient {g_gap:.2e}")
+    print("kept for the backward: " + "  ".join(f"{name} {b / 2**20:.0f} MiB" for name, b in kept.items()))
     if args.bf16:
         d = (lp_b - lp_a)[ro.mask]
         rel = max(float((b - a).norm() / a.norm()) for a, b in zip(g_a, g_b, strict=True))

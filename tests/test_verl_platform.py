@@ -213,6 +213,9 @@ def test_overrides_are_derived_from_the_typed_config_and_compose():
     # the hf rollout server runs the policy's decoder (the tier's defaults, and a changed one)
     assert dict(a.rollout.custom) == {"reproducible": True, "decoder": "fused", "prepack_weights": False}
     assert a.rollout.full_determinism is True  # veRL names each request by its row: the seed's key
+    assert a.model.enable_gradient_checkpointing is False  # on the CPU, unless the policy asks for it
+    asked = compose(hydra_overrides(load_experiment(EXGRPO, {"policy.gradient_checkpointing": True}), paths))
+    assert asked.actor_rollout_ref.model.enable_gradient_checkpointing is True
     other = compose(hydra_overrides(load_experiment(EXGRPO, {"policy.decoder": "static-kv", "policy.prepack_weights": True,
                                                               "backend.verl.reproducible": False}), paths))
     assert dict(other.actor_rollout_ref.rollout.custom) == {"reproducible": False, "decoder": "static-kv",

@@ -73,7 +73,8 @@ def _data_and_model(cfg: ExperimentConfig, paths: RunPaths) -> list[str]:
         f"actor_rollout_ref.model.path={paths.model}",
         # packed sequences need flash-attn's varlen kernels: with sdpa every micro-batch stays padded
         f"actor_rollout_ref.model.use_remove_padding={v.attention == 'flash_attention_2'}",
-        f"actor_rollout_ref.model.enable_gradient_checkpointing={not cpu}",
+        # on a GPU always (veRL's default); on the CPU when the policy asks for it
+        f"actor_rollout_ref.model.enable_gradient_checkpointing={not cpu or pol.gradient_checkpointing}",
         f"++actor_rollout_ref.model.override_config.attn_implementation={v.attention}",
     ]
 

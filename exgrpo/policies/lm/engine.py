@@ -214,7 +214,8 @@ class RolloutEngine:
     ``hf`` for a model outside the Llama family, ``fused`` to ``static-kv`` for one it cannot fuse
     (:meth:`_own_decoder`). ``prepack``: those decoders reorder the weights once per rollout for
     oneDNN's GEMM (same fp32 math, another kernel; see :mod:`.static_kv`, :mod:`.fused_kv`). ``unpadded``:
-    ``score`` runs the responses without their padding (Llama-family models; see :mod:`.unpadded`)."""
+    ``score`` runs the responses without their padding (Llama-family models; see :mod:`.unpadded`), and
+    with ``checkpoint_layers`` recomputes that forward's layer activations in the backward."""
 
     def __init__(
         self,
@@ -225,9 +226,11 @@ class RolloutEngine:
         decoder: Decoder | str = Decoder.STATIC_KV,
         prepack: bool = True,
         unpadded: bool = False,
+        checkpoint_layers: bool = False,
     ) -> None:
         self.model = model
         self.unpadded = bool(unpadded)
+        self.checkpoint_layers = bool(checkpoint_layers)
         self.decoder = Decoder(decoder)
         self.prepack = bool(prepack)
         self.pad_id = int(pad_id)
@@ -474,6 +477,7 @@ class RolloutEngine:
                 prefix.attention_mask.bool().index_select(0, inv),
                 tokens[:, :-1], follows,
                 start=prefix.position_ids[:, -1].index_select(0, inv) + 1,
+                checkpoint_layers=self.checkpoint_layers,
             )  # (M, d)
             targets = tokens[:, 1:][follows]
             chunked = head_log_prob_entropy(self.model.lm_head, hidden, targets, temp)  # (M,) each, a block at a time

@@ -48,7 +48,8 @@ class LMPolicy(nn.Module):
         self._sampler_copy: list[nn.Module] = []  # the bf16 copy, made once (a list: not a submodule, not in state_dict)
         params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p)
         self._engine = RolloutEngine(model, self.pad_id, self.eos_id, params, decoder=cfg.decoder,
-                                     prepack=cfg.prepack_weights, unpadded=cfg.unpadded_scoring)
+                                     prepack=cfg.prepack_weights, unpadded=cfg.unpadded_scoring,
+                                     checkpoint_layers=cfg.gradient_checkpointing)
 
     @property
     def engine(self) -> RolloutEngine:

@@ -12,6 +12,13 @@ model's own forward: see :meth:`RolloutEngine.score`) and to its own earlier tok
 Same numbers as a padded forward up to float rounding (tests: log-probs, entropies and every
 parameter gradient). Deterministic at any thread count: the scatter to the grid is ``index_copy``
 and the gather back ``index_select`` (their backward passes touch each cell once).
+
+With ``checkpoint_layers`` (``policy.gradient_checkpointing``) the backward keeps each decoder layer's
+input only and runs the layer's forward again to get the rest (:func:`torch.utils.checkpoint.checkpoint`,
+non-reentrant): the same kernels on the same inputs, so the same numbers, for about one more forward
+of the layers per update. What it saves is most of the forward's memory: a SmolLM2 layer keeps some
+forty values per token of its own (norms, q/k/v, attention, the MLP's 1,536-wide products) against
+the 576 of its input.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from exgrpo.policies.lm.static_kv import rms_norm, rotate_half, supports_static_kv
 
@@ -69,6 +77,15 @@ def _attention(
     return attn.o_proj(out)
 
 
+def _layer(
+    layer: nn.Module, x: torch.Tensor, prompt_k: torch.Tensor, prompt_v: torch.Tensor,
+    rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor, slots: torch.Tensor, n: int, s: int,
+) -> torch.Tensor:
+    """One decoder layer over the real tokens: x (M, d) -> (M, d) (shapes as in :func:`_attention`)."""
+    x = x + _attention(layer.self_attn, rms_norm(layer.input_layernorm, x), rope, prompt_k, prompt_v, mask, slots, n, s)
+    return x + layer.mlp(rms_norm(layer.post_attention_layernorm, x))
+
+
 def forward_responses(
     model: nn.Module,
     prompt_keys: list[torch.Tensor],
@@ -77,13 +94,16 @@ def forward_responses(
     tokens: torch.Tensor,
     mask: torch.Tensor,
     start: torch.Tensor,
+    checkpoint_layers: bool = False,
 ) -> torch.Tensor:
     """The model's final hidden states at the real tokens of (N, S) right-padded inputs.
 
     prompt_keys / prompt_values: per layer (N, Hkv, P, D), each row's prompt cache (as HF's cache
     holds it: keys rotated); prompt_mask (N, P) bool, its real columns; tokens (N, S) long with
     mask (N, S) bool (True on a prefix of each row); start (N,) the position of each row's first
-    token. -> (M, d), M = mask.sum(), the real tokens in row-major order, after the final norm."""
+    token; ``checkpoint_layers``: recompute each layer's activations in the backward instead of keeping
+    them (when a gradient is being recorded). -> (M, d), M = mask.sum(), the real tokens in row-major
+    order, after the final norm."""
     n, s = tokens.shape
     slots = mask.reshape(-1).nonzero().squeeze(1)  # (M,) each real token's cell in the (N * S) grid
     inner = model.model
@@ -97,7 +117,10 @@ def forward_responses(
     attn_mask = torch.cat(
         [prompt_mask[:, None, :].expand(n, s, -1), causal[None] & mask[:, None, :]], dim=-1
     )[:, None]  # (N, 1, S, P + S)
+    recompute = checkpoint_layers and torch.is_grad_enabled()
     for layer, k_p, v_p in zip(inner.layers, prompt_keys, prompt_values, strict=True):
-        x = x + _attention(layer.self_attn, rms_norm(layer.input_layernorm, x), rope, k_p, v_p, attn_mask, slots, n, s)
-        x = x + layer.mlp(rms_norm(layer.post_attention_layernorm, x))
+        if recompute:
+            x = checkpoint(_layer, layer, x, k_p, v_p, rope, attn_mask, slots, n, s, use_reentrant=False)
+        else:
+            x = _layer(layer, x, k_p, v_p, rope, attn_mask, slots, n, s)
     return rms_norm(inner.norm, x)
