@@ -19,7 +19,8 @@ the rollouts in bf16: docs/speed.md, "bf16 compute").
 
 ``--checkpoint`` instead times the unpadded forward + backward against the same with its layers recomputed in
 the backward (``policy.gradient_checkpointing``), and prints the bytes each keeps for the backward (autograd's
-saved tensors, each storage once): the memory that setting buys, and its price in time.
+saved tensors, each storage once, the model's own weights left out): the memory that setting buys, and its
+price in time.
 
 The malloc setting is the trainer's default (``train.keep_freed_memory``). Before timing it prints the largest log-prob / entropy / gradient difference between the two.
 Timings are medians over ``--repeats``, the two interleaved, after a warm-up of each.
@@ -80,13 +81,15 @@ def main() -> None:
     weights = torch.linspace(-1, 1, ro.mask.numel()).view_as(ro.mask)
     trainable = [p for p in model.parameters() if p.requires_grad]
 
-    kept: dict[str, int] = {}  # bytes autograd saved for the backward, per engine (each storage once)
+    kept: dict[str, int] = {}  # bytes autograd saved for the backward, per engine (each storage once, weights not counted)
+    weights_at = {p.untyped_storage().data_ptr() for p in model.parameters()}
 
     def step(name: str) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
         storages: dict[int, int] = {}
 
         def pack(t: torch.Tensor) -> torch.Tensor:
-            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            if t.untyped_storage().data_ptr() not in weights_at:
+                storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
             return t
 
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=name == "bf16"), \
@@ -104,7 +107,7 @@ def main() -> None:
     g_gap = max(float((a - b).abs().max()) for a, b in zip(g_a, g_b, strict=True))
     print(f"check: max |diff| log-prob {float((lp_a - lp_b).abs().max()):.2e}  entropy "
           f"{float((ent_a - ent_b).abs().max()):.2e}  gradient {g_gap:.2e}")
-    print("kept for the backward: " + "  ".join(f"{name} {b / 2**20:.0f} MiB" for name, b in kept.items()))
+    print("kept for the backward (weights aside): " + "  ".join(f"{name} {b / 2**20:.0f} MiB" for name, b in kept.items()))
     if args.bf16:
         d = (lp_b - lp_a)[ro.mask]
         rel = max(float((b - a).norm() / a.norm()) for a, b in zip(g_a, g_b, strict=True))

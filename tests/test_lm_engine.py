@@ -365,14 +365,16 @@ def test_shared_prompt_scoring_equals_one_packed_forward_with_gradients(model):
     torch.testing.assert_close(sc.log_prob, outs[0].log_prob[perm], atol=1e-5, rtol=0)
 
 
-def _saved_for_backward(fn) -> tuple[object, int]:
+def _saved_for_backward(fn, weights: list[torch.Tensor]) -> tuple[object, int]:
     """(what ``fn()`` returns, the bytes of the tensors autograd saved for the backward while it ran,
-    each storage once)."""
+    each storage once, ``weights`` left out)."""
     seen: dict[int, int] = {}
+    own = {w.untyped_storage().data_ptr() for w in weights}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         storage = t.untyped_storage()
-        seen[storage.data_ptr()] = storage.nbytes()
+        if storage.data_ptr() not in own:
+            seen[storage.data_ptr()] = storage.nbytes()
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -384,8 +386,8 @@ def test_gradient_checkpointing_recomputes_the_same_numbers_and_keeps_far_less(m
     """``policy.gradient_checkpointing``: the unpadded forward's layers keep their inputs only and run
     again in the backward. The same log-probs, entropies and parameter gradients, bit for bit (the
     same kernels on the same inputs), and the tensors held for the backward, measured by autograd's
-    own hooks, shrink to a fraction (here 2 layers of width 32 over 80 tokens; SmolLM2's 30 layers
-    keep some forty values a token each otherwise)."""
+    own hooks (the weights aside), shrink to a fraction (here 2 layers of width 32 over 80 tokens;
+    SmolLM2's 30 layers keep some forty values a token each otherwise)."""
     rows = [p for p in PROMPTS[:4] for _ in range(3)] + PROMPTS[4:6]
     ro = engine(model).generate(rows, torch.Generator().manual_seed(7))
     params = [p for p in model.parameters() if p.requires_grad]
@@ -394,7 +396,7 @@ def test_gradient_checkpointing_recomputes_the_same_numbers_and_keeps_far_less(m
     for recompute in (False, True):
         eng = RolloutEngine(model, PAD, EOS, SamplingParams(max_new_tokens=14, temperature=TEMP), unpadded=True,
                             checkpoint_layers=recompute)
-        sc, saved = _saved_for_backward(lambda: eng.score(rows, ro.tokens, ro.mask, share_prompts=True))  # noqa: B023
+        sc, saved = _saved_for_backward(lambda: eng.score(rows, ro.tokens, ro.mask, share_prompts=True), params)  # noqa: B023
         outs.append(sc)
         kept.append(saved)
         grads.append(torch.autograd.grad((sc.log_prob * weights).sum() + sc.entropy.sum(), params))
@@ -402,7 +404,7 @@ def test_gradient_checkpointing_recomputes_the_same_numbers_and_keeps_far_less(m
     for g_recomputed, g_kept in zip(grads[1], grads[0], strict=True):
         assert torch.equal(g_recomputed, g_kept)
     print("bytes kept for the backward, kept vs recomputed:", kept)
-    assert kept[1] < 0.6 * kept[0], kept
+    assert kept[1] < 0.5 * kept[0], kept
     with torch.no_grad():  # no gradient recorded: nothing to recompute, the plain forward
         plain = RolloutEngine(model, PAD, EOS, SamplingParams(max_new_tokens=14, temperature=TEMP), unpadded=True,
                               checkpoint_layers=True).score(rows, ro.tokens, ro.mask, share_prompts=True)
