@@ -25,6 +25,7 @@ SMOKE = [
     (["bench_rollout.py", "--prompts", "8", "--new-tokens", "8", "--repeats", "1", "--cases", "eos"],
      ["1. rollout vs HF generate, tiny-lm, EOS"]),
     (["bench_scoring.py", "--model", "tiny-lm", "--repeats", "1"], []),
+    (["bench_scoring.py", "--model", "tiny-lm", "--repeats", "1", "--checkpoint"], []),
     (["bench_precision.py", "--model", "tiny-lm", "--pairs", "1", "--rollout-repeats", "1"], []),
     (["warm_start_probe.py", "experiments/tiny-lm-chain.yaml", "--set", "policy.model.sft_steps=2",
       "--set", "task.n_val=8", "--questions", "2", "--k", "2"], []),
@@ -35,7 +36,8 @@ SMOKE = [
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("argv,goals", SMOKE, ids=[a[0].removesuffix(".py") for a, _ in SMOKE])
+@pytest.mark.parametrize("argv,goals", SMOKE, ids=[a[0].removesuffix(".py") + ("-checkpoint" if "--checkpoint" in a else "")
+                                                  for a, _ in SMOKE])
 def test_a_bench_script_runs_and_records_its_goals(argv, goals, tmp_path):
     if argv[0] == "bench_precision.py":
         from exgrpo.policies.lm.precision import bf16_matmul, cpu_flags
