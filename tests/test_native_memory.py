@@ -1,6 +1,7 @@
 """A training process's memory does not grow with the shapes its products see: oneDNN's primitive cache is
 bounded (exgrpo.backends.native.memory.bound_onednn_cache), so a run whose token counts change every step,
-and the runs after it in one process, do not keep a compiled primitive for each."""
+and the runs after it in one process, do not keep a compiled primitive for each. And what glibc keeps of a
+run's freed memory (train.keep_freed_memory) goes back to the system when the run ends."""
 
 from __future__ import annotations
 
@@ -46,3 +47,33 @@ def test_products_of_ever_new_shapes_leave_the_memory_bounded(tmp_path):
     if growth["default"] < 100:
         pytest.skip(f"oneDNN's default cache grew by {growth['default']:.0f} MB here: nothing to bound on this CPU")
     assert growth["bounded"] < growth["default"] / 4, growth
+
+
+RELEASE = """
+import sys, torch
+from exgrpo.backends.native.memory import keep_freed_memory, release_freed_memory
+def rss():
+    return [int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS")][0] / 1e3
+assert keep_freed_memory()
+blocks = [torch.ones(64, 1 << 20) for _ in range(2)]  # 2 x 256 MB, from the heap, as a step's tensors are
+blocks.append(torch.ones(1 << 10))  # something alive above them, as a run's tensors are
+del blocks[:2]
+kept = rss()
+if sys.argv[1] == "release":
+    release_freed_memory()
+print(kept - rss())  # MB given back
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_the_memory_a_run_kept_goes_back_to_the_system_when_it_ends():
+    """What keep_freed_memory keeps in the heap (here two freed 256 MB blocks below a live one, which glibc
+    never trims on its own) is given back by release_freed_memory, which the native backend calls at a
+    run's end: the next run of a comparison's worker starts from what is alive."""
+    given_back = {}
+    for kind in ("keep", "release"):
+        out = subprocess.run([sys.executable, "-c", RELEASE, kind], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        given_back[kind] = float(out.stdout.split()[-1])
+    assert given_back["keep"] < 50 and given_back["release"] > 400, given_back

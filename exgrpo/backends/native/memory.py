@@ -6,7 +6,8 @@ on free. A SmolLM2 step allocates and frees vocabulary-sized tensors (16 x 64 x 
 page-faulted and zero-filled by the kernel again, every step: about a fifth of the step
 (``bench/bench_vs_trl.py``). :func:`keep_freed_memory` makes ``malloc`` serve them from the heap and
 keep freed memory in the process, so a step reuses the pages of the last one. The price: the
-process's resident memory stays at its peak (as with a GPU caching allocator).
+process's resident memory stays at its peak (as with a GPU caching allocator) until the run ends, when
+:func:`release_freed_memory` gives the free pages back.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import gc
 import os
 
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # mallopt parameters (malloc.h)
@@ -28,20 +30,37 @@ a shape only among the layers of one pass, a few dozen primitives, which 64 cove
 
 
 @functools.cache
-def keep_freed_memory() -> bool:
-    """Tell glibc's malloc to use no ``mmap`` chunks and never trim the heap; True when applied
-    (False on a libc without ``mallopt``, e.g. macOS or musl: nothing changes there)."""
+def _libc():
+    """glibc, when this process has it (None elsewhere, e.g. macOS or musl: nothing here changes there)."""
     name = ctypes.util.find_library("c")
     try:
         libc = ctypes.CDLL(name) if name else None
-        mallopt = libc.mallopt if libc is not None else None
-    except (OSError, AttributeError):
+    except OSError:
+        return None
+    return libc if libc is not None and hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+
+
+@functools.cache
+def keep_freed_memory() -> bool:
+    """Tell glibc's malloc to use no ``mmap`` chunks and never trim the heap; True when applied
+    (False on a libc without ``mallopt``, e.g. macOS or musl: nothing changes there)."""
+    libc = _libc()
+    if libc is None:
         return False
-    if mallopt is None:
-        return False
+    mallopt = libc.mallopt
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     # trim threshold is an int here; the largest positive int keeps freed heap memory
     return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
+
+
+def release_freed_memory() -> bool:
+    """Give the free pages of the heap back to the system (glibc's ``malloc_trim``, after a garbage
+    collection); True when it released any. What :func:`keep_freed_memory` keeps serves the next step of a
+    run; once the run has ended it only holds the process at the run's peak, so the next run of a
+    process (a comparison's worker trains one run after another) would start there and grow from it."""
+    gc.collect()
+    libc = _libc()
+    return bool(libc.malloc_trim(0)) if libc is not None else False
 
 
 def bound_onednn_cache(primitives: int = ONEDNN_CACHE_PRIMITIVES) -> int:

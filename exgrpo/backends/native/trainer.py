@@ -27,7 +27,7 @@ from exgrpo.backends.native import checkpoint as ckpt
 from exgrpo.policies.build import build_task_and_policy
 from exgrpo.policies.interfaces import Policy, Task
 from exgrpo.policies.lm.precision import check_precision, check_weights_dtype
-from exgrpo.backends.native.memory import bound_onednn_cache, keep_freed_memory
+from exgrpo.backends.native.memory import bound_onednn_cache, keep_freed_memory, release_freed_memory
 from exgrpo.backends.native.policy_loss import get_exgrpo_loss_fn
 from exgrpo.core.fresh import FreshSampler
 from exgrpo.config import (
@@ -339,9 +339,13 @@ def _jsonable(state: dict) -> str:
 
 def train(cfg: ExperimentConfig, callbacks: list[StepCallback] | None = None, resume: bool = False,
           progress: bool = True, force_resume: bool = False) -> TrainResult:
-    """Build and run a native trainer for ``cfg``."""
-    return Trainer(cfg, progress=progress).fit(callbacks=callbacks, resume=resume, progress=progress,
-                                               force_resume=force_resume)
+    """Build and run a native trainer for ``cfg``; once it is gone, the heap it kept goes back to the system
+    (the next run of this process starts from what is alive, not from this run's peak)."""
+    try:
+        return Trainer(cfg, progress=progress).fit(callbacks=callbacks, resume=resume, progress=progress,
+                                                   force_resume=force_resume)
+    finally:
+        release_freed_memory()
 
 
 class NativeBackend:
