@@ -72,9 +72,9 @@ _HOST: list[str] = []
 
 
 def _host() -> str:
-    """The CPU and a fixed workload's time on it: the same suite's duration has varied by half between
-    runs on one machine type (its cores shared with other machines), so a run's durations are read
-    beside this figure (lower is faster)."""
+    """The CPU and a fixed workload's time on it: CI's suite took 47 minutes at one landing and 70 at the
+    next, and one import of one tree took 8 s of CPU on one day and 12 s on the next, on one machine type,
+    so a run's durations are read beside this figure (lower is faster)."""
     import inspect
     import platform
     import typing
