@@ -29,6 +29,7 @@ Timings are medians over ``--repeats``, the two interleaved, after a warm-up of 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import time
@@ -84,7 +85,8 @@ def main() -> None:
     kept: dict[str, int] = {}  # bytes autograd saved for the backward, per engine (each storage once, weights not counted)
     weights_at = {p.untyped_storage().data_ptr() for p in model.parameters()}
 
-    def step(name: str) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    def step(name: str, count: bool = False) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        """``count``: read what autograd keeps for the backward (the warm-up's call; timed calls run without)."""
         storages: dict[int, int] = {}
 
         def pack(t: torch.Tensor) -> torch.Tensor:
@@ -92,10 +94,11 @@ def main() -> None:
                 storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
             return t
 
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=name == "bf16"), \
-                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t) if count else contextlib.nullcontext()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=name == "bf16"), hooks:
             sc = engines[name].score(prompts, ro.tokens, ro.mask, share_prompts=True)
-        kept[name] = sum(storages.values())
+        if count:
+            kept[name] = sum(storages.values())
         grads = torch.autograd.grad((sc.log_prob * weights).sum() + 0.01 * sc.entropy.sum(), trainable)
         return sc.log_prob.detach(), sc.entropy.detach(), grads
 
@@ -103,7 +106,7 @@ def main() -> None:
     print(f"model: {args.model}  batch {len(prompts)} rows x {ro.mask.shape[1]} columns  real response tokens "
           f"{real} ({real / ro.mask.numel():.0%} of the grid)  threads {torch.get_num_threads()}  "
           f"repeats {args.repeats} (median)")
-    (lp_a, ent_a, g_a), (lp_b, ent_b, g_b) = step(names[0]), step(names[1])  # also the warm-up
+    (lp_a, ent_a, g_a), (lp_b, ent_b, g_b) = step(names[0], count=True), step(names[1], count=True)  # also the warm-up
     g_gap = max(float((a - b).abs().max()) for a, b in zip(g_a, g_b, strict=True))
     print(f"check: max |diff| log-prob {float((lp_a - lp_b).abs().max()):.2e}  entropy "
           f"{float((ent_a - ent_b).abs().max()):.2e}  gradient {g_gap:.2e}")

@@ -4,12 +4,13 @@
 
 Builds the config's trainer (its first arm for a comparison file), evaluates once, trains ``--steps``
 steps and evaluates again, as a run does. Before each phase of a step (the trainer's own
-``time/<phase>_seconds`` phases: replay, rollout, old_log_prob, reward, forward, backward; forward and
-backward once per mini-batch, the last one shown) the process's peak is reset (``/proc/self/clear_refs``),
-so the peak read after the phase is that phase's own. After each phase the heap is trimmed
-(``malloc_trim``), so ``after`` is what the phase left alive, not what glibc kept (with
-``train.keep_freed_memory`` on, glibc keeps every freed page, and the RSS of a run stays at the highest
-of these peaks plus its fragmentation: run with ``--set train.keep_freed_memory=false`` to read each
+``time/<phase>_seconds`` phases: replay, rollout, old_log_prob, reward, forward, backward; a phase that
+runs several times in a step, as forward and backward do per mini-batch, shows its highest peak) the
+process's peak is reset (``/proc/self/clear_refs``), so the peak read after the phase is that phase's
+own. After each phase the heap is trimmed (``release_freed_memory``: glibc's ``malloc_trim``), so
+``after`` is what the phase left alive, not what glibc kept (with ``train.keep_freed_memory`` on, glibc
+keeps every freed page, and the RSS of a run stays at the highest of these peaks plus its
+fragmentation: run with ``--set train.keep_freed_memory=false`` to read each
 phase apart). Linux only; the numbers are MiB of resident memory.
 """
 
@@ -17,17 +18,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from exgrpo.backends.native import trainer as native  # noqa: E402
+from exgrpo.backends.native.memory import release_freed_memory  # noqa: E402
 from exgrpo.config.experiment import parse_set  # noqa: E402
 from exgrpo.config.run import load_run  # noqa: E402
 
-LIBC = ctypes.CDLL("libc.so.6")
 
 
 def resident() -> tuple[int, int]:
@@ -50,15 +50,23 @@ def main() -> None:
     cfg, _ = load_run(args.config, parse_set(args.sets))
     phases: dict[str, tuple[int, int]] = {}
     timed = native.Trainer._timed
+    depth = [0]  # a phase inside another (the replay's re-scoring) is the outer phase's part
 
     @contextlib.contextmanager
     def measured(self, phase: str):
-        reset_peak()
-        with timed(self, phase):
-            yield
-        peak = resident()[1]
-        LIBC.malloc_trim(0)
-        phases[phase] = (peak, resident()[0])
+        depth[0] += 1
+        outer = depth[0] == 1
+        if outer:
+            reset_peak()
+        try:
+            with timed(self, phase):
+                yield
+        finally:
+            depth[0] -= 1
+        if outer:  # the highest peak of the phase's blocks in the step (forward and backward: per mini-batch)
+            peak = resident()[1]
+            release_freed_memory()
+            phases[phase] = (max(peak, phases.get(phase, (0, 0))[0]), resident()[0])
 
     native.Trainer._timed = measured
     trainer = native.Trainer(cfg)
@@ -68,7 +76,7 @@ def main() -> None:
         reset_peak()
         trainer.evaluate()
         peak = resident()[1]
-        LIBC.malloc_trim(0)
+        release_freed_memory()
         print(f"{label}: peak {peak}, after {resident()[0]} MiB")
 
     evaluation("evaluation")

@@ -72,9 +72,9 @@ _HOST: list[str] = []
 
 
 def _host() -> str:
-    """The CPU and a fixed workload's time on it: CI's suite took 47 minutes at one landing and 70 at the
-    next, and one import of one tree took 8 s of CPU on one day and 12 s on the next, on one machine type,
-    so a run's durations are read beside this figure (lower is faster)."""
+    """The CPU and a fixed workload's time on it: machines of one type run the same work at speeds that
+    differ by half from one day to the next, so a run's durations are read beside this figure (lower is
+    faster)."""
     import inspect
     import platform
     import typing
@@ -98,6 +98,7 @@ def pytest_sessionstart(session):
         _HOST.append(_host())
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_terminal_summary(terminalreporter):
     """Printed under the durations, also with ``-q``."""
     for line in _HOST:

@@ -25,6 +25,14 @@ def test_bucket_bounds():
     assert "bucket_rbound=9 exceeds group_size K=8" in msg
 
 
+def test_gradient_checkpointing_without_the_unpadded_forward_is_refused():
+    with pytest.raises(ConfigError, match="gradient_checkpointing recomputes the unpadded training forward's layers: "
+                                          "set unpadded_scoring=true"):
+        load_experiment("experiments/tiny-lm-chain.yaml", {"policy.gradient_checkpointing": True,
+                                                           "policy.unpadded_scoring": False})
+    assert load_experiment("experiments/tiny-lm-chain.yaml", {"policy.gradient_checkpointing": True}).policy.gradient_checkpointing
+
+
 def test_grad_clip_zero_says_null_disables_clipping():
     msg = err({"train.grad_clip": 0})
     assert "train.grad_clip: must be > 0; null disables clipping (got 0)" in msg

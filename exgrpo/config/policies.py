@@ -85,9 +85,16 @@ class LMPolicyConfig(_Strict):
     unpadded_scoring: bool = Field(True, json_schema_extra=RESUME_SAFE_PARAM)
     """Training forward over the responses' real tokens only, not their right padding (Llama-family models; same numbers up to rounding)."""
     gradient_checkpointing: bool = Field(False, json_schema_extra=RESUME_SAFE_PARAM)
-    """Unpadded training forward: keep each decoder layer's input only and recompute its activations in the backward
-    (most of the forward's memory, for about one more forward of the layers per update; the same numbers). On veRL:
-    its actor's enable_gradient_checkpointing (always on for a GPU)."""
+    """Unpadded training forward (Llama-family models; needs unpadded_scoring): keep each decoder layer's input only
+    and recompute its activations in the backward (most of the forward's memory, for about one more forward of the
+    layers per update; the same numbers). On veRL: its actor's enable_gradient_checkpointing (always on for a GPU)."""
+
+    @model_validator(mode="after")
+    def _recomputes_the_unpadded_forward(self):
+        if self.gradient_checkpointing and not self.unpadded_scoring:
+            raise ValueError("gradient_checkpointing recomputes the unpadded training forward's layers: set "
+                             "unpadded_scoring=true with it (or gradient_checkpointing=false)")
+        return self
     precision: Precision = Precision.FP32
     """Compute precision of the training forward and backward: fp32, or bf16 (bfloat16 autocast over fp32 weights
     and fp32 AdamW state; the fresh rollouts' old log-probs are re-scored in bf16 before the update, so an
@@ -136,9 +143,16 @@ class HFPolicyConfig(_Strict):
     unpadded_scoring: bool = Field(True, json_schema_extra=RESUME_SAFE_PARAM)
     """Training forward over the responses' real tokens only, not their right padding (Llama-family models; same numbers up to rounding)."""
     gradient_checkpointing: bool = Field(False, json_schema_extra=RESUME_SAFE_PARAM)
-    """Unpadded training forward: keep each decoder layer's input only and recompute its activations in the backward
-    (most of the forward's memory, for about one more forward of the layers per update; the same numbers). On veRL:
-    its actor's enable_gradient_checkpointing (always on for a GPU)."""
+    """Unpadded training forward (Llama-family models; needs unpadded_scoring): keep each decoder layer's input only
+    and recompute its activations in the backward (most of the forward's memory, for about one more forward of the
+    layers per update; the same numbers). On veRL: its actor's enable_gradient_checkpointing (always on for a GPU)."""
+
+    @model_validator(mode="after")
+    def _recomputes_the_unpadded_forward(self):
+        if self.gradient_checkpointing and not self.unpadded_scoring:
+            raise ValueError("gradient_checkpointing recomputes the unpadded training forward's layers: set "
+                             "unpadded_scoring=true with it (or gradient_checkpointing=false)")
+        return self
     precision: Precision = Precision.FP32
     """Compute precision of the training forward and backward: fp32, or bf16 (bfloat16 autocast over fp32 weights
     and fp32 AdamW state; the fresh rollouts' old log-probs are re-scored in bf16 before the update, so an

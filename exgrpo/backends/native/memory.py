@@ -37,20 +37,23 @@ def _libc():
         libc = ctypes.CDLL(name) if name else None
     except OSError:
         return None
-    return libc if libc is not None and hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+    if libc is None or not hasattr(libc, "mallopt") or not hasattr(libc, "malloc_trim"):
+        return None
+    libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    libc.malloc_trim.argtypes, libc.malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return libc
 
 
 @functools.cache
 def keep_freed_memory() -> bool:
     """Tell glibc's malloc to use no ``mmap`` chunks and never trim the heap; True when applied
-    (False on a libc without ``mallopt``, e.g. macOS or musl: nothing changes there)."""
+    (False on a libc without ``mallopt`` and ``malloc_trim``, e.g. macOS or musl: nothing changes there,
+    and :func:`release_freed_memory` has nothing to give back)."""
     libc = _libc()
     if libc is None:
         return False
-    mallopt = libc.mallopt
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     # trim threshold is an int here; the largest positive int keeps freed heap memory
-    return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
+    return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
 
 
 def release_freed_memory() -> bool:

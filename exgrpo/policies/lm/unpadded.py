@@ -16,8 +16,8 @@ and the gather back ``index_select`` (their backward passes touch each cell once
 With ``checkpoint_layers`` (``policy.gradient_checkpointing``) the backward keeps each decoder layer's
 input only and runs the layer's forward again to get the rest (:func:`torch.utils.checkpoint.checkpoint`,
 non-reentrant): the same kernels on the same inputs, so the same numbers, for about one more forward
-of the layers per update. What it saves is most of the forward's memory: a SmolLM2 layer keeps some
-forty values per token of its own (norms, q/k/v, attention, the MLP's 1,536-wide products) against
+of the layers per update. What it saves is most of the forward's memory: a SmolLM2 layer keeps about
+10,000 values per token of its own (norms, q/k/v, attention, the MLP's 1,536-wide products) against
 the 576 of its input.
 """
 
