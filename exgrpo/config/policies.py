@@ -65,7 +65,25 @@ class TinyLMConfig(_Strict):
 
 
 
-class LMPolicyConfig(_Strict):
+class _TrainingForward(_Strict):
+    """How an LM policy's training forward runs (the same settings for the tiny LM and a Hugging Face model)."""
+
+    unpadded_scoring: bool = Field(True, json_schema_extra=RESUME_SAFE_PARAM)
+    """Training forward over the responses' real tokens only, not their right padding (Llama-family models; same numbers up to rounding)."""
+    gradient_checkpointing: bool = Field(False, json_schema_extra=RESUME_SAFE_PARAM)
+    """Unpadded training forward (Llama-family models; needs unpadded_scoring): keep each decoder layer's input only
+    and recompute its activations in the backward (most of the forward's memory, for about one more forward of the
+    layers per update; the same numbers). On veRL: its actor's enable_gradient_checkpointing (always on for a GPU)."""
+
+    @model_validator(mode="after")
+    def _recomputes_the_unpadded_forward(self) -> _TrainingForward:
+        if self.gradient_checkpointing and not self.unpadded_scoring:
+            raise ValueError("gradient_checkpointing recomputes the unpadded training forward's layers: set "
+                             "unpadded_scoring=true with it (or gradient_checkpointing=false)")
+        return self
+
+
+class LMPolicyConfig(_TrainingForward):
     """Sampling settings of an LM policy (the model itself comes from the tier, e.g. TinyLMConfig)."""
 
     kind: Literal["lm"] = "lm"
@@ -82,19 +100,6 @@ class LMPolicyConfig(_Strict):
     """static-kv/fused decoders: reorder weights once per rollout for oneDNN's GEMM (off: this model's weights fit in cache, measured slower)."""
     share_prompt_forward: bool = Field(True, json_schema_extra=RESUME_SAFE_PARAM)
     """Score a group's K rows on one forward of their shared prompt (same numbers up to rounding; false: one packed forward)."""
-    unpadded_scoring: bool = Field(True, json_schema_extra=RESUME_SAFE_PARAM)
-    """Training forward over the responses' real tokens only, not their right padding (Llama-family models; same numbers up to rounding)."""
-    gradient_checkpointing: bool = Field(False, json_schema_extra=RESUME_SAFE_PARAM)
-    """Unpadded training forward (Llama-family models; needs unpadded_scoring): keep each decoder layer's input only
-    and recompute its activations in the backward (most of the forward's memory, for about one more forward of the
-    layers per update; the same numbers). On veRL: its actor's enable_gradient_checkpointing (always on for a GPU)."""
-
-    @model_validator(mode="after")
-    def _recomputes_the_unpadded_forward(self):
-        if self.gradient_checkpointing and not self.unpadded_scoring:
-            raise ValueError("gradient_checkpointing recomputes the unpadded training forward's layers: set "
-                             "unpadded_scoring=true with it (or gradient_checkpointing=false)")
-        return self
     precision: Precision = Precision.FP32
     """Compute precision of the training forward and backward: fp32, or bf16 (bfloat16 autocast over fp32 weights
     and fp32 AdamW state; the fresh rollouts' old log-probs are re-scored in bf16 before the update, so an
@@ -113,7 +118,7 @@ PACKAGED_MODELS: tuple[str, ...] = ("smollm2",)
 converted once to a cache directory)."""
 
 
-class HFPolicyConfig(_Strict):
+class HFPolicyConfig(_TrainingForward):
     """A local Hugging Face causal LM of a family the native engine runs (Llama, Qwen2): its weights, its
     own tokenizer and chat template, and a dtype."""
 
@@ -140,19 +145,6 @@ class HFPolicyConfig(_Strict):
     """static-kv/fused decoders: reorder weights once per rollout for oneDNN's fp32 GEMM (same math; ~2x faster decode on CPU)."""
     share_prompt_forward: bool = Field(True, json_schema_extra=RESUME_SAFE_PARAM)
     """Score a group's K rows on one forward of their shared prompt (same numbers up to rounding; false: one packed forward)."""
-    unpadded_scoring: bool = Field(True, json_schema_extra=RESUME_SAFE_PARAM)
-    """Training forward over the responses' real tokens only, not their right padding (Llama-family models; same numbers up to rounding)."""
-    gradient_checkpointing: bool = Field(False, json_schema_extra=RESUME_SAFE_PARAM)
-    """Unpadded training forward (Llama-family models; needs unpadded_scoring): keep each decoder layer's input only
-    and recompute its activations in the backward (most of the forward's memory, for about one more forward of the
-    layers per update; the same numbers). On veRL: its actor's enable_gradient_checkpointing (always on for a GPU)."""
-
-    @model_validator(mode="after")
-    def _recomputes_the_unpadded_forward(self):
-        if self.gradient_checkpointing and not self.unpadded_scoring:
-            raise ValueError("gradient_checkpointing recomputes the unpadded training forward's layers: set "
-                             "unpadded_scoring=true with it (or gradient_checkpointing=false)")
-        return self
     precision: Precision = Precision.FP32
     """Compute precision of the training forward and backward: fp32, or bf16 (bfloat16 autocast over fp32 weights
     and fp32 AdamW state; the fresh rollouts' old log-probs are re-scored in bf16 before the update, so an
