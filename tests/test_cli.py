@@ -162,3 +162,49 @@ def test_train_with_overrides_never_moves_a_comparisons_run_of_another_config_as
     assert other.run_dir() != cfg.run_dir()  # a name of its own: allowed
     assert main(["train", "experiments/tiny-lm-chain.yaml", "--set", "train.lr=1e-4", "--output-dir", str(tmp_path),
                  "--no-tracking"]) == 2
+
+
+_DROPPED_STOP = """
+import os, signal, sys, time, weakref
+from exgrpo.cli.signals import install_stop_handlers, stop_signal_of
+install_stop_handlers()
+handler, sig = sys.argv[1], signal.SIGINT if sys.argv[1] == "ctrl-c" else signal.SIGTERM
+if handler == "prefect":  # as Prefect's flow engine sets it while a flow runs
+    from prefect.exceptions import TerminationSignal
+    def _prefect(signum, frame):
+        raise TerminationSignal(signal=signum)
+    signal.signal(signal.SIGTERM, _prefect)
+
+class Held:
+    pass
+
+def collected(_ref):  # a weak reference's callback: Python prints what it raises and drops it
+    os.kill(os.getpid(), sig)
+    for _ in range(100_000):  # the handler runs here, between two bytecodes of this callback
+        pass
+
+held = Held()
+ref = weakref.ref(held, collected)
+del held
+try:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        pass
+except BaseException as e:
+    print("stopped by", stop_signal_of(e), flush=True)
+    sys.exit(143)
+print("never stopped", flush=True)
+"""
+
+
+@pytest.mark.parametrize("handler", ["cli", "prefect", "ctrl-c"])
+def test_a_stop_signal_whose_exception_python_dropped_in_a_callback_is_sent_again(handler):
+    """A SIGTERM (or Ctrl-C) whose handler raises inside a weak reference's callback, as a garbage
+    collection runs one: Python drops that exception, and a comparison so signalled trained on until
+    its scheduler's SIGKILL, leaving its Prefect server behind. The signal is sent again, and the
+    command stops at its next bytecode."""
+    proc = subprocess.run([sys.executable, "-c", _DROPPED_STOP, handler], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)  # a hang guard
+    expected = signal.SIGINT if handler == "ctrl-c" else signal.SIGTERM
+    assert proc.stdout == f"stopped by {int(expected)}\n", proc.stdout + proc.stderr[-2000:]
+    assert proc.returncode == 143 and "Exception ignored" not in proc.stderr, proc.stderr[-2000:]

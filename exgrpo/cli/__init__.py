@@ -12,6 +12,7 @@ from typing import Any
 from exgrpo.cli import compare as _compare
 from exgrpo.cli import eval as _eval
 from exgrpo.cli.common import RAY_ADDRESS_HELP, FlowMissing, load_flow as _load_flow, secrets_by_environment
+from exgrpo.cli.signals import Terminated, install_stop_handlers
 from exgrpo.errors import UserError, one_line, redact_uri
 
 # Each command imports what it runs inside its function: `exgrpo --help`, `--version` and a bad config's
@@ -376,25 +377,11 @@ _WRITE_ERRORS = {
 """Write failures (errno) that end a command with one line instead of a traceback."""
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the command is as Ctrl-C's KeyboardInterrupt is, so that what the command
-    started (the Prefect server of a flow, a private Ray, its MLflow runs) is stopped and recorded on the
-    way out, as on Ctrl-C; the default action would end the process at once and leave them behind."""
-
-
-def _raise_terminated(signum: int, frame: Any) -> None:
-    raise Terminated()
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the command of ``argv``; its exit status. Ctrl-C (or a KeyboardInterrupt) at any point ends it
     with status 130 and one line, "interrupted", on stderr; SIGTERM, with 143 and "terminated" (Ray,
     once a command starts it, handles SIGTERM itself and stops its cluster)."""
-    import signal
-    import threading
-
-    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _raise_terminated)
+    install_stop_handlers()
     try:
         return _main(argv)
     except Terminated:
