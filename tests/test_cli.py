@@ -166,14 +166,18 @@ def test_train_with_overrides_never_moves_a_comparisons_run_of_another_config_as
 
 _DROPPED_STOP = """
 import os, signal, sys, time, weakref
-from exgrpo.cli.signals import install_stop_handlers, stop_signal_of
+from exgrpo.cli.signals import Terminated, disarm, install_stop_handlers, stop_signal_of
+signal.signal(signal.SIGINT, signal.default_int_handler)  # pytest-xdist's workers ignore SIGINT, and so would this
 install_stop_handlers()
-handler, sig = sys.argv[1], signal.SIGINT if sys.argv[1] == "ctrl-c" else signal.SIGTERM
+handler, mode = sys.argv[1:3]
+sig = signal.SIGINT if handler == "ctrl-c" else signal.SIGTERM
 if handler == "prefect":  # as Prefect's flow engine sets it while a flow runs
     from prefect.exceptions import TerminationSignal
     def _prefect(signum, frame):
         raise TerminationSignal(signal=signum)
     signal.signal(signal.SIGTERM, _prefect)
+if mode == "returned":  # the command has returned: atexit callbacks run to their end
+    disarm()
 
 class Held:
     pass
@@ -185,26 +189,38 @@ def collected(_ref):  # a weak reference's callback: Python prints what it raise
 
 held = Held()
 ref = weakref.ref(held, collected)
-del held
 try:
-    deadline = time.monotonic() + 60
+    del held
+    if mode == "stopping":  # the signal delivered again, at once, and raised where it should be
+        raise Terminated()
+    deadline = time.monotonic() + (3 if mode == "returned" else 60)
     while time.monotonic() < deadline:
         pass
 except BaseException as e:
     print("stopped by", stop_signal_of(e), flush=True)
+    try:
+        time.sleep(0.5)  # the command's cleanup
+    except BaseException:
+        print("cleanup interrupted", flush=True)
+        raise
     sys.exit(143)
 print("never stopped", flush=True)
 """
 
 
-@pytest.mark.parametrize("handler", ["cli", "prefect", "ctrl-c"])
-def test_a_stop_signal_whose_exception_python_dropped_in_a_callback_is_sent_again(handler):
-    """A SIGTERM (or Ctrl-C) whose handler raises inside a weak reference's callback, as a garbage
-    collection runs one: Python drops that exception, and a comparison so signalled trained on until
-    its scheduler's SIGKILL, leaving its Prefect server behind. The signal is sent again, and the
-    command stops at its next bytecode."""
-    proc = subprocess.run([sys.executable, "-c", _DROPPED_STOP, handler], cwd=ROOT, capture_output=True,
+@pytest.mark.parametrize(("handler", "mode"), [("cli", "running"), ("prefect", "running"), ("ctrl-c", "running"),
+                                               ("cli", "stopping"), ("cli", "returned")])
+def test_a_stop_signal_whose_exception_python_dropped_in_a_callback_is_sent_again(handler, mode):
+    """A SIGTERM (or Ctrl-C) whose handler raises inside a weak reference's callback, as a garbage collection
+    runs one: Python drops that exception. While the command runs the signal is sent again, and the command
+    stops at its next bytecode; not while the command is already stopping (its cleanup is not interrupted),
+    nor once it has returned."""
+    proc = subprocess.run([sys.executable, "-c", _DROPPED_STOP, handler, mode], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)  # a hang guard
+    said = proc.stdout + proc.stderr[-2000:]
+    if mode == "returned":
+        assert proc.stdout == "never stopped\n" and "Exception ignored" in proc.stderr, said
+        return
     expected = signal.SIGINT if handler == "ctrl-c" else signal.SIGTERM
-    assert proc.stdout == f"stopped by {int(expected)}\n", proc.stdout + proc.stderr[-2000:]
-    assert proc.returncode == 143 and "Exception ignored" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stdout == f"stopped by {int(expected)}\n", said
+    assert proc.returncode == 143 and "Exception ignored" not in proc.stderr, said

@@ -12,7 +12,7 @@ from typing import Any
 from exgrpo.cli import compare as _compare
 from exgrpo.cli import eval as _eval
 from exgrpo.cli.common import RAY_ADDRESS_HELP, FlowMissing, load_flow as _load_flow, secrets_by_environment
-from exgrpo.cli.signals import Terminated, install_stop_handlers
+from exgrpo.cli.signals import Terminated, disarm, install_stop_handlers
 from exgrpo.errors import UserError, one_line, redact_uri
 
 # Each command imports what it runs inside its function: `exgrpo --help`, `--version` and a bad config's
@@ -395,6 +395,8 @@ def main(argv: list[str] | None = None) -> int:
 
         print(redact_uri(traceback.format_exc()), file=sys.stderr, end="", flush=True)
         return 1
+    finally:
+        disarm()
 
 
 def _main(argv: list[str] | None) -> int:
