@@ -136,6 +136,7 @@ bench: $(STAMP) .bench-deps/trl services
 	$(PY) bench/bench_orchestration.py --only b --store postgres   # team mode (goal 4)
 	$(PY) bench/bench_verl.py
 	$(PY) bench/bench_pool.py
+	$(PY) bench/cpu_rates.py
 	$(PY) bench/summary.py
 
 clean:

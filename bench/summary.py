@@ -48,7 +48,7 @@ def main() -> None:
         sys.exit(f"bench summary: no records at {path!s} (set {ENV} for the bench scripts)")
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     rows.sort(key=lambda r: r["goal"].split(".")[0])  # by goal number; runs of one goal in the order measured
-    print("\nissue 12's goals, as measured by this bench run:")
+    print("\nthe four speed goals, as measured by this bench run:")
     print(table(rows))
 
 

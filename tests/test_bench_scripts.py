@@ -22,6 +22,7 @@ from summary import record, table  # noqa: E402  (bench/summary.py)
 SMOKE = [
     (["bench_toy_step.py", "--steps", "5"], []),
     (["bench_pool.py", "--sizes", "1000", "--tokens", "16"], []),
+    (["cpu_rates.py", "--rows", "16", "--repeats", "1"], []),
     (["bench_rollout.py", "--prompts", "8", "--new-tokens", "8", "--repeats", "1", "--cases", "eos"],
      ["1. rollout vs HF generate, tiny-lm, EOS"]),
     (["bench_scoring.py", "--model", "tiny-lm", "--repeats", "1"], []),
