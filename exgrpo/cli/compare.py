@@ -125,8 +125,10 @@ def run(args: argparse.Namespace) -> int:
         figures = {**figures, "comparison": shutil.copyfile(figures["comparison"], args.report)}
     if figures:
         print(f"report: {figures['comparison']}\nwhy: {figures['mechanism']}")
-    if args.json:
-        Path(args.json).write_text(json.dumps([o.__dict__ for o in outcomes], indent=2))
+    if args.json:  # whole or not at all: a stop while writing leaves the file of an earlier comparison intact
+        from exgrpo.atomic import write_text_atomic
+
+        write_text_atomic(args.json, json.dumps([o.__dict__ for o in outcomes], indent=2))
     if failed:
         print(f"error: {len(failed)} run(s) failed, the statistics cover the others: {'; '.join(failed)}", file=sys.stderr)
         return 1
