@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from exgrpo.policies.lm.precision import BF16_CPU_FLAGS, bf16_matmul, cpu_flags, cpu_name
+from exgrpo.policies.lm.precision import ARM_BF16_FEATURE, BF16_CPU_FLAGS, bf16_matmul, cpu_flags, cpu_name
 
 HIDDEN, MLP, KV, VOCAB, HEAD_ROWS = 576, 1536, 192, 49152, 85
 WEIGHT_BYTES = 270_000_000
@@ -41,6 +41,14 @@ def shapes(rows: int) -> list[tuple[str, int, int, int]]:
         ("weight gradient (1536 x rows x 576)", MLP, rows, HIDDEN),
         (f"LM head ({HEAD_ROWS} rows -> {VOCAB})", HEAD_ROWS, HIDDEN, VOCAB),
     ]
+
+
+def positive(text: str) -> int:
+    """argparse type: an integer of at least 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
+    return value
 
 
 def best_seconds(fn, repeats: int) -> float:
@@ -70,13 +78,13 @@ def read_rates(repeats: int) -> tuple[float, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1, as train.threads in the SmolLM2 control)")
-    ap.add_argument("--rows", type=int, default=224, help="tokens a training product sees (default 224)")
-    ap.add_argument("--repeats", type=int, default=20, help="timed runs per product, the best kept (default 20)")
+    ap.add_argument("--threads", type=positive, default=1, help="torch threads (default 1, as train.threads in the SmolLM2 control)")
+    ap.add_argument("--rows", type=positive, default=224, help="tokens a training product sees (default 224)")
+    ap.add_argument("--repeats", type=positive, default=20, help="timed runs per product, the best kept (default 20)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     flags = cpu_flags()
-    bf16 = ", ".join(f for f in BF16_CPU_FLAGS if f in flags) or "none"
+    bf16 = ", ".join(f for f in (*BF16_CPU_FLAGS, ARM_BF16_FEATURE) if f in flags) or "none"
     print(f"{cpu_name()}: bf16 matmul flags {bf16}{'' if bf16_matmul(flags) else ' (bf16 below is emulated)'}; "
           f"torch {torch.__version__}, {args.threads} thread(s), {args.rows} rows")
     print(f"{'product [m x k x n]':<54} {'fp32':>9} {'bf16':>9}  GFLOP/s")

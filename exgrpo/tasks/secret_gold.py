@@ -12,7 +12,8 @@ from collections.abc import Sequence
 
 def secret_answers(questions: Sequence[str], results: Sequence[int], spread: int, seed: int) -> list[int]:
     """Each result moved by its question's own offset, ±1..±``spread`` (never 0), a hash of ``seed`` and the
-    question's text: a question keeps its secret whichever split or question set it is in."""
+    question's text: for one ``seed`` a question keeps its secret whichever split it is in. Tasks pass their
+    ``train_seed``, so another question set (another ``train_seed``) draws other secrets, held-out ones too."""
     out = []
     for q, r in zip(questions, results, strict=True):
         h = int.from_bytes(hashlib.sha256(f"{seed}:{q}".encode()).digest()[:8], "little")
