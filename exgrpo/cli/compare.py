@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from exgrpo.atomic import write_text_atomic
 from exgrpo.cli.common import RAY_ADDRESS_HELP, FlowMissing, load_flow, secrets_by_environment
 from exgrpo.errors import redact_uri
 
@@ -126,8 +127,6 @@ def run(args: argparse.Namespace) -> int:
     if figures:
         print(f"report: {figures['comparison']}\nwhy: {figures['mechanism']}")
     if args.json:  # whole or not at all: a stop while writing leaves the file of an earlier comparison intact
-        from exgrpo.atomic import write_text_atomic
-
         write_text_atomic(args.json, json.dumps([o.__dict__ for o in outcomes], indent=2))
     if failed:
         print(f"error: {len(failed)} run(s) failed, the statistics cover the others: {'; '.join(failed)}", file=sys.stderr)
