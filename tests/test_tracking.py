@@ -128,6 +128,15 @@ def test_tracked_toy_run_reads_back(tmp_path):
     assert {"config", "checkpoints", "metrics"} <= arts
     ckpts = [a.path for a in client.list_artifacts(run.run_id, "checkpoints")]
     assert ckpts == [f"checkpoints/{run.result.checkpoint.name}"]
+    # MLflow's copy is the policy alone; the optimiser, pool and RNG states stay in the run directory
+    import torch
+
+    copy = torch.load(mlflow.artifacts.download_artifacts(run_id=run.run_id, artifact_path=ckpts[0], tracking_uri=uri,
+                                                          dst_path=str(tmp_path / "dl-ckpt")), weights_only=True)
+    full = torch.load(run.result.checkpoint, weights_only=True)
+    assert set(copy) == {"config", "model", "step"} and {"optimizer", "replay", "rng"} <= set(full)
+    assert copy["step"] == full["step"] == 8 and copy["config"] == full["config"]
+    assert all(torch.equal(copy["model"][k], v) for k, v in full["model"].items()) and copy["model"].keys() == full["model"].keys()
     local = mlflow.artifacts.download_artifacts(run_id=run.run_id, artifact_path="config/resolved_config.json",
                                                 tracking_uri=uri, dst_path=str(tmp_path / "dl"))
     resolved = json.loads(open(local).read())

@@ -6,15 +6,17 @@ CLI can use local processes and the Prefect flow can use Ray tasks with MLflow c
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import statistics
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 import multiprocessing as mp
 
+from exgrpo.compare.disk import while_room
 from exgrpo.config import CompareConfig, ExperimentConfig
 from exgrpo.errors import one_line
 from exgrpo.stats import (Estimate, iqm_ci, mean_ci, paired_difference, probability_of_improvement, steps_to_target,
@@ -248,7 +250,8 @@ def run_local(cc: CompareConfig, workers: int | None = None, on_done: Callable[[
     Workers x ``train.threads`` never exceeds this process's cores: fewer workers run, and a line says so.
 
     A run that fails does not stop the others: ``on_failed(arm, seed, error)`` hears of it as it
-    fails, and once every run has ended, without ``on_failed`` :class:`RunsFailed` lists them."""
+    fails, and once every run has ended, without ``on_failed`` :class:`RunsFailed` lists them. A run the
+    disk has no room for is not launched: it fails so at once (:mod:`exgrpo.compare.disk`)."""
     todo = [(cfg, arm, cc.metric, runner, resume) for cfg, arm in jobs(cc)]
     threads = max((cfg.train.threads for cfg, *_ in todo), default=1)
     cores = len(os.sched_getaffinity(0))
@@ -273,16 +276,27 @@ def run_local(cc: CompareConfig, workers: int | None = None, on_done: Callable[[
             return
         on_done and on_done(out[-1])
 
+    def refused(job: tuple, reason: str) -> None:
+        failures.append(f"{job[1]} seed {job[0].seed}: {reason}")
+        on_failed and on_failed(job[1], job[0].seed, reason)
+
+    inflight: dict[Future, tuple] = {}
+    launchable = while_room(todo, lambda job: job[0].run_dir(), lambda: len(inflight), refused)
     if workers <= 1:
-        for job in todo:
+        for job in launchable:
             ended(job, lambda job=job: _run_one_job(job))
     else:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as ex:
-            try:
-                futures = {ex.submit(_run_one_job, job): job for job in todo}
-                for f in as_completed(futures):
-                    ended(futures[f], f.result)
+            try:  # submitted as workers free up, so each run is launched only when the disk has room for it
+                for job in itertools.islice(launchable, workers):
+                    inflight[ex.submit(_run_one_job, job)] = job
+                while inflight:
+                    done, _ = wait(inflight, return_when=FIRST_COMPLETED)
+                    for f in done:
+                        ended(inflight.pop(f), f.result)
+                    for job in itertools.islice(launchable, workers - len(inflight)):
+                        inflight[ex.submit(_run_one_job, job)] = job
             except KeyboardInterrupt:  # Ctrl-C: the runs not started never start, the running ones end now
                 _stop_pool(ex)
                 raise

@@ -35,6 +35,7 @@ from exgrpo.compare import (
 )
 from exgrpo.compare import adaptive_record
 from exgrpo.compare.figures import draw_figures
+from exgrpo.compare.disk import while_room
 from exgrpo.compare.adaptive import SequentialState, StageIncomplete, format_decisions, run_adaptive
 from exgrpo.config import CompareConfig, ExperimentConfig
 from exgrpo.launch import tracked_train
@@ -422,5 +423,10 @@ class _StageTrainer:
             if self.on_progress is not None:
                 self.on_progress(printer.fraction())
 
+        def refused(job: tuple[ExperimentConfig, str], reason: str) -> None:
+            printer.finished(f"{job[1]} seed {job[0].seed} (not launched)")
+            self.on_failed(job[1], job[0].seed, reason)
+
         with progress_display(board, len(todo)) as printer:
-            run_as_slots_free(todo, launch, ended, slots=slots, limit=self.workers, poll=poll)
+            launchable = while_room(todo, lambda job: job[0].run_dir(), lambda: len(running), refused)
+            run_as_slots_free(launchable, launch, ended, slots=slots, limit=self.workers, poll=poll)

@@ -3,9 +3,10 @@
 
 * the run directory's records (:data:`RECORD_FILES`): ``metrics/metrics.jsonl`` (every step), and a veRL
   run's ``config/verl_run.json`` (the veRL overrides derived from the config) and ``logs/verl.log``;
-* ``checkpoints/``: the final policy as a native checkpoint file (``config``, ``model``, ``step``);
-  a veRL run's is merged once from its FSDP shards into ``verl_global_step_N.pt`` beside them, and veRL's
-  own checkpoint directory is what the ``checkpoint`` tag names;
+* ``checkpoints/``: the final policy as a native checkpoint file of only ``config``, ``model`` and ``step``
+  (:func:`policy_only`: a native checkpoint's optimiser state, pool and RNG states resume the run from its
+  directory, and are not copied); a veRL run's is merged once from its FSDP shards into
+  ``verl_global_step_N.pt`` beside them, and veRL's own checkpoint directory is what the ``checkpoint`` tag names;
 * the final policy as an MLflow model (up to :data:`MAX_LOGGED_MODEL_PARAMS` parameters) with the run's
   params and every metric logged at its step, wherever it was logged from (a veRL job logs its own);
 * the training and evaluation questions as dataset inputs;
@@ -19,9 +20,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import tempfile
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +64,8 @@ def log_finished_run(tracker: Any, run_id: str, cfg: ExperimentConfig, result: A
     final = load_policy(policy_file)
     log_task_datasets(client, run_id, cfg, final.task)
     if log_checkpoint:
-        client.log_artifact(run_id, str(policy_file), "checkpoints")
+        with policy_only(policy_file) as policy:
+            client.log_artifact(run_id, str(policy), "checkpoints")
         client.set_tag(run_id, "checkpoint", str(result.checkpoint))
     if evaluate is not None:
         log_scores(tracker, run_id, evaluate(final), step)
@@ -98,6 +101,32 @@ def policy_checkpoint(checkpoint: Path) -> Path:
     if file is None:
         raise FileNotFoundError(f"checkpoint {checkpoint} is a directory but not a veRL checkpoint")
     return file
+
+
+POLICY_ENTRIES = ("config", "model", "step")
+"""What a policy file holds: enough to rebuild and evaluate the policy, not to resume its run."""
+
+
+@contextlib.contextmanager
+def policy_only(file: Path) -> Iterator[Path]:
+    """``file`` with only :data:`POLICY_ENTRIES`, for the length of a ``with`` block: ``file`` itself where it
+    holds nothing else, else a copy without the rest (under the same name, in a temporary directory removed
+    after the block). A native checkpoint also holds what resumes its run, AdamW's two moments, the pool and
+    the RNG states: two thirds of its bytes (a SmolLM2-135M run's 1.6 GB checkpoint is 0.54 GB of weights),
+    which a copy in MLflow's store, written for every run of a comparison, never serves. Read memory-mapped:
+    the entries dropped are never read."""
+    import torch
+
+    state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    if set(state) <= set(POLICY_ENTRIES):
+        del state
+        yield file
+        return
+    with tempfile.TemporaryDirectory(prefix="exgrpo-policy-") as tmp:
+        kept = Path(tmp) / file.name
+        torch.save({k: state[k] for k in POLICY_ENTRIES if k in state}, kept)
+        del state
+        yield kept
 
 
 def log_task_datasets(client: Any, run_id: str, cfg: ExperimentConfig, task: Any) -> None:

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from exgrpo.tracking.finished_run import policy_checkpoint
+from exgrpo.tracking.finished_run import policy_checkpoint, policy_only
 from exgrpo.tracking.mlflow_tracking import Tracker
 
 CHAMPION = "champion"
@@ -47,7 +47,8 @@ def register_champion(client: Any, study_name: str, run_id: str, checkpoint: str
     if not path.exists():
         raise FileNotFoundError(f"the best trial's checkpoint {path} is missing; nothing to register")
     path = policy_checkpoint(path)  # veRL's global_step_N: its policy (merged FSDP shards + config) as one file
-    client.log_artifact(run_id, str(path), "checkpoint")
+    with policy_only(path) as policy:
+        client.log_artifact(run_id, str(policy), "checkpoint")
     try:
         client.get_registered_model(name)
     except MlflowException:

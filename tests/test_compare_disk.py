@@ -1,0 +1,88 @@
+"""A comparison launches a run only when the disk has room for it (exgrpo.compare.disk).
+
+The disk is not filled for real here: the free space the comparison reads is the budget of a small
+disk minus what its runs have written so far, measured on the real files."""
+
+import pytest
+
+from exgrpo.compare import CompareConfig, RunsFailed, run_local
+from exgrpo.compare import disk
+
+
+def _cc(tmp_path, seeds=(0, 1)):
+    return CompareConfig.model_validate({
+        "base": {"name": "roomy", "output_dir": str(tmp_path / "runs"), "task": {"max_operand": 5},
+                 "policy": {"hidden": 16, "layers": 1}, "train": {"max_steps": 2, "batch_size": 8}},
+        "arms": {"grpo": {"algorithm.replay": "none"}, "exgrpo": {"algorithm.replay": "buckets"}},
+        "seeds": list(seeds)})
+
+
+def _used(root) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+
+
+def _small_disk(monkeypatch, comparison, runs_it_holds: float):
+    """Free bytes: room for ``runs_it_holds`` runs like the comparison's first finished one, less what
+    its runs wrote since."""
+    budget = {}
+
+    def free(path):
+        if "bytes" not in budget:
+            written = disk.written_per_run(comparison)
+            assert written is not None, "free space read before any run finished: nothing to measure yet"
+            budget["bytes"] = int(runs_it_holds * sum(written))
+        return budget["bytes"] - _used(comparison)
+
+    monkeypatch.setattr(disk, "free_bytes", free)
+
+
+def test_runs_the_disk_cannot_hold_are_not_launched_and_resume_trains_them(tmp_path, monkeypatch):
+    cc = _cc(tmp_path)
+    comparison = tmp_path / "runs" / "roomy"
+    _small_disk(monkeypatch, comparison, runs_it_holds=2.2)
+    heard = []
+    outcomes = run_local(cc, workers=1, on_failed=lambda *a: heard.append(a))
+    # seed 0's two runs fit; seed 1's grpo would not, and nothing after it is launched
+    assert sorted((o.arm, o.seed) for o in outcomes) == [("exgrpo", 0), ("grpo", 0)]
+    assert [(arm, seed) for arm, seed, _ in heard] == [("grpo", 1), ("exgrpo", 1)]
+    reason = heard[0][2]
+    assert reason.startswith("disk full: ") and "MiB free under" in reason and "--resume trains this run" in reason
+    assert "\n" not in reason and not (comparison / "roomy-grpo" / "seed1").exists()  # never started
+
+    with pytest.raises(RunsFailed, match=r"2 run\(s\) failed: grpo seed 1: disk full: ") as e:
+        run_local(cc, workers=1, resume=True)  # still no room: the finished runs report, the others are refused
+    assert sorted((o.arm, o.seed) for o in e.value.outcomes) == [("exgrpo", 0), ("grpo", 0)]
+
+    monkeypatch.setattr(disk, "free_bytes", lambda path: 1 << 50)  # space freed
+    outcomes = run_local(cc, workers=1, resume=True)
+    assert sorted((o.arm, o.seed) for o in outcomes) == [("exgrpo", 0), ("exgrpo", 1), ("grpo", 0), ("grpo", 1)]
+
+
+def test_a_pool_counts_the_runs_training_beside_the_next(tmp_path, monkeypatch):
+    """Two workers: once one run has finished, the next needs room for itself and the one still training."""
+    cc = _cc(tmp_path)
+    comparison = tmp_path / "runs" / "roomy"
+    _small_disk(monkeypatch, comparison, runs_it_holds=2.2)
+    heard = []
+    outcomes = run_local(cc, workers=2, on_failed=lambda *a: heard.append(a))
+    assert sorted((o.arm, o.seed) for o in outcomes) == [("exgrpo", 0), ("grpo", 0)]
+    assert sorted((arm, seed) for arm, seed, _ in heard) == [("exgrpo", 1), ("grpo", 1)]
+    assert all("2 run(s) of this comparison need" in why or "1 run(s) of this comparison need" in why
+               for _, _, why in heard)
+
+
+def test_what_a_run_writes_is_read_from_the_finished_runs(tmp_path):
+    import torch
+
+    comparison = tmp_path / "cmp"
+    assert disk.written_per_run(comparison) is None and disk.room_for(comparison / "a" / "seed0", 1) is None
+    ckpts = comparison / "cmp-a" / "seed0" / "checkpoints"
+    ckpts.mkdir(parents=True)
+    w = torch.zeros(1000)
+    weights = {"w": w, "head": w}  # tied: one storage, saved once
+    torch.save({"config": "{}", "model": weights, "step": 3, "optimizer": {"m": torch.zeros(2000)}},
+               ckpts / "step_0000003.pt")
+    checkpoint, policy = disk.written_per_run(comparison)
+    assert checkpoint == (ckpts / "step_0000003.pt").stat().st_size and policy == 4000
+    (ckpts / "step_0000003.pt").write_bytes(b"torn")  # unreadable: counted whole
+    assert disk.written_per_run(comparison) == (4, 4)
