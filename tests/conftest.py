@@ -243,3 +243,28 @@ def tiny_hf_model(tmp_path_factory) -> Path:
     dimensions: vLLM's CPU attention has no kernel for 16 (veRL's vLLM rollout trains this model in
     tests/test_vllm_rollout.py). Built once per worker (a second or two)."""
     return tiny_qwen2(tmp_path_factory.mktemp("tiny-qwen2"))
+
+
+@pytest.fixture
+def small_disk(monkeypatch):
+    """``small_disk(root, runs_it_holds)``: the free space :mod:`exgrpo.disk` reads becomes that of a disk
+    with room for ``runs_it_holds`` runs like the first one finished under ``root``, less what the runs
+    under ``root`` have written since (the disk is not filled for real)."""
+    from exgrpo import disk
+
+    def used(root: Path) -> int:
+        return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+
+    def install(root: Path, runs_it_holds: float) -> None:
+        budget: dict[str, int] = {}
+
+        def free(path: Path) -> int:
+            if "bytes" not in budget:
+                written = disk.written_per_run(root)
+                assert written is not None, "free space read before any run finished: nothing to measure yet"
+                budget["bytes"] = int(runs_it_holds * sum(written))
+            return budget["bytes"] - used(root)
+
+        monkeypatch.setattr(disk, "free_bytes", free)
+
+    return install

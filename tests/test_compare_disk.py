@@ -1,12 +1,12 @@
-"""A comparison launches a run only when the disk has room for it (exgrpo.compare.disk).
+"""A comparison launches a run only when the disk has room for it (exgrpo.disk).
 
 The disk is not filled for real here: the free space the comparison reads is the budget of a small
-disk minus what its runs have written so far, measured on the real files."""
+disk minus what its runs have written so far, measured on the real files (the ``small_disk`` fixture)."""
 
 import pytest
 
 from exgrpo.compare import CompareConfig, RunsFailed, run_local
-from exgrpo.compare import disk
+from exgrpo import disk
 
 
 def _cc(tmp_path, seeds=(0, 1)):
@@ -17,29 +17,10 @@ def _cc(tmp_path, seeds=(0, 1)):
         "seeds": list(seeds)})
 
 
-def _used(root) -> int:
-    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
-
-
-def _small_disk(monkeypatch, comparison, runs_it_holds: float):
-    """Free bytes: room for ``runs_it_holds`` runs like the comparison's first finished one, less what
-    its runs wrote since."""
-    budget = {}
-
-    def free(path):
-        if "bytes" not in budget:
-            written = disk.written_per_run(comparison)
-            assert written is not None, "free space read before any run finished: nothing to measure yet"
-            budget["bytes"] = int(runs_it_holds * sum(written))
-        return budget["bytes"] - _used(comparison)
-
-    monkeypatch.setattr(disk, "free_bytes", free)
-
-
-def test_runs_the_disk_cannot_hold_are_not_launched_and_resume_trains_them(tmp_path, monkeypatch):
+def test_runs_the_disk_cannot_hold_are_not_launched_and_resume_trains_them(tmp_path, monkeypatch, small_disk):
     cc = _cc(tmp_path)
     comparison = tmp_path / "runs" / "roomy"
-    _small_disk(monkeypatch, comparison, runs_it_holds=2.2)
+    small_disk(comparison, runs_it_holds=2.2)
     heard = []
     outcomes = run_local(cc, workers=1, on_failed=lambda *a: heard.append(a))
     # seed 0's two runs fit; seed 1's grpo would not, and nothing after it is launched
@@ -58,11 +39,11 @@ def test_runs_the_disk_cannot_hold_are_not_launched_and_resume_trains_them(tmp_p
     assert sorted((o.arm, o.seed) for o in outcomes) == [("exgrpo", 0), ("exgrpo", 1), ("grpo", 0), ("grpo", 1)]
 
 
-def test_a_pool_counts_the_runs_training_beside_the_next(tmp_path, monkeypatch):
+def test_a_pool_counts_the_runs_training_beside_the_next(tmp_path, small_disk):
     """Two workers: once one run has finished, the next needs room for itself and the one still training."""
     cc = _cc(tmp_path)
     comparison = tmp_path / "runs" / "roomy"
-    _small_disk(monkeypatch, comparison, runs_it_holds=2.2)
+    small_disk(comparison, runs_it_holds=2.2)
     heard = []
     outcomes = run_local(cc, workers=2, on_failed=lambda *a: heard.append(a))
     assert sorted((o.arm, o.seed) for o in outcomes) == [("exgrpo", 0), ("grpo", 0)]
@@ -75,7 +56,7 @@ def test_what_a_run_writes_is_read_from_the_finished_runs(tmp_path):
     import torch
 
     comparison = tmp_path / "cmp"
-    assert disk.written_per_run(comparison) is None and disk.room_for(comparison / "a" / "seed0", 1) is None
+    assert disk.written_per_run(comparison) is None and disk.room_for(comparison, 1) is None
     ckpts = comparison / "cmp-a" / "seed0" / "checkpoints"
     ckpts.mkdir(parents=True)
     w = torch.zeros(1000)
@@ -86,3 +67,4 @@ def test_what_a_run_writes_is_read_from_the_finished_runs(tmp_path):
     assert checkpoint == (ckpts / "step_0000003.pt").stat().st_size and policy == 4000
     (ckpts / "step_0000003.pt").write_bytes(b"torn")  # unreadable: counted whole
     assert disk.written_per_run(comparison) == (4, 4)
+

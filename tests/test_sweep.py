@@ -369,6 +369,28 @@ def test_sweep_on_ray_with_a_crashing_trial_then_resume(tmp_path, capsys, monkey
     assert len({v.run_id for v in versions}) == len(versions)  # no version registered twice for one run
 
 
+def test_a_sweep_fails_the_trials_the_disk_cannot_hold_at_once(tmp_path, small_disk):
+    """A sweep on Ray measures its finished trials the same way: a trial without room is told FAIL with the
+    reason, and never launched."""
+    sc = load_sweep({
+        "study": {"name": "s", "n_trials": 3, "parallel": 1, "pruner": "none"},
+        "base": "experiments/toy.yaml",
+        "base_overrides": {"name": "disk-sweep", "algorithm.replay": "buckets", "output_dir": str(tmp_path / "runs")},
+        "budget_steps": 4,
+        "space": {"algorithm.experience_ratio": {"type": "float", "low": 0.1, "high": 0.9}},
+    })
+    small_disk(tmp_path / "runs" / "sweeps" / "s", runs_it_holds=1.5)
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    res = run_sweep(sc, storage=storage, tracking_uri=f"sqlite:///{tmp_path}/mlruns/mlflow.db")
+    assert [o["state"] for o in sorted(res.outcomes, key=lambda o: o["number"])] == ["COMPLETE", "FAIL", "FAIL"]
+    refused = [o for o in res.outcomes if o["state"] == "FAIL"]
+    assert all(o["error"].startswith("disk full: ") and "run(s) of this sweep need" in o["error"] for o in refused)
+    assert not (tmp_path / "runs" / "sweeps" / "s" / "trial0001").exists()  # never started
+    study = optuna.load_study(study_name="s", storage=storage)
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "FAIL", "FAIL"]
+    assert study.trials[1].user_attrs["error"].startswith("disk full: ")
+
+
 def test_trials_of_two_threads_each_do_not_share_two_cores(tmp_path):
     """A trial's Ray task asks for its torch threads: on the 2-CPU local Ray, two 2-thread trials with
     parallel 2 run one after the other (their MLflow runs do not overlap), not both at once."""

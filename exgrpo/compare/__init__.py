@@ -16,7 +16,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from dataclasses import dataclass, field
 import multiprocessing as mp
 
-from exgrpo.compare.disk import while_room
+from exgrpo.disk import while_room
 from exgrpo.config import CompareConfig, ExperimentConfig
 from exgrpo.errors import one_line
 from exgrpo.stats import (Estimate, iqm_ci, mean_ci, paired_difference, probability_of_improvement, steps_to_target,
@@ -251,7 +251,7 @@ def run_local(cc: CompareConfig, workers: int | None = None, on_done: Callable[[
 
     A run that fails does not stop the others: ``on_failed(arm, seed, error)`` hears of it as it
     fails, and once every run has ended, without ``on_failed`` :class:`RunsFailed` lists them. A run the
-    disk has no room for is not launched: it fails so at once (:mod:`exgrpo.compare.disk`)."""
+    disk has no room for is not launched: it fails so at once (:mod:`exgrpo.disk`)."""
     todo = [(cfg, arm, cc.metric, runner, resume) for cfg, arm in jobs(cc)]
     threads = max((cfg.train.threads for cfg, *_ in todo), default=1)
     cores = len(os.sched_getaffinity(0))

@@ -35,7 +35,7 @@ from exgrpo.compare import (
 )
 from exgrpo.compare import adaptive_record
 from exgrpo.compare.figures import draw_figures
-from exgrpo.compare.disk import while_room
+from exgrpo.disk import while_room
 from exgrpo.compare.adaptive import SequentialState, StageIncomplete, format_decisions, run_adaptive
 from exgrpo.config import CompareConfig, ExperimentConfig
 from exgrpo.launch import tracked_train

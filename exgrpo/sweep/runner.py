@@ -15,6 +15,7 @@ from typing import Any
 
 from exgrpo.batch import ParentSummary, finish_parent, start_on_ray
 from exgrpo.cluster import cluster_address, require_shared_stores, task_cpus
+from exgrpo.disk import while_room
 from exgrpo.errors import one_line, redact_uri
 from exgrpo.slots import launch_slots, run_as_slots_free
 from exgrpo.sweep.space import SweepConfig, base_config, resolve_storage, space_signature, trial_config
@@ -298,13 +299,17 @@ def _run_trials(sc: SweepConfig, base: Any, study: Any, todo: int, tracker: Trac
         for _ in range(todo):
             yield study.ask(dists)
 
+    in_flight = [0]
+
     def launch(trial: Any, options: dict[str, Any]) -> Any:  # veRL trials: each on the node its plan chose
+        in_flight[0] += 1
         payload = {"sweep": sweep_json, "number": trial.number, "trial_id": trial._trial_id,
                    "params": dict(trial.params), "storage": url, "tracking_uri": tracker.uri,
                    "experiment": experiment, "parent_run_id": parent, "progress_board": board}
         return remote.options(**options).remote(payload)
 
     def ended(trial: Any, out: dict[str, Any] | None, error: BaseException | None) -> None:
+        in_flight[0] -= 1
         if error is not None:  # the worker died (OOM, killed): still a FAIL, the study goes on
             out = {"number": trial.number, "state": "FAIL", "value": None, "run_id": None,
                    "error": one_line(error, None)}
@@ -315,8 +320,15 @@ def _run_trials(sc: SweepConfig, base: Any, study: Any, todo: int, tracker: Trac
         if on_trial is not None:
             on_trial(out)
 
+    def refused(trial: Any, reason: str) -> None:  # no room on disk: a FAIL at once, never launched
+        in_flight[0] += 1
+        ended(trial, {"number": trial.number, "state": "FAIL", "value": None, "run_id": None, "error": reason}, None)
+
+    root = Path(base.output_dir).resolve() / "sweeps" / sc.study.name
+    launchable = while_room(trials(), lambda trial: root / f"trial{trial.number:04d}", lambda: in_flight[0], refused,
+                            root=root, what="sweep")  # a trial never resumes: asked anew, numbered anew
     with progress_display(board, todo) as printer:
-        run_as_slots_free(trials(), launch, ended, slots=slots, limit=sc.study.parallel, poll=printer.poll)
+        run_as_slots_free(launchable, launch, ended, slots=slots, limit=sc.study.parallel, poll=printer.poll)
 
 
 def _parent_summary(tracker: Any, parent: str, study: Any, result: SweepResult, n_trials: int) -> ParentSummary:

@@ -1,4 +1,4 @@
-"""Room on disk for a comparison's next run.
+"""Room on disk for a comparison's (or a sweep's) next run.
 
 Each run of a comparison writes its checkpoint into its directory and a copy of its policy into MLflow's
 artifact store, both at its end. A disk that fills fails a run at that final save, after all its training,
@@ -51,12 +51,12 @@ def _policy_bytes(checkpoint: Path) -> int:
         return _size(checkpoint)
 
 
-def written_per_run(comparison_dir: Path) -> tuple[int, int] | None:
-    """What the largest finished run under ``comparison_dir`` (``<arm run>/seed<k>/checkpoints/``) wrote:
-    ``(checkpoint bytes, policy copy bytes)``, the checkpoints it keeps and MLflow's copy of its newest
-    policy; None when no run there holds a checkpoint yet."""
+def written_per_run(root: Path) -> tuple[int, int] | None:
+    """What the largest finished run under ``root`` (a comparison's ``<arm run>/seed<k>/checkpoints/``, a
+    sweep's ``trial<n>/<name>/seed<k>/checkpoints/``) wrote: ``(checkpoint bytes, policy copy bytes)``, the
+    checkpoints it keeps and MLflow's copy of its newest policy; None when no run there holds a checkpoint yet."""
     largest: tuple[int, int] | None = None
-    for ckpts in Path(comparison_dir).glob("*/seed*/checkpoints"):
+    for ckpts in Path(root).glob("**/seed*/checkpoints"):
         entries = sorted(p for p in ckpts.iterdir() if p.name.startswith(("step_", "global_step_")))
         if not entries:
             continue
@@ -72,21 +72,20 @@ def free_bytes(path: Path) -> int:
     return shutil.disk_usage(path).free
 
 
-def room_for(run_dir: Path, runs: int) -> str | None:
-    """Why the disk under ``run_dir`` (a run of a comparison, ``<output_dir>/<name>/<arm>/seed<k>``) cannot
-    hold ``runs`` more runs like its comparison's largest finished one, in one line; None where it can (or
-    where no run has finished to measure)."""
-    comparison = Path(run_dir).parent.parent
-    written = written_per_run(comparison)
+def room_for(root: Path, runs: int, what: str = "comparison") -> str | None:
+    """Why the disk under ``root`` (a comparison's or a sweep's directory) cannot hold ``runs`` more runs
+    like its largest finished one, in one line; None where it can (or where no run has finished to measure)."""
+    root = Path(root)
+    written = written_per_run(root)
     if written is None:
         return None
-    where = next(p for p in (comparison, *comparison.parents) if p.exists())
+    where = next(p for p in (root, *root.parents) if p.exists())
     available = free_bytes(where)
     checkpoint, policy = written
     need = runs * (checkpoint + policy)
     if available >= need:
         return None
-    return (f"disk full: {_shown(available)} free under {where}, and {runs} run(s) of this comparison need "
+    return (f"disk full: {_shown(available)} free under {where}, and {runs} run(s) of this {what} need "
             f"{_shown(need)} (each writes a {_shown(checkpoint)} checkpoint and MLflow's {_shown(policy)} copy of "
             f"its policy): free space or set output_dir on a larger disk, then --resume trains this run")
 
@@ -97,19 +96,21 @@ def _shown(n: int) -> str:
 
 
 def while_room(jobs: Iterable[Job], run_dir_of: Callable[[Job], Path], running: Callable[[], int],
-               refuse: Callable[[Job, str], None]) -> Iterator[Job]:
+               refuse: Callable[[Job, str], None], root: Path | None = None, what: str = "comparison",
+               ) -> Iterator[Job]:
     """``jobs``, each as the disk has room for it beside the ``running()`` runs in flight
     (:func:`room_for`); the first new run it has no room for and every new run after it go to
     ``refuse(job, reason)`` instead (a later one would find no more room: a finished run's files stay). A
     run whose directory holds a checkpoint already (``--resume``) is launched: a finished one only reports,
-    and its record is part of the comparison's statistics."""
+    and its record is part of the comparison's statistics. ``root``: the directory whose runs are measured
+    (default: a comparison's, two levels above a run's directory)."""
     reason = None
     for job in jobs:
         if has_checkpoint(run_dir_of(job)):
             yield job
             continue
         if reason is None:
-            reason = room_for(run_dir_of(job), running() + 1)
+            reason = room_for(root or Path(run_dir_of(job)).parent.parent, running() + 1, what)
         if reason is not None:
             refuse(job, reason)
             continue
