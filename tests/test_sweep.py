@@ -369,9 +369,9 @@ def test_sweep_on_ray_with_a_crashing_trial_then_resume(tmp_path, capsys, monkey
     assert len({v.run_id for v in versions}) == len(versions)  # no version registered twice for one run
 
 
-def test_a_sweep_fails_the_trials_the_disk_cannot_hold_at_once(tmp_path, small_disk):
-    """A sweep on Ray measures its finished trials the same way: a trial without room is told FAIL with the
-    reason, and never launched."""
+def test_a_sweep_asks_for_no_trial_the_disk_cannot_hold(tmp_path, small_disk):
+    """A sweep measures its finished trials as a comparison does (exgrpo.disk): without room it asks the
+    study for no more trials and says so in one line; run again with room, it asks for them."""
     sc = load_sweep({
         "study": {"name": "s", "n_trials": 3, "parallel": 1, "pruner": "none"},
         "base": "experiments/toy.yaml",
@@ -380,15 +380,17 @@ def test_a_sweep_fails_the_trials_the_disk_cannot_hold_at_once(tmp_path, small_d
         "space": {"algorithm.experience_ratio": {"type": "float", "low": 0.1, "high": 0.9}},
     })
     small_disk(tmp_path / "runs" / "sweeps" / "s", runs_it_holds=1.5)
-    storage = f"sqlite:///{tmp_path}/optuna.db"
-    res = run_sweep(sc, storage=storage, tracking_uri=f"sqlite:///{tmp_path}/mlruns/mlflow.db")
-    assert [o["state"] for o in sorted(res.outcomes, key=lambda o: o["number"])] == ["COMPLETE", "FAIL", "FAIL"]
-    refused = [o for o in res.outcomes if o["state"] == "FAIL"]
-    assert all(o["error"].startswith("disk full: ") and "run(s) of this sweep need" in o["error"] for o in refused)
+    storage, uri = f"sqlite:///{tmp_path}/optuna.db", f"sqlite:///{tmp_path}/mlruns/mlflow.db"
+    res = run_sweep(sc, storage=storage, tracking_uri=uri)
+    assert [o["state"] for o in res.outcomes] == ["COMPLETE"]
+    assert res.not_launched.startswith("2 trial(s) not launched: no room on disk: ")
+    assert res.not_launched.endswith("then run the sweep again: its study asks for the trials still to run")
+    assert [t.state.name for t in optuna.load_study(study_name="s", storage=storage).trials] == ["COMPLETE"]
     assert not (tmp_path / "runs" / "sweeps" / "s" / "trial0001").exists()  # never started
-    study = optuna.load_study(study_name="s", storage=storage)
-    assert [t.state.name for t in study.trials] == ["COMPLETE", "FAIL", "FAIL"]
-    assert study.trials[1].user_attrs["error"].startswith("disk full: ")
+
+    small_disk(tmp_path / "runs" / "sweeps" / "s", runs_it_holds=100)  # space freed
+    res = run_sweep(sc, storage=storage, tracking_uri=uri)
+    assert sorted(o["number"] for o in res.outcomes) == [1, 2] and res.not_launched is None
 
 
 def test_trials_of_two_threads_each_do_not_share_two_cores(tmp_path):

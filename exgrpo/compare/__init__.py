@@ -6,13 +6,14 @@ CLI can use local processes and the Prefect flow can use Ray tasks with MLflow c
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import os
 import statistics
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, BrokenExecutor, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 import multiprocessing as mp
 
@@ -281,28 +282,39 @@ def run_local(cc: CompareConfig, workers: int | None = None, on_done: Callable[[
         on_failed and on_failed(job[1], job[0].seed, reason)
 
     inflight: dict[Future, tuple] = {}
-    launchable = while_room(todo, lambda job: job[0].run_dir(), lambda: len(inflight), refused)
+    launchable = while_room(todo, lambda job: job[0].run_dir(), lambda: len(inflight), refused, resume=resume,
+                            fix="resume the comparison (--resume) to train this run")
     if workers <= 1:
         for job in launchable:
             ended(job, lambda job=job: _run_one_job(job))
     else:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as ex:
+
+            def launch(jobs: Iterable[tuple]) -> None:
+                for job in jobs:
+                    try:
+                        inflight[ex.submit(_run_one_job, job)] = job
+                    except BrokenExecutor as e:  # a worker was killed (the OOM killer): each run left fails with it
+                        ended(job, functools.partial(_raise, e))
+
             try:  # submitted as workers free up, so each run is launched only when the disk has room for it
-                for job in itertools.islice(launchable, workers):
-                    inflight[ex.submit(_run_one_job, job)] = job
+                launch(itertools.islice(launchable, workers))
                 while inflight:
                     done, _ = wait(inflight, return_when=FIRST_COMPLETED)
                     for f in done:
                         ended(inflight.pop(f), f.result)
-                    for job in itertools.islice(launchable, workers - len(inflight)):
-                        inflight[ex.submit(_run_one_job, job)] = job
-            except KeyboardInterrupt:  # Ctrl-C: the runs not started never start, the running ones end now
-                _stop_pool(ex)
+                    launch(itertools.islice(launchable, max(workers - len(inflight), 0)))
+            except BaseException:  # Ctrl-C, SIGTERM, or a failure here: the runs not started never start,
+                _stop_pool(ex)     # the running ones end now
                 raise
     if failures and on_failed is None:
         raise RunsFailed(failures, out)
     return out
+
+
+def _raise(error: BaseException) -> RunOutcome:
+    raise error
 
 
 def _stop_pool(ex: ProcessPoolExecutor, grace: float = 10.0) -> None:

@@ -428,5 +428,6 @@ class _StageTrainer:
             self.on_failed(job[1], job[0].seed, reason)
 
         with progress_display(board, len(todo)) as printer:
-            launchable = while_room(todo, lambda job: job[0].run_dir(), lambda: len(running), refused)
+            launchable = while_room(todo, lambda job: job[0].run_dir(), lambda: len(running), refused,
+                                    resume=self.resume, fix="resume the comparison (--resume) to train this run")
             run_as_slots_free(launchable, launch, ended, slots=slots, limit=self.workers, poll=poll)

@@ -169,6 +169,9 @@ class SweepResult:
     """Trial states over the whole study."""
     summary_error: str | None = None
     """Why the summary could not be written to the parent run (MLflow unreachable), else None."""
+    not_launched: str | None = None
+    """How many trials this call did not launch, and why (no room on disk: :mod:`exgrpo.disk`), else None;
+    they were never asked of the study, so running the sweep again asks for them."""
 
     def table(self) -> str:
         """Markdown table of this call's trials."""
@@ -295,11 +298,16 @@ def _run_trials(sc: SweepConfig, base: Any, study: Any, todo: int, tracker: Trac
     if isinstance(sc.base, str):
         sweep_json["base"] = str(Path(sc.base).resolve())
 
-    def trials() -> Iterator[Any]:  # asked of the study only as a slot frees: TPE sees every result so far
-        for _ in range(todo):
-            yield study.ask(dists)
-
     in_flight = [0]
+    refused: list[str] = []
+    root = Path(base.output_dir).resolve() / "sweeps" / sc.study.name
+
+    def trials() -> Iterator[Any]:  # asked of the study only as a slot frees: TPE sees every result so far,
+        room = while_room(range(todo), lambda _: root, lambda: in_flight[0],  # and only when the disk has room
+                          lambda _, why: refused.append(why), resume=False, root=root,
+                          fix="run the sweep again: its study asks for the trials still to run")
+        for _ in room:
+            yield study.ask(dists)
 
     def launch(trial: Any, options: dict[str, Any]) -> Any:  # veRL trials: each on the node its plan chose
         in_flight[0] += 1
@@ -320,15 +328,11 @@ def _run_trials(sc: SweepConfig, base: Any, study: Any, todo: int, tracker: Trac
         if on_trial is not None:
             on_trial(out)
 
-    def refused(trial: Any, reason: str) -> None:  # no room on disk: a FAIL at once, never launched
-        in_flight[0] += 1
-        ended(trial, {"number": trial.number, "state": "FAIL", "value": None, "run_id": None, "error": reason}, None)
-
-    root = Path(base.output_dir).resolve() / "sweeps" / sc.study.name
-    launchable = while_room(trials(), lambda trial: root / f"trial{trial.number:04d}", lambda: in_flight[0], refused,
-                            root=root, what="sweep")  # a trial never resumes: asked anew, numbered anew
     with progress_display(board, todo) as printer:
-        run_as_slots_free(launchable, launch, ended, slots=slots, limit=sc.study.parallel, poll=printer.poll)
+        run_as_slots_free(trials(), launch, ended, slots=slots, limit=sc.study.parallel, poll=printer.poll)
+    if refused:  # never asked of the study: a later run of the sweep asks for them
+        result.not_launched = f"{len(refused)} trial(s) not launched: {refused[0]}"
+        print(f"sweep: {result.not_launched}", flush=True)
 
 
 def _parent_summary(tracker: Any, parent: str, study: Any, result: SweepResult, n_trials: int) -> ParentSummary:

@@ -103,28 +103,32 @@ def policy_checkpoint(checkpoint: Path) -> Path:
     return file
 
 
-POLICY_ENTRIES = ("config", "model", "step")
-"""What a policy file holds: enough to rebuild and evaluate the policy, not to resume its run."""
+RESUME_ENTRIES = ("optimizer", "replay", "fresh", "rng")
+"""What a native checkpoint holds to resume its run, beyond its policy (``config``, ``model``, ``step``)."""
 
 
 @contextlib.contextmanager
-def policy_only(file: Path) -> Iterator[Path]:
-    """``file`` with only :data:`POLICY_ENTRIES`, for the length of a ``with`` block: ``file`` itself where it
-    holds nothing else, else a copy without the rest (under the same name, in a temporary directory removed
-    after the block). A native checkpoint also holds what resumes its run, AdamW's two moments, the pool and
-    the RNG states: two thirds of its bytes (a SmolLM2-135M run's 1.6 GB checkpoint is 0.54 GB of weights),
-    which a copy in MLflow's store, written for every run of a comparison, never serves. Read memory-mapped:
-    the entries dropped are never read."""
+def policy_only(path: Path) -> Iterator[Path]:
+    """``path`` without :data:`RESUME_ENTRIES`, for the length of a ``with`` block: ``path`` itself where it
+    holds none of them (a veRL policy merged into one file or an HF directory), else a copy without them, under
+    the same name, in a temporary directory in the run's directory (on the disk of the run, not in ``/tmp``;
+    removed after the block). A native checkpoint's
+    AdamW moments, pool and RNG states are two thirds of its bytes (a SmolLM2-135M run's 1.6 GB checkpoint is
+    0.54 GB of weights), which a copy in MLflow's store, written for every run of a comparison, never serves.
+    Read memory-mapped: the entries dropped are never read."""
+    if path.is_dir():
+        yield path
+        return
     import torch
 
-    state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
-    if set(state) <= set(POLICY_ENTRIES):
+    state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    if not set(state) & set(RESUME_ENTRIES):
         del state
-        yield file
+        yield path
         return
-    with tempfile.TemporaryDirectory(prefix="exgrpo-policy-") as tmp:
-        kept = Path(tmp) / file.name
-        torch.save({k: state[k] for k in POLICY_ENTRIES if k in state}, kept)
+    with tempfile.TemporaryDirectory(prefix=".exgrpo-policy-", dir=path.resolve().parent.parent) as tmp:
+        kept = Path(tmp) / path.name
+        torch.save({k: v for k, v in state.items() if k not in RESUME_ENTRIES}, kept)
         del state
         yield kept
 
