@@ -41,9 +41,13 @@ def test_products_of_ever_new_shapes_leave_the_memory_bounded(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
     growth = {}
     for kind in ("default", "bounded"):
-        out = subprocess.run([sys.executable, "-c", SHAPES, kind], env=env, capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0, out.stderr[-2000:]
-        growth[kind] = float(out.stdout.split()[-1])  # MB
+        readings = []
+        for _ in range(2):  # RSS also moves with what the kernel does to the heap's pages meanwhile (busy hosts,
+            out = subprocess.run([sys.executable, "-c", SHAPES, kind], env=env, capture_output=True, text=True,
+                                 timeout=300)  # huge pages): the smaller of two readings; a cache grows in both
+            assert out.returncode == 0, out.stderr[-2000:]
+            readings.append(float(out.stdout.split()[-1]))  # MB
+        growth[kind] = min(readings)
     if growth["default"] < 100:
         pytest.skip(f"oneDNN's default cache grew by {growth['default']:.0f} MB here: nothing to bound on this CPU")
     assert growth["bounded"] < growth["default"] / 4, growth

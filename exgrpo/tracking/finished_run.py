@@ -121,8 +121,12 @@ def policy_only(path: Path) -> Iterator[Path]:
         return
     import torch
 
-    state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    if not set(state) & set(RESUME_ENTRIES):
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - not a checkpoint this reads (a foreign or older file): copied as it is
+        yield path
+        return
+    if not isinstance(state, dict) or not set(state) & set(RESUME_ENTRIES):
         del state
         yield path
         return
