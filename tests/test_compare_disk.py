@@ -17,12 +17,17 @@ def _cc(tmp_path, seeds=(0, 1)):
         "seeds": list(seeds)})
 
 
-def test_runs_the_disk_cannot_hold_are_not_launched_and_resume_trains_them(tmp_path, monkeypatch, small_disk):
+def _on_a_small_disk(tmp_path, small_disk, workers):
+    """The comparison of :func:`_cc` on a disk with room for 2.2 of its runs: (config, outcomes, failures heard)."""
     cc = _cc(tmp_path)
-    comparison = tmp_path / "runs" / "roomy"
-    small_disk(comparison, runs_it_holds=2.2)
+    small_disk(tmp_path / "runs" / "roomy", runs_it_holds=2.2)
     heard = []
-    outcomes = run_local(cc, workers=1, on_failed=lambda *a: heard.append(a))
+    return cc, run_local(cc, workers=workers, on_failed=lambda *a: heard.append(a)), heard
+
+
+def test_runs_the_disk_cannot_hold_are_not_launched_and_resume_trains_them(tmp_path, monkeypatch, small_disk):
+    comparison = tmp_path / "runs" / "roomy"
+    cc, outcomes, heard = _on_a_small_disk(tmp_path, small_disk, workers=1)
     # seed 0's two runs fit; seed 1's grpo would not, and nothing after it is launched
     assert sorted((o.arm, o.seed) for o in outcomes) == [("exgrpo", 0), ("grpo", 0)]
     assert [(arm, seed) for arm, seed, _ in heard] == [("grpo", 1), ("exgrpo", 1)]
@@ -42,11 +47,7 @@ def test_runs_the_disk_cannot_hold_are_not_launched_and_resume_trains_them(tmp_p
 
 def test_a_pool_counts_the_runs_training_beside_the_next(tmp_path, small_disk):
     """Two workers: once one run has finished, the next needs room for itself and the one still training."""
-    cc = _cc(tmp_path)
-    comparison = tmp_path / "runs" / "roomy"
-    small_disk(comparison, runs_it_holds=2.2)
-    heard = []
-    outcomes = run_local(cc, workers=2, on_failed=lambda *a: heard.append(a))
+    _, outcomes, heard = _on_a_small_disk(tmp_path, small_disk, workers=2)
     assert sorted((o.arm, o.seed) for o in outcomes) == [("exgrpo", 0), ("grpo", 0)]
     assert sorted((arm, seed) for arm, seed, _ in heard) == [("exgrpo", 1), ("grpo", 1)]
     assert all(why.startswith("no room on disk: ") for _, _, why in heard)
