@@ -132,6 +132,7 @@ bench: $(STAMP) .bench-deps/trl services
 	$(PY) bench/bench_scoring.py
 	$(PY) bench/bench_scoring.py --model tiny-lm
 	PYTHONPATH=.bench-deps $(PY) bench/bench_vs_trl.py
+	$(PY) bench/bench_run_cost.py
 	$(PY) bench/bench_orchestration.py
 	$(PY) bench/bench_orchestration.py --only b --store postgres   # team mode (goal 4)
 	$(PY) bench/bench_verl.py

@@ -1,0 +1,100 @@
+"""A whole SmolLM2 run, this tree against a baseline revision: wall time, peak memory and the step's phases.
+
+    .venv/bin/python bench/bench_run_cost.py [--baseline 7bbbfc3] [--rounds 1] [--max-steps 12]
+
+Each side runs, as a user does, ``exgrpo train experiments/smollm2-secret.yaml --max-steps 12 --set
+train.eval_every_steps=4 --no-tracking`` in its own process: the baseline from its own tree (``git
+archive`` of ``exgrpo/`` and ``experiments/`` at that revision, imported ahead of the installed package),
+the working tree as it is. Rounds alternate the two sides, so a load that drifts during the bench weighs on
+both. Per run: the wall time, the peak resident memory (``wait4``'s ``ru_maxrss``, the figure ``/usr/bin/time
+-v`` prints), the median step and its phases (``time/<phase>_seconds`` in the run's metrics.jsonl) and the
+share of the wall time spent in steps (the rest: building the trainer, evaluations, the checkpoint).
+
+The default baseline, 7bbbfc3, is the tree on which the cost of a SmolLM2 run was first measured (main on
+2026-12-06: a 12-step run in 3 m 54 s and 5.6 GB on a 2-core Xeon). Both sides share the converted
+SmolLM2 weights (``~/.cache/exgrpo``), so neither pays the one-off conversion inside a round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from summary import record  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+PHASES = ("rollout", "old_log_prob", "forward", "backward")
+
+
+def baseline_tree(rev: str, dest: Path) -> Path:
+    """``exgrpo/`` and ``experiments/`` of ``rev``, extracted under ``dest``."""
+    dest.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "exgrpo", "experiments"],
+                             check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    return dest
+
+
+def run_once(tree: Path, out: Path, args: argparse.Namespace) -> dict:
+    """One ``exgrpo train`` from ``tree``: its wall seconds, peak RSS (GiB) and step timings."""
+    cmd = [sys.executable, "-c", "from exgrpo.cli import main; main()", "train", args.config,
+           "--max-steps", str(args.max_steps), "--set", f"train.eval_every_steps={args.eval_every}",
+           "--no-tracking", "--no-progress", "--output-dir", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1"}
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+    if status != 0:
+        sys.exit(f"bench_run_cost: the run from {tree} failed:\n{err[-2000:]}")
+    metrics = next(out.glob("*/seed*/metrics.jsonl"))
+    steps = [r for r in map(json.loads, metrics.read_text().splitlines()) if "time/step_seconds" in r]
+    return {"wall": wall, "peak_gib": usage.ru_maxrss / 2**20,
+            "step": statistics.median(r["time/step_seconds"] for r in steps),
+            "phases": {p: statistics.median(r.get(f"time/{p}_seconds", 0.0) for r in steps) for p in PHASES},
+            "in_steps": sum(r["time/step_seconds"] for r in steps) / wall,
+            "tokens": statistics.median(r.get("compute/rollout_tokens", 0.0) for r in steps)}
+
+
+def describe(name: str, r: dict) -> str:
+    phases = " / ".join(f"{r['phases'][p]:.2f}" for p in PHASES)
+    return (f"  {name:<10} wall {r['wall']:6.1f} s  peak {r['peak_gib']:.2f} GiB  step median {r['step']:.2f} s "
+            f"({phases})  {r['in_steps']:.0%} of the wall in steps, {r['tokens']:.0f} sampled tokens a step")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--baseline", default="7bbbfc3", help="git revision to compare against (default: %(default)s)")
+    ap.add_argument("--config", default="experiments/smollm2-secret.yaml")
+    ap.add_argument("--max-steps", type=int, default=12)
+    ap.add_argument("--eval-every", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=1)
+    args = ap.parse_args()
+    print(f"bench_run_cost: {args.config}, {args.max_steps} steps, an evaluation every {args.eval_every}; "
+          f"baseline {args.baseline} against the working tree; {args.rounds} round(s); phases: "
+          f"{' / '.join(PHASES)} seconds", flush=True)
+    walls: dict[str, list[float]] = {"baseline": [], "this tree": []}
+    with tempfile.TemporaryDirectory(prefix="exgrpo-bench-cost-") as tmp:
+        trees = {"baseline": baseline_tree(args.baseline, Path(tmp) / "baseline"), "this tree": ROOT}
+        for i in range(args.rounds):
+            for name, tree in trees.items():
+                r = run_once(tree, Path(tmp) / f"runs-{name.replace(' ', '-')}-{i}", args)
+                walls[name].append(r["wall"])
+                print(describe(name, r), flush=True)
+    ratio = statistics.median(walls["baseline"]) / statistics.median(walls["this tree"])
+    print(f"run wall time: baseline / this tree = {ratio:.2f}x (target 2x)")
+    record("1b. run wall time, baseline tree / this tree", ratio, 2.0,
+           f"{args.config}, {args.max_steps} steps, baseline {args.baseline}, {args.rounds} round(s)")
+
+
+if __name__ == "__main__":
+    main()
