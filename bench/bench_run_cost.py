@@ -1,9 +1,10 @@
 """A whole SmolLM2 run, this tree against a baseline revision: wall time, peak memory and the step's phases.
 
-    .venv/bin/python bench/bench_run_cost.py [--baseline 7bbbfc3] [--rounds 1] [--max-steps 12]
+    .venv/bin/python bench/bench_run_cost.py [--baseline 7bbbfc3] [--rounds 1] [--max-steps 12 --eval-every 4]
 
-Each side runs, as a user does, ``exgrpo train experiments/smollm2-secret.yaml --max-steps 12 --set
-train.eval_every_steps=4 --no-tracking`` in its own process: the baseline from its own tree (``git
+Each side runs, as a user does, ``exgrpo train experiments/smollm2-secret.yaml --no-tracking`` in its own
+process (the run as the file writes it: 48 steps, 7 evaluations; ``--max-steps 12 --eval-every 4`` is the
+short run whose peak memory docs/speed.md follows): the baseline from its own tree (``git
 archive`` of ``exgrpo/`` and ``experiments/`` at that revision, imported ahead of the installed package),
 the working tree as it is. Rounds alternate the two sides, so a load that drifts during the bench weighs on
 both. Per run: the wall time, the peak resident memory (``wait4``'s ``ru_maxrss``, the figure ``/usr/bin/time
@@ -46,8 +47,11 @@ def baseline_tree(rev: str, dest: Path) -> Path:
 def run_once(tree: Path, out: Path, args: argparse.Namespace) -> dict:
     """One ``exgrpo train`` from ``tree``: its wall seconds, peak RSS (GiB) and step timings."""
     cmd = [sys.executable, "-c", "from exgrpo.cli import main; main()", "train", args.config,
-           "--max-steps", str(args.max_steps), "--set", f"train.eval_every_steps={args.eval_every}",
            "--no-tracking", "--no-progress", "--output-dir", str(out)]
+    if args.max_steps is not None:
+        cmd += ["--max-steps", str(args.max_steps)]
+    if args.eval_every is not None:
+        cmd += ["--set", f"train.eval_every_steps={args.eval_every}"]
     env = {**os.environ, "PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1"}
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -75,11 +79,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--baseline", default="7bbbfc3", help="git revision to compare against (default: %(default)s)")
     ap.add_argument("--config", default="experiments/smollm2-secret.yaml")
-    ap.add_argument("--max-steps", type=int, default=12)
-    ap.add_argument("--eval-every", type=int, default=4)
+    ap.add_argument("--max-steps", type=int, default=None, help="default: the config's")
+    ap.add_argument("--eval-every", type=int, default=None, help="train.eval_every_steps (default: the config's)")
     ap.add_argument("--rounds", type=int, default=1)
     args = ap.parse_args()
-    print(f"bench_run_cost: {args.config}, {args.max_steps} steps, an evaluation every {args.eval_every}; "
+    print(f"bench_run_cost: {args.config}, steps {args.max_steps or 'as written'}, an evaluation every "
+          f"{args.eval_every or 'as written'} steps; "
           f"baseline {args.baseline} against the working tree; {args.rounds} round(s); phases: "
           f"{' / '.join(PHASES)} seconds", flush=True)
     walls: dict[str, list[float]] = {"baseline": [], "this tree": []}
@@ -93,7 +98,7 @@ def main() -> None:
     ratio = statistics.median(walls["baseline"]) / statistics.median(walls["this tree"])
     print(f"run wall time: baseline / this tree = {ratio:.2f}x (target 2x)")
     record("1b. run wall time, baseline tree / this tree", ratio, 2.0,
-           f"{args.config}, {args.max_steps} steps, baseline {args.baseline}, {args.rounds} round(s)")
+           f"{args.config}, steps {args.max_steps or 'as written'}, baseline {args.baseline}, {args.rounds} round(s)")
 
 
 if __name__ == "__main__":
