@@ -60,7 +60,7 @@ def run_once(tree: Path, out: Path, args: argparse.Namespace) -> dict:
     err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
     if status != 0:
         sys.exit(f"bench_run_cost: the run from {tree} failed:\n{err[-2000:]}")
-    metrics = next(out.glob("*/seed*/metrics.jsonl"))
+    metrics = next(out.rglob("metrics.jsonl"))  # <out>/NAME/seedS, or <out>/NAME/NAME-ARM/seedS for a comparison
     steps = [r for r in map(json.loads, metrics.read_text().splitlines()) if "time/step_seconds" in r]
     return {"wall": wall, "peak_gib": usage.ru_maxrss / 2**20,
             "step": statistics.median(r["time/step_seconds"] for r in steps),

@@ -32,7 +32,7 @@ SMOKE = [
       "--set", "task.n_val=8", "--questions", "2", "--k", "2"], []),
     (["memory_phases.py", "experiments/tiny-lm-chain.yaml", "--steps", "1", "--set", "policy.model.sft_steps=2",
       "--set", "task.n_val=8"], []),
-    (["bench_run_cost.py", "--baseline", "HEAD", "--config", "experiments/toy-exgrpo.yaml", "--max-steps", "3",
+    (["bench_run_cost.py", "--baseline", "HEAD", "--config", "experiments/toy.yaml", "--max-steps", "3",
       "--eval-every", "3"], ["1b. run wall time, baseline tree / this tree"]),
     (["bench_orchestration.py", "--steps", "3", "--repeats", "1", "--trials", "2", "--budget-steps", "3"],
      ["3. orchestration: MLflow-tracked run / bare", "3. orchestration: Prefect flow run / bare",
