@@ -38,8 +38,12 @@ PHASES = ("rollout", "old_log_prob", "forward", "backward")
 def baseline_tree(rev: str, dest: Path) -> Path:
     """``exgrpo/`` and ``experiments/`` of ``rev``, extracted under ``dest``."""
     dest.mkdir(parents=True)
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "exgrpo", "experiments"],
-                             check=True, capture_output=True).stdout
+    got = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "exgrpo", "experiments"], capture_output=True)
+    if got.returncode != 0:
+        why = (got.stderr.decode(errors="replace").strip().splitlines() or ["git archive failed"])[-1]
+        sys.exit(f"bench_run_cost: --baseline {rev}: not a revision of this checkout ({why}); name a commit, "
+                 "e.g. 7bbbfc3")
+    archive = got.stdout
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
     return dest
 
