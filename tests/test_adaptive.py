@@ -275,6 +275,7 @@ def test_eight_pairs_against_one_baseline_hold_the_family_wise_error():
     assert rate * sims <= stats.binom.ppf(0.99, sims, alpha), rate
 
 
+@pytest.mark.slow  # trains every stage's runs in local processes
 def test_compare_adaptive_in_local_processes_prints_each_stage_and_the_decisions(tmp_path, capsys):
     """The same comparison the Prefect flow's test runs, through ``--no-prefect``: "easy" (one-digit
     sums) is decided ahead at stage 1 on 3 seeds; "same" (grpo's own config) is never different."""

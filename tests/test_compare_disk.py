@@ -45,6 +45,7 @@ def test_runs_the_disk_cannot_hold_are_not_launched_and_resume_trains_them(tmp_p
     assert sorted((o.arm, o.seed) for o in outcomes) == [("exgrpo", 0), ("exgrpo", 1), ("grpo", 0), ("grpo", 1)]
 
 
+@pytest.mark.slow  # trains a comparison's runs in worker processes
 def test_a_pool_counts_the_runs_training_beside_the_next(tmp_path, small_disk):
     """Two workers: once one run has finished, the next needs room for itself and the one still training."""
     _, outcomes, heard = _on_a_small_disk(tmp_path, small_disk, workers=2)

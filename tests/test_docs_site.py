@@ -129,6 +129,7 @@ class _Quiet(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+@pytest.mark.slow  # a headless browser lays out every page
 def test_no_name_in_inline_code_breaks_mid_word_in_a_browser(site, tmp_path):
     chromium = os.environ.get("EXGRPO_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
     if not os.access(chromium, os.X_OK):

@@ -91,6 +91,7 @@ def test_read_only_run_dir_is_one_line(tmp_path):
     assert len(err) == 1 and err[0].startswith(f"error: cannot write {target}") and "writable --output-dir" in err[0], err
 
 
+@pytest.mark.slow  # trains in a fresh interpreter on a full disk
 def test_full_disk_is_one_line_and_leaves_no_tmp(tmp_path):
     """A write that fails for space (here: a file-size limit, EFBIG, standing in for ENOSPC) ends the
     run with one line; the checkpoint's temp file is removed."""

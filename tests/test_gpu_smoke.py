@@ -225,6 +225,7 @@ def test_the_smoke_fails_a_run_that_started_over_or_lost_its_pool(tmp_path):
     assert str(checks["resume"]).startswith("FAILED resume:")
 
 
+@pytest.mark.slow  # runs the smoke in the job environment
 def test_the_smoke_started_outside_the_project_runs_the_projects_config_in_its_job_environment(tmp_path):
     """`exgrpo gpu-smoke` from another directory finds the project's job environment and config (it asked
     for `make gpu-env` there, the environment being in the project). Stopped once its first command is

@@ -61,6 +61,7 @@ def test_that_waits_for_what_it_starts():
 '''
 
 
+@pytest.mark.slow  # runs pytest on a module in a fresh interpreter
 def test_a_module_that_leaves_a_process_behind_is_named_and_its_process_stopped(tmp_path):
     import psutil
 

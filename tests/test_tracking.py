@@ -201,6 +201,7 @@ def test_tracked_compare_on_a_process_pool(tmp_path):
     assert "| grpo | 1 |" in res.table
 
 
+@pytest.mark.slow  # kills and resumes a comparison's runs
 def test_a_killed_comparison_resumes_its_runs_and_mlflow_gets_their_whole_history(tmp_path):
     """compare --resume: a finished run is reused as it is, a killed one continues from its checkpoint
     and ends as an uninterrupted run would; each new child run holds every step."""

@@ -243,7 +243,10 @@ def test_keep_freed_memory_keeps_a_freed_large_tensor_in_the_process():
     assert kept["0"][1] < 50, kept  # default glibc: returned at once
 
 
-@pytest.mark.parametrize("experiment,steps", [("experiments/toy-exgrpo.yaml", 4), ("experiments/tiny-lm.yaml", 3)])
+@pytest.mark.parametrize("experiment,steps", [
+    ("experiments/toy-exgrpo.yaml", 4),
+    pytest.param("experiments/tiny-lm.yaml", 3, marks=pytest.mark.slow),  # the LM tier: 20 s
+])
 def test_two_threads_reproduce_a_run_bit_for_bit(tmp_path, experiment, steps):
     """Same seed, 2 torch threads, twice: the same metrics and parameters. (Gathering a shared
     prompt's key/value cache to its K rows with x[idx] made the tiny-lm case fail: on a CPU with more

@@ -35,6 +35,7 @@ def _shard_and_save(rank: int, init_file: str, actor_dir: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # starts two torch.distributed ranks
 def test_two_fsdp2_ranks_merge_to_the_full_model_and_a_missing_rank_is_named(tmp_path):
     step_dir = tmp_path / "checkpoints" / "global_step_4"
     actor = step_dir / "actor"
