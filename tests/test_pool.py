@@ -32,6 +32,19 @@ def test_retirement_is_permanent_and_deletes_the_entry():
     assert 7 not in pool and pool.stats()["pool/retired"] == 1
 
 
+def test_without_retirement_a_solved_group_is_an_outcome_like_any_other():
+    pool = ExperiencePool(group_size=4, retire_solved=False)
+    pool.observe_group(7, 2, [traj([1, 2])], 0)
+    pool.observe_group(7, 4, [traj([3])], 1)  # solved 4/4: above rbound = K-1, so nothing changes
+    assert not pool.is_retired(7) and pool.bucket_of(7) == 2 and len(pool.trajectories(7)) == 1
+    assert pool.stats()["pool/retired"] == 0
+    pool.observe_group(7, 1, [traj([4])], 2)  # still collected afterwards
+    assert pool.bucket_of(7) == 1 and len(pool.trajectories(7)) == 2
+    upto_k = ExperiencePool(group_size=4, rbound=4, retire_solved=False)
+    upto_k.observe_group(7, 4, [traj([3])], 0)  # rbound = K: a solved group is collected into bucket K
+    assert upto_k.buckets() == {4: [7]}
+
+
 def test_bucket_is_latest_k_and_k0_keeps_old_state():
     pool = ExperiencePool(group_size=8)
     pool.observe_group(1, 2, [traj([1])], 0)

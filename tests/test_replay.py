@@ -6,6 +6,7 @@ import torch
 
 from exgrpo.config import ExGRPOConfig, ReplayKind, UniformReplayConfig
 from exgrpo.core.batch import Replays, StepBatch, assemble_batch, batch_metrics, generation_qids, rewarded_groups
+from exgrpo.core.fresh import FreshSampler
 from exgrpo.core.pool import Trajectory
 from exgrpo.core.replay import REPLAY_STRATEGIES, BucketReplay, ReplayStrategy, make_replay_strategy
 
@@ -166,6 +167,18 @@ def _observe(s, groups, step):
     batch = assemble_batch(Replays.empty(), qids, tokens, torch.ones(len(qids) * 4, 2, dtype=torch.bool), log_prob,
                            torch.ones(len(qids) * 4, 2), 4)
     s.observe(batch, torch.tensor([r for _, r in groups], dtype=torch.float), step=step)
+
+
+@pytest.mark.parametrize("retire", [True, False])
+def test_a_solved_question_leaves_the_fresh_pass_only_when_retirement_is_on(retire):
+    algo = ExGRPOConfig(group_size=4, replay_start_pass_rate=0.0, retire_solved=retire)
+    s = make_replay_strategy(algo, np.random.default_rng(0))
+    s.after_step(0.5, step=0)
+    _observe(s, [(1, [1, 1, 0, 0]), (2, [1, 1, 1, 1])], step=1)  # q2 solved 4/4
+    assert s.retired == ({2} if retire else set()) and s.stats()["pool/retired"] == float(retire)
+    fresh = FreshSampler([1, 2, 3], np.random.default_rng(0))
+    drawn = {q for _ in range(4) for q in fresh.next(3, s.retired)}
+    assert (2 in drawn) is not retire and {1, 3} <= drawn
 
 
 @pytest.mark.parametrize("store_single", [True, False])

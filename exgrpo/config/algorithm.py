@@ -108,6 +108,11 @@ class PoolReplayConfig(OnPolicyConfig):
     """Collect/bucket a question iff lbound < k <= rbound (k = correct rollouts of K)."""
     bucket_rbound: int | None = None
     """Upper collection bound on k; None means K-1 (the reference's 7 for K=8)."""
+    retire_solved: bool = True
+    """A group that solves its question K/K retires it for good (the paper): its pool entry is deleted
+    and it is never drawn again, fresh or replayed. False: it stays in the fresh pass, and a K/K group
+    is an outcome like any other outside the bounds (nothing changes; with bucket_rbound = K it is
+    collected into bucket K)."""
     store_single_successes: bool = True
     """Store the success of a group with exactly one correct rollout of K (found once in K samples,
     perhaps by luck; the paper). False: such a group stores nothing, so a question it would bring

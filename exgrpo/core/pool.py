@@ -2,7 +2,8 @@
 
 Semantics (exgrpo-spec.md §2, §3):
 - After a group of K rollouts for question q with k correct:
-  - k == K  -> q is retired, permanently: its entries are deleted and it is never sampled again;
+  - k == K  -> q is retired, permanently: its entries are deleted and it is never sampled again
+    (``retire_solved=False``: k == K is an outcome like any other, under the bounds below);
   - lbound < k <= rbound -> q's new distinct correct trajectories are stored (dedup by token ids)
     and q moves to bucket k (its *latest* k, not cumulative);
   - otherwise (e.g. k == 0) nothing changes: q keeps its old bucket and trajectories.
@@ -78,8 +79,10 @@ class ExperiencePool:
         max_questions: int | None = None,
         retention: PoolRetention = PoolRetention.NEWEST,
         spill_dir: str | Path | None = None,
+        retire_solved: bool = True,
     ) -> None:
         self.group_size = group_size
+        self.retire_solved = retire_solved
         self.lbound = lbound
         self.rbound = group_size - 1 if rbound is None else rbound
         self.max_per_question = max_per_question
@@ -103,12 +106,13 @@ class ExperiencePool:
 
     def observe_group(self, qid: int, num_correct: int, correct: list[Trajectory], step: int,
                       collect: bool = True) -> None:
-        """Apply one group's outcome: retire at k == K, else collect and re-bucket if eligible.
+        """Apply one group's outcome: retire at k == K (if ``retire_solved``), else collect and
+        re-bucket if eligible.
 
         ``collect=False`` applies retirement only (the reference retires during warm-up too but
         collects only once replay has started).
         """
-        if num_correct >= self.group_size:
+        if num_correct >= self.group_size and self.retire_solved:
             self.retire(qid)
             return
         if not collect or not self.eligible(num_correct) or qid in self._retired:

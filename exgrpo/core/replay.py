@@ -197,7 +197,7 @@ class BucketReplay(ReplayStrategy):
         super().__init__(algo, rng)
         self.pool = ExperiencePool(
             algo.group_size, algo.bucket_lbound, algo.rbound, algo.pool_max_per_question, algo.pool_max_questions,
-            algo.pool_retention, algo.pool_spill_dir,
+            algo.pool_retention, algo.pool_spill_dir, algo.retire_solved,
         )
         self.switch = ReplayStartSwitch(algo.replay_start_pass_rate)
         self._step_counts = (0, 0, 0.0, 0.0)
