@@ -33,7 +33,7 @@ SMOKE = [
     (["memory_phases.py", "experiments/tiny-lm-chain.yaml", "--steps", "1", "--set", "policy.model.sft_steps=2",
       "--set", "task.n_val=8"], []),
     (["bench_run_cost.py", "--baseline", "HEAD", "--config", "experiments/toy.yaml", "--max-steps", "3",
-      "--eval-every", "3"], ["1b. run wall time, baseline tree / this tree"]),
+      "--eval-every", "3"], ["1b. run wall time at equal sampled tokens, baseline tree / this tree"]),
     (["bench_orchestration.py", "--steps", "3", "--repeats", "1", "--trials", "2", "--budget-steps", "3"],
      ["3. orchestration: MLflow-tracked run / bare", "3. orchestration: Prefect flow run / bare",
       "4. sweep trials/hour, 2 Ray workers vs 1"]),
@@ -63,6 +63,16 @@ def test_a_bench_script_runs_and_records_its_goals(argv, goals, tmp_path):
         out = subprocess.run([sys.executable, str(REPO / "bench" / "summary.py"), str(summary)],
                              capture_output=True, text=True, check=True).stdout
         assert all(g in out for g in goals)
+
+
+def test_run_cost_compares_the_runs_at_the_baseline_runs_sampled_tokens():
+    from bench_run_cost import at_baseline_work, seconds_per_token
+
+    slope = seconds_per_token([100, 200, 300, 400], [2.0, 3.0, 4.0, 5.0])  # 1 s a step + 10 ms a token
+    assert slope == pytest.approx(0.01) and seconds_per_token([300, 300], [1.0, 2.0]) == 0.0
+    base = {"wall": 120.0, "total_tokens": 6000, "slope": 0.02}
+    this = {"wall": 60.0, "total_tokens": 4000, "slope": slope}
+    assert at_baseline_work(base, this) == pytest.approx(80.0)  # 2000 more tokens at 10 ms: 1.5x, not 2x
 
 
 def test_the_goals_table_says_met_in_the_direction_of_each_target(tmp_path, monkeypatch):
