@@ -121,8 +121,9 @@ def main() -> None:
                 r = run_once(tree, Path(tmp) / f"runs-{name.replace(' ', '-')}-{i}", args)
                 runs[name].append(r)
                 print(describe(name, r), flush=True)
-    raw = statistics.median(b["wall"] / t["wall"] for b, t in zip(runs["baseline"], runs["this tree"]))
-    equal = statistics.median(b["wall"] / at_baseline_work(b, t) for b, t in zip(runs["baseline"], runs["this tree"]))
+    pairs = list(zip(runs["baseline"], runs["this tree"], strict=True))  # round by round
+    raw = statistics.median(b["wall"] / t["wall"] for b, t in pairs)
+    equal = statistics.median(b["wall"] / at_baseline_work(b, t) for b, t in pairs)
     print(f"run wall time: baseline / this tree = {raw:.2f}x as sampled; {equal:.2f}x at the baseline's sampled "
           "tokens (target 2x)")
     record("1b. run wall time at equal sampled tokens, baseline tree / this tree", equal, 2.0,
