@@ -124,6 +124,23 @@ def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
         Trainer(small_cfg(tmp_path)).fit(progress=False, resume=True)
 
 
+def test_a_finished_runs_last_checkpoint_can_leave_out_the_optimiser_and_still_reads_back(tmp_path):
+    sets = {"train.checkpoint_every": 5, "train.max_steps": 10, "train.final_checkpoint_optimizer": False}
+    cfg = small_cfg(tmp_path, **sets)
+    full = Trainer(cfg).fit(progress=False)
+    kept = ckpt.checkpoints(cfg.run_dir())
+    assert [p.name for p in kept] == ["step_0000005.pt", "step_0000010.pt"]
+    assert "optimizer" in ckpt.load_state(kept[0]) and "optimizer" not in ckpt.load_state(kept[1])
+    assert kept[1].stat().st_size < kept[0].stat().st_size
+    again = Trainer(cfg).fit(progress=False, resume=True)  # a finished run reads back at once, its record whole
+    assert again.final_metrics == full.final_metrics and len(again.history) == len(full.history)
+    longer = small_cfg(tmp_path, **{**sets, "train.max_steps": 20})
+    with pytest.raises(ckpt.CheckpointError, match="final_checkpoint_optimizer=false.*cannot train past step 10"):
+        Trainer(longer).fit(progress=False, resume=True)
+    with pytest.raises(Exception, match="train.final_checkpoint_optimizer=false has no veRL backend"):
+        load_experiment("experiments/verl-tiny-exgrpo.yaml", {"train.final_checkpoint_optimizer": False})
+
+
 # ------------------------------------------------------------------ torn files
 def test_torn_newest_checkpoint_falls_back_to_the_newest_intact_one(tmp_path, capsys):
     """Before: a truncated newest checkpoint crashed --resume. Now resume says which file is torn,

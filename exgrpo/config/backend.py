@@ -138,6 +138,9 @@ def check_verl_support(cfg: Any) -> None:
         raise ValueError(f"train.skip_grad_above={cfg.train.skip_grad_above:g} has no veRL backend (veRL's actor skips "
                          "only a step whose grad norm is not finite, and takes no bound); drop it, or use "
                          "backend.name=native")
+    if not cfg.train.final_checkpoint_optimizer:
+        raise ValueError("train.final_checkpoint_optimizer=false has no veRL backend (veRL writes each checkpoint "
+                         "whole); drop it and bound the disk with train.keep_last, or use backend.name=native")
     if cfg.train.max_sampled_tokens is not None:
         raise ValueError("train.max_sampled_tokens has no veRL backend (veRL's trainer counts steps); set "
                          "train.max_steps from the tokens a step samples, or use backend.name=native")

@@ -85,6 +85,10 @@ class TrainConfig(_Strict):
     keep_last: int | None = Field(None, ge=1, json_schema_extra=RESUME_SAFE)
     """Keep only the newest this many checkpoints (disk stays bounded); None keeps all. Use >= 2 so
     a torn newest one leaves one to resume from."""
+    final_checkpoint_optimizer: bool = Field(True, json_schema_extra=RESUME_SAFE)
+    """Keep the optimiser's state in a finished run's last checkpoint (native backend). False drops it there
+    (AdamW's two moments: two thirds of a checkpoint): the finished run still reads back (``--resume`` ends
+    it at once with its record, its policy evaluates and registers), but cannot train past its last step."""
     threads: int = Field(1, ge=1, json_schema_extra=RESUME_SAFE_PARAM)
     """torch intra-op threads of one training process (float sums round differently with the count)."""
     keep_freed_memory: bool = Field(True, json_schema_extra=RESUME_SAFE)

@@ -21,6 +21,9 @@ from exgrpo.errors import one_line
 
 logger = logging.getLogger(__name__)
 _STEP = re.compile(r"step_(\d+)\.pt$")
+OPTIMIZER = "optimizer"
+"""The state's key of the optimiser's state, absent from a finished run's last checkpoint under
+``train.final_checkpoint_optimizer: false``."""
 
 
 class Checkpointed(Protocol):
@@ -34,11 +37,16 @@ class Checkpointed(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
-def save(trainer: Checkpointed, run_dir: Path) -> Path:
-    """Write ``step_<n>.pt``; then, with ``train.keep_last``, delete all but the newest that many."""
+def save(trainer: Checkpointed, run_dir: Path, finished: bool = False) -> Path:
+    """Write ``step_<n>.pt`` (a finished run's without the optimiser's state under
+    ``train.final_checkpoint_optimizer: false``); then, with ``train.keep_last``, delete all but the newest
+    that many."""
     d = run_dir / "checkpoints"
     d.mkdir(parents=True, exist_ok=True)
-    path = torch_save_atomic(trainer.state_dict(), d / f"step_{trainer.step:07d}.pt")
+    state = trainer.state_dict()
+    if finished and not trainer.cfg.train.final_checkpoint_optimizer:
+        del state[OPTIMIZER]
+    path = torch_save_atomic(state, d / f"step_{trainer.step:07d}.pt")
     keep = trainer.cfg.train.keep_last
     if keep:
         for old in checkpoints(run_dir)[:-keep]:

@@ -234,6 +234,7 @@ class Trainer:
         run_dir.mkdir(parents=True, exist_ok=True)
         metrics_path = run_dir / "metrics.jsonl"
         last_ckpt: Path | None = None  # the newest checkpoint of this run (a finished run resumed: the one it loaded)
+        can_train_on = True  # False: resumed from a finished run's checkpoint without the optimiser's state
         if resume:
             found = ckpt.load_latest_intact(run_dir, warn=_say)
             if found is None:
@@ -242,6 +243,7 @@ class Trainer:
             last_ckpt, state = found
             check_resume(state["config"], self.cfg.model_dump_json(), last_ckpt, force=force_resume)
             self.load_state_dict(state)
+            can_train_on = ckpt.OPTIMIZER in state
             if progress:
                 print(resumed_line(self.step, self.replay.stats(), last_ckpt), flush=True)
             self.history = read_metrics(metrics_path, up_to_step=self.step, warn=_say)
@@ -249,14 +251,19 @@ class Trainer:
         else:
             metrics_path.write_text("")
             (run_dir / "config.json").write_text(self.cfg.model_dump_json(indent=2))
-        callbacks = callbacks or []
-        for cb in callbacks:
-            if hasattr(cb, "on_start"):
-                cb.on_start(self.total_steps)
         every = self.cfg.train.checkpoint_every
         eval_every = self.cfg.train.eval_every_steps or self.cfg.train.eval_every_epochs * self.steps_per_epoch
         budget = self.cfg.train.max_sampled_tokens or math.inf
         sampled = sum(h.get("compute/rollout_tokens", 0.0) for h in self.history)  # resumed runs count theirs
+        if not can_train_on and self.step < self.total_steps and sampled < budget:
+            raise ckpt.CheckpointError(
+                f"--resume: {last_ckpt} is a finished run's last checkpoint without the optimiser's state "
+                f"(train.final_checkpoint_optimizer=false), so the run cannot train past step {self.step}; "
+                "train longer in a new run (another name or --output-dir)")
+        callbacks = callbacks or []
+        for cb in callbacks:
+            if hasattr(cb, "on_start"):
+                cb.on_start(self.total_steps)
         with StepProgress(self.total_steps, self.step, enabled=progress, title=self.cfg.name) as bar:
             if self.step == 0 and self.cfg.train.eval_before_train:
                 m0 = {"step": 0.0, **self.evaluate()}
@@ -284,7 +291,7 @@ class Trainer:
                     cb(self.step, m)
                 bar.advance(m)
                 if (every and self.step % every == 0) or last:
-                    last_ckpt = ckpt.save(self, run_dir)
+                    last_ckpt = ckpt.save(self, run_dir, finished=last)
                 if stop_after_step is not None and self.step >= stop_after_step:
                     break
         final = dict(self.history[-1]) if self.history else {}
@@ -297,7 +304,7 @@ class Trainer:
         return {
             "step": self.step,
             "model": self.policy.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            ckpt.OPTIMIZER: self.optimizer.state_dict(),
             "replay": self.replay.state_dict(),
             "fresh": self.fresh.state_dict(),
             "rng": {
@@ -312,7 +319,8 @@ class Trainer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step = int(state["step"])
         self.policy.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if ckpt.OPTIMIZER in state:  # absent only from a finished run's last checkpoint (fit refuses to go on)
+            self.optimizer.load_state_dict(state[ckpt.OPTIMIZER])
         self.replay.load_state_dict(state["replay"] if "replay" in state else _legacy_replay_state(state))
         self.fresh.load_state_dict(state["fresh"])
         self.generator.set_state(state["rng"]["torch_sampling"])
