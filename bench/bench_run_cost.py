@@ -90,7 +90,10 @@ def seconds_per_token(tokens: list[float], seconds: list[float]) -> float:
 
 
 def at_baseline_work(base: dict, this: dict) -> float:
-    """This tree's wall time had its run sampled the baseline run's tokens (module docstring)."""
+    """This tree's wall time had its run sampled the baseline run's tokens (module docstring); its own wall
+    where a side recorded no sampled tokens (a revision before ``compute/rollout_tokens``)."""
+    if not base["total_tokens"] or not this["total_tokens"]:
+        return this["wall"]
     return this["wall"] + this["slope"] * (base["total_tokens"] - this["total_tokens"])
 
 
@@ -126,7 +129,7 @@ def main() -> None:
     equal = statistics.median(b["wall"] / at_baseline_work(b, t) for b, t in pairs)
     print(f"run wall time: baseline / this tree = {raw:.2f}x as sampled; {equal:.2f}x at the baseline's sampled "
           "tokens (target 2x)")
-    record("1b. run wall time at equal sampled tokens, baseline tree / this tree", equal, 2.0,
+    record("1b. run wall at equal tokens, baseline/this", equal, 2.0,
            f"{args.config}, steps {args.max_steps or 'as written'}, baseline {args.baseline}, {args.rounds} round(s); "
            f"as sampled {raw:.2f}x")
 

@@ -9,7 +9,9 @@ beside it (:func:`while_room`); what it does not launch is said in one line with
 What is counted is an upper bound: MLflow's copy as if it were on the same disk (the default store keeps its
 artifacts beside the runs), and each run in flight at a whole run's size. Before any run has finished there
 is nothing to measure, and runs are launched as before: on Ray without ``--workers`` a comparison's first
-stage launches all its runs at once, so the check applies from the next stage (or set ``--workers``).
+stage launches all its runs at once, so the check applies from the next stage (or set ``--workers``). A
+finished run whose last checkpoint left out the optimiser's state is counted with the whole checkpoint it
+held while training (:func:`_in_flight_bytes`).
 """
 
 from __future__ import annotations
@@ -43,18 +45,36 @@ def _size(path: Path) -> int:
 
 
 @functools.lru_cache(maxsize=4096)
-def _model_bytes(path: Path, size: int, mtime_ns: int) -> int:
-    """A native checkpoint's ``model`` tensors in bytes, read memory-mapped (no weight is read); cached by the
-    file's size and time, as a comparison asks again before each run it launches."""
+def _native_parts(path: Path, size: int, mtime_ns: int) -> tuple[int, bool]:
+    """A native checkpoint's ``model`` tensors in bytes and whether it holds the optimiser's state, read
+    memory-mapped (no weight is read); cached by the file's size and time, as a comparison asks again before
+    each run it launches."""
     import torch
 
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()  # tied weights share one
                     for t in state["model"].values() if torch.is_tensor(t)}
-        return sum(storages.values())
+        return sum(storages.values()), "optimizer" in state
     except Exception:  # noqa: BLE001 - torn or foreign: counted whole, an upper bound
-        return size
+        return size, True
+
+
+def _model_bytes(path: Path, size: int, mtime_ns: int) -> int:
+    return _native_parts(path, size, mtime_ns)[0]
+
+
+def _in_flight_bytes(kept: list[Path], newest: Path) -> int:
+    """What a run like this one holds in ``checkpoints/`` while it trains: what the finished run keeps, and
+    where its last checkpoint left out the optimiser's state (``train.final_checkpoint_optimizer: false``), the
+    whole checkpoint it held before that one as well: its last file plus two moments of its weights (AdamW's,
+    an upper bound for the optimisers here)."""
+    kept_bytes = sum(_size(p) for p in kept)
+    if not newest.is_file():
+        return kept_bytes
+    st = newest.stat()
+    model, has_optimizer = _native_parts(newest, st.st_size, st.st_mtime_ns)
+    return kept_bytes if has_optimizer else kept_bytes + st.st_size + 2 * model
 
 
 def _policy_bytes(step: Path) -> int:
@@ -83,7 +103,7 @@ def written_per_run(root: Path) -> tuple[int, int] | None:
             if not steps:
                 continue
             newest = max(steps, key=lambda p: int(_STEP.search(p.name).group(1)))
-            found = (sum(_size(p) for p in kept), _policy_bytes(newest))
+            found = (_in_flight_bytes(kept, newest), _policy_bytes(newest))
         except OSError:
             continue
         if largest is None or sum(found) > sum(largest):

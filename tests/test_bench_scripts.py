@@ -33,7 +33,7 @@ SMOKE = [
     (["memory_phases.py", "experiments/tiny-lm-chain.yaml", "--steps", "1", "--set", "policy.model.sft_steps=2",
       "--set", "task.n_val=8"], []),
     (["bench_run_cost.py", "--baseline", "HEAD", "--config", "experiments/toy.yaml", "--max-steps", "3",
-      "--eval-every", "3"], ["1b. run wall time at equal sampled tokens, baseline tree / this tree"]),
+      "--eval-every", "3"], ["1b. run wall at equal tokens, baseline/this"]),
     (["bench_orchestration.py", "--steps", "3", "--repeats", "1", "--trials", "2", "--budget-steps", "3"],
      ["3. orchestration: MLflow-tracked run / bare", "3. orchestration: Prefect flow run / bare",
       "4. sweep trials/hour, 2 Ray workers vs 1"]),
@@ -73,6 +73,7 @@ def test_run_cost_compares_the_runs_at_the_baseline_runs_sampled_tokens():
     base = {"wall": 120.0, "total_tokens": 6000, "slope": 0.02}
     this = {"wall": 60.0, "total_tokens": 4000, "slope": slope}
     assert at_baseline_work(base, this) == pytest.approx(80.0)  # 2000 more tokens at 10 ms: 1.5x, not 2x
+    assert at_baseline_work({**base, "total_tokens": 0}, this) == 60.0  # no tokens recorded: the raw wall
 
 
 def test_the_goals_table_says_met_in_the_direction_of_each_target(tmp_path, monkeypatch):

@@ -71,6 +71,12 @@ def test_what_a_run_writes_is_read_from_the_finished_runs(tmp_path):
     assert disk.written_per_run(comparison) == (checkpoint, policy)
     (ckpts / "step_0000003.pt").write_bytes(b"torn")  # unreadable: counted whole
     assert disk.written_per_run(comparison) == (4, 4)
+    # a finished run whose last checkpoint left out the optimiser's state held a whole one while it trained
+    slim = comparison / "cmp-b" / "seed0" / "checkpoints"
+    slim.mkdir(parents=True)
+    torch.save({"config": "{}", "model": {"w": torch.zeros(100_000)}, "step": 3}, slim / "step_0000003.pt")
+    size = (slim / "step_0000003.pt").stat().st_size
+    assert disk.written_per_run(comparison) == (2 * size + 2 * 400_000, 400_000)
 
 
 

@@ -43,6 +43,8 @@ def test_without_retirement_a_solved_group_is_an_outcome_like_any_other():
     upto_k = ExperiencePool(group_size=4, rbound=4, retire_solved=False)
     upto_k.observe_group(7, 4, [traj([3])], 0)  # rbound = K: a solved group is collected into bucket K
     assert upto_k.buckets() == {4: [7]}
+    upto_k.observe_group(7, 2, [traj([5])], 1)
+    assert upto_k.stats()["pool/bucket_4"] == 0 and upto_k.stats()["pool/bucket_2"] == 1  # its curve stays dense
 
 
 def test_bucket_is_latest_k_and_k0_keeps_old_state():

@@ -124,7 +124,7 @@ def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
         Trainer(small_cfg(tmp_path)).fit(progress=False, resume=True)
 
 
-def test_a_finished_runs_last_checkpoint_can_leave_out_the_optimiser_and_still_reads_back(tmp_path):
+def test_a_finished_runs_last_checkpoint_can_leave_out_the_optimiser_and_still_reads_back(tmp_path, capsys):
     sets = {"train.checkpoint_every": 5, "train.max_steps": 10, "train.final_checkpoint_optimizer": False}
     cfg = small_cfg(tmp_path, **sets)
     full = Trainer(cfg).fit(progress=False)
@@ -137,6 +137,14 @@ def test_a_finished_runs_last_checkpoint_can_leave_out_the_optimiser_and_still_r
     longer = small_cfg(tmp_path, **{**sets, "train.max_steps": 20})
     with pytest.raises(ckpt.CheckpointError, match="final_checkpoint_optimizer=false.*cannot train past step 10"):
         Trainer(longer).fit(progress=False, resume=True)
+    from exgrpo.cli import main  # as a user meets it: one line, no traceback
+
+    capsys.readouterr()
+    sets = [f"--set={k}={v}" for k, v in {**SMALL, **sets}.items()]
+    assert main(["train", "experiments/toy-exgrpo.yaml", *sets, "--max-steps", "20", "--resume", "--no-tracking",
+                 "--no-progress", "--output-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --resume: ") and "cannot train past step 10" in err[0], err
     with pytest.raises(Exception, match="train.final_checkpoint_optimizer=false has no veRL backend"):
         load_experiment("experiments/verl-tiny-exgrpo.yaml", {"train.final_checkpoint_optimizer": False})
 

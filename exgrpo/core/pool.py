@@ -249,13 +249,15 @@ class ExperiencePool:
 
     def stats(self) -> dict[str, float]:
         """Pool statistics with MLflow-safe names: pool/questions, pool/trajectories,
-        pool/retired and pool/bucket_<k> for k in 1..K-1 (zeros included, so curves are dense)."""
+        pool/retired and pool/bucket_<k> for k in 1..K-1, and K where a solved group can be collected
+        (no retirement, bucket_rbound = K) (zeros included, so curves are dense)."""
         out: dict[str, float] = {
             "pool/questions": float(len(self._entries)),
             "pool/trajectories": float(self._store.live_rows),
             "pool/retired": float(len(self._retired)),
         }
-        counts = {k: 0 for k in range(1, self.group_size)}
+        top = self.group_size if not self.retire_solved and self.rbound >= self.group_size else self.group_size - 1
+        counts = {k: 0 for k in range(1, top + 1)}
         for k, seqs in self._bucket_seqs.items():
             if seqs or k in counts:
                 counts[k] = len(seqs)

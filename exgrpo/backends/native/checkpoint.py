@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import torch
 
 from exgrpo.atomic import torch_save_atomic
-from exgrpo.errors import one_line
+from exgrpo.errors import UserError, one_line
 
 logger = logging.getLogger(__name__)
 _STEP = re.compile(r"step_(\d+)\.pt$")
@@ -82,6 +82,10 @@ def load_latest_intact(run_dir: Path, warn: Callable[[str], None] = logger.warni
 
 class CheckpointError(ValueError):
     """A file that is not a readable exgrpo checkpoint; the message is one line naming the file."""
+
+
+class FinishedCheckpoint(CheckpointError, UserError):
+    """``--resume`` asked to train past a finished run's last checkpoint that holds no optimiser state."""
 
 
 def load_state(path: Path) -> dict:

@@ -256,10 +256,11 @@ class Trainer:
         budget = self.cfg.train.max_sampled_tokens or math.inf
         sampled = sum(h.get("compute/rollout_tokens", 0.0) for h in self.history)  # resumed runs count theirs
         if not can_train_on and self.step < self.total_steps and sampled < budget:
-            raise ckpt.CheckpointError(
+            raise ckpt.FinishedCheckpoint(
                 f"--resume: {last_ckpt} is a finished run's last checkpoint without the optimiser's state "
                 f"(train.final_checkpoint_optimizer=false), so the run cannot train past step {self.step}; "
-                "train longer in a new run (another name or --output-dir)")
+                "train longer in a new run (another name or --output-dir), or delete it to go on from the "
+                "run's checkpoint before it where one is kept")
         callbacks = callbacks or []
         for cb in callbacks:
             if hasattr(cb, "on_start"):
