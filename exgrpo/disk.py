@@ -55,13 +55,10 @@ def _native_parts(path: Path, size: int, mtime_ns: int) -> tuple[int, bool]:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()  # tied weights share one
                     for t in state["model"].values() if torch.is_tensor(t)}
+        # the key exgrpo.backends.native.checkpoint.OPTIMIZER names (not imported: it would import torch here)
         return sum(storages.values()), "optimizer" in state
     except Exception:  # noqa: BLE001 - torn or foreign: counted whole, an upper bound
         return size, True
-
-
-def _model_bytes(path: Path, size: int, mtime_ns: int) -> int:
-    return _native_parts(path, size, mtime_ns)[0]
 
 
 def _in_flight_bytes(kept: list[Path], newest: Path) -> int:
@@ -83,7 +80,7 @@ def _policy_bytes(step: Path) -> int:
     made, else the step itself (an upper bound)."""
     if step.is_file():
         st = step.stat()
-        return _model_bytes(step, st.st_size, st.st_mtime_ns)
+        return _native_parts(step, st.st_size, st.st_mtime_ns)[0]
     for merged in (step.parent / f"verl_{step.name}.pt", step.parent / f"verl_{step.name}_hf"):
         if merged.exists():
             return _size(merged)
