@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from exgrpo.backends.base import MLflowRun, TrainResult, get_backend, train
+from exgrpo.backends.base import MLflowRun, TrainResult, get_backend, refuse_resume, train
 from exgrpo.cluster import (
     check_cluster,
     cluster_address,
@@ -167,16 +167,19 @@ class _Record:
 
 
 def _open_record(rec: _Record, cfg: ExperimentConfig, tracker: Tracker, exp_name: str, run_name: str,
-                 tags: dict[str, str], parent_run_id: str | None, extra_params: Iterable[str]) -> None:
+                 tags: dict[str, str], parent_run_id: str | None, extra_params: Iterable[str],
+                 force_resume: bool = False) -> None:
     """Start or continue the run's record, in this order: the experiment, the orphan a killed run left
     RUNNING ended, the run directory decided (resume, or an earlier run moved aside) before this run's
-    record goes in, the run continued or started, its id written beside the run."""
+    record goes in, a resume the backend would refuse refused (no run is opened for it, and the directory
+    keeps naming its own), the run continued or started, its id written beside the run."""
     run_dir = cfg.run_dir()
     rec.exp_id = tracker.experiment_id(exp_name)
     if (killed := end_if_orphaned(run_dir, tracker.client)) is not None:
         print(f"note: {killed}", flush=True)
     rec.resume = prepare_run_dir(cfg, rec.resume)
     if rec.resume:
+        refuse_resume(cfg, force_resume)
         rec.continued = continuable(run_dir, tracker.client, tracker.uri,
                                     param_values(curated_params(cfg, extra_params)))
         rec.reopened = rec.continued is not None and finished_before(tracker.client, rec.continued)
@@ -287,7 +290,7 @@ def tracked_train(
     tags = run_tags(cfg, arm, study, tags)
     rec = _Record(resume)
     try:
-        _open_record(rec, cfg, tracker, exp_name, run_name, tags, parent_run_id, extra_params)
+        _open_record(rec, cfg, tracker, exp_name, run_name, tags, parent_run_id, extra_params, force_resume)
     except Exception:
         if not defer_if_unreachable or is_reachable(tracker.uri):
             raise

@@ -120,3 +120,31 @@ def test_a_killed_train_is_ended_killed_by_sync_and_its_resume_continues_the_sam
     steps = sorted({m.step for m in client.get_metric_history(record.run_id, "batch/solved")})
     assert steps == list(range(1, int(done) + 4))
     assert "killed" not in runs[0].data.tags and runs[0].data.tags["resumed_with"] == f"train.max_steps={int(done) + 3}"
+
+
+def test_a_refused_resume_opens_no_mlflow_run_and_keeps_the_runs_record(tmp_path, capsys):
+    """A --resume the backend would refuse (another config, or training past a finished run's slim last
+    checkpoint) is refused before the MLflow record opens: no FAILED run, and the run directory still names
+    its finished run."""
+    from exgrpo import cli
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    sets = {**SMALL, "train.final_checkpoint_optimizer": False}
+    base = ["train", "experiments/toy-grpo.yaml", "--no-progress", "--output-dir", str(tmp_path / "runs"),
+            "--tracking-uri", uri, *[f"--set={k}={v}" for k, v in sets.items()]]
+    assert cli.main([*base, "--max-steps", "4"]) == 0
+    run_dir = tmp_path / "runs" / "toy-grpo" / "seed0"
+    finished = read_record(run_dir).run_id
+    capsys.readouterr()
+    refusals = {"--max-steps 8": ["--max-steps", "8"], "another lr": ["--max-steps", "4", "--set=train.lr=0.01"]}
+    for why, extra in refusals.items():
+        assert cli.main([*base, "--resume", *extra]) == 2, why
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and err[0].startswith("error: --resume: "), (why, err)
+        client = mlflow.MlflowClient(uri)
+        (exp,) = [e for e in client.search_experiments() if e.name == "toy-grpo"]
+        runs = client.search_runs([exp.experiment_id])
+        assert [(r.info.run_id, r.info.status) for r in runs] == [(finished, "FINISHED")], why
+        assert read_record(run_dir).run_id == finished, why
+    assert cli.main([*base, "--resume", "--max-steps", "4"]) == 0  # the finished run still reads back, as itself
+    assert [r.info.run_id for r in mlflow.MlflowClient(uri).search_runs([exp.experiment_id])] == [finished]

@@ -82,6 +82,11 @@ class Backend(Protocol):
         mlflow_run: MLflowRun | None = None,
     ) -> TrainResult: ...
 
+    def refuse_resume(self, cfg: ExperimentConfig, force_resume: bool = False) -> None:
+        """Raise, before anything is built or recorded, what :meth:`train` with ``resume`` would refuse
+        (a checkpoint made with another config, ...): a run's record is opened only for a resume that
+        goes on."""
+
     def read_checkpoint(self, path: Path) -> dict[str, Any] | None:
         """The policy entries (``config``: the run's config as JSON, ``model``: the policy's state
         dict, ``step``) of ``path`` if it is a checkpoint this backend writes, else None. Loads weights
@@ -123,6 +128,14 @@ def train(cfg: ExperimentConfig, callbacks: list[StepCallback] | None = None, re
     resume = prepare_run_dir(cfg, resume)  # the backends never move a run aside themselves
     return get_backend(cfg.backend.name).train(cfg, callbacks=callbacks, resume=resume, progress=progress,
                                                force_resume=force_resume, mlflow_run=mlflow_run)
+
+
+def refuse_resume(cfg: ExperimentConfig, force_resume: bool = False) -> None:
+    """What a resume of ``cfg`` would be refused with, raised now (:meth:`Backend.refuse_resume`; a backend
+    without that method refuses when it trains)."""
+    check = getattr(get_backend(cfg.backend.name), "refuse_resume", None)
+    if check is not None:
+        check(cfg, force_resume=force_resume)
 
 
 def read_checkpoint(path: Path) -> dict[str, Any] | None:

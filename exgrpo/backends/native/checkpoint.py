@@ -66,13 +66,15 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def load_latest_intact(run_dir: Path, warn: Callable[[str], None] = logger.warning) -> tuple[Path, dict] | None:
+def load_latest_intact(run_dir: Path, warn: Callable[[str], None] = logger.warning,
+                       mmap: bool = False) -> tuple[Path, dict] | None:
     """The newest checkpoint that loads, and its state; None if there is none. Each torn newer one
-    is reported through ``warn`` (one line: which file, why, which one is used instead)."""
+    is reported through ``warn`` (one line: which file, why, which one is used instead). ``mmap``: its
+    tensors mapped from the file, not read (a look at its entries costs little)."""
     found = checkpoints(run_dir)
     for i in range(len(found) - 1, -1, -1):
         try:
-            return found[i], load_state(found[i])
+            return found[i], load_state(found[i], mmap=mmap)
         except Exception as e:  # noqa: BLE001 - torch.load raises many types for a torn zip
             older = found[i - 1].name if i > 0 else "none left"
             warn(f"checkpoint {found[i]} is unreadable ({type(e).__name__}: {str(e)[:120]}); "
@@ -88,13 +90,14 @@ class FinishedCheckpoint(CheckpointError, UserError):
     """``--resume`` asked to train past a finished run's last checkpoint that holds no optimiser state."""
 
 
-def load_state(path: Path) -> dict:
+def load_state(path: Path, mmap: bool = False) -> dict:
     """The state dict of checkpoint ``path``, loaded with ``weights_only=True`` (tensors and plain
-    containers only: a pickle that would run code is refused). CheckpointError if it is not one."""
+    containers only: a pickle that would run code is refused). CheckpointError if it is not one.
+    ``mmap``: tensors mapped from the file rather than read into memory."""
     import pickle
 
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
         if "weights_only" in str(e).lower() or "weights only" in str(e).lower():
             raise CheckpointError(f"{path}: refused to load: it holds Python objects, not only tensors (exgrpo "

@@ -34,6 +34,7 @@ from exgrpo.config import (
     ExperimentConfig,
     OptimizerKind,
     Precision,
+    TrainConfig,
 )
 from exgrpo.core.advantages import grpo_advantages
 from exgrpo.core.batch import StepBatch, assemble_batch, batch_metrics, generation_qids
@@ -79,9 +80,8 @@ class Trainer:
         self.fresh = FreshSampler(task.train_ids, np.random.default_rng(cfg.seed + 1))
         self.replay = make_replay_strategy(algo, self.rng)
         self.loss_fn = get_exgrpo_loss_fn()
-        self.steps_per_epoch = math.ceil(len(task.train_ids) / train.batch_size)
+        self.steps_per_epoch, self.total_steps = planned_steps(train, len(task.train_ids))
         total = train.epochs * self.steps_per_epoch
-        self.total_steps = min(total, train.max_steps) if train.max_steps else total
         if train.max_steps and train.max_steps > total:
             _say(f"train.max_steps={train.max_steps} is more than the {total} steps train.epochs={train.epochs} allow "
                  f"({self.steps_per_epoch} per epoch); the run stops at step {total} (raise train.epochs for more)")
@@ -234,19 +234,18 @@ class Trainer:
         run_dir.mkdir(parents=True, exist_ok=True)
         metrics_path = run_dir / "metrics.jsonl"
         last_ckpt: Path | None = None  # the newest checkpoint of this run (a finished run resumed: the one it loaded)
-        can_train_on = True  # False: resumed from a finished run's checkpoint without the optimiser's state
         if resume:
             found = ckpt.load_latest_intact(run_dir, warn=_say)
             if found is None:
                 what = "readable checkpoint" if ckpt.checkpoints(run_dir) else "checkpoint"
                 raise FileNotFoundError(f"--resume: no {what} under {run_dir / 'checkpoints'}; run without --resume")
             last_ckpt, state = found
-            check_resume(state["config"], self.cfg.model_dump_json(), last_ckpt, force=force_resume)
+            history = read_metrics(metrics_path, up_to_step=int(state["step"]), warn=_say)
+            refuse_resume(self.cfg, last_ckpt, state, sampled_tokens(history), force_resume, self.total_steps)
             self.load_state_dict(state)
-            can_train_on = ckpt.OPTIMIZER in state
             if progress:
                 print(resumed_line(self.step, self.replay.stats(), last_ckpt), flush=True)
-            self.history = read_metrics(metrics_path, up_to_step=self.step, warn=_say)
+            self.history = history
             write_metrics(metrics_path, self.history)
         else:
             metrics_path.write_text("")
@@ -254,13 +253,7 @@ class Trainer:
         every = self.cfg.train.checkpoint_every
         eval_every = self.cfg.train.eval_every_steps or self.cfg.train.eval_every_epochs * self.steps_per_epoch
         budget = self.cfg.train.max_sampled_tokens or math.inf
-        sampled = sum(h.get("compute/rollout_tokens", 0.0) for h in self.history)  # resumed runs count theirs
-        if not can_train_on and self.step < self.total_steps and sampled < budget:
-            raise ckpt.FinishedCheckpoint(
-                f"--resume: {last_ckpt} is a finished run's last checkpoint without the optimiser's state "
-                f"(train.final_checkpoint_optimizer=false), so the run cannot train past step {self.step}; "
-                "train longer in a new run (another name or --output-dir), or delete it to go on from the "
-                "run's checkpoint before it where one is kept")
+        sampled = sampled_tokens(self.history)  # resumed runs count theirs
         callbacks = callbacks or []
         for cb in callbacks:
             if hasattr(cb, "on_start"):
@@ -315,6 +308,7 @@ class Trainer:
                 "numpy_fresh": _jsonable(self.fresh.rng.bit_generator.state),
             },
             "config": self.cfg.model_dump_json(),
+            TRAIN_QUESTIONS: len(self.task.train_ids),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -328,6 +322,10 @@ class Trainer:
         torch.set_rng_state(state["rng"]["torch_global"])
         self.rng.bit_generator.state = json.loads(state["rng"]["numpy"])
         self.fresh.rng.bit_generator.state = json.loads(state["rng"]["numpy_fresh"])
+
+
+def _quiet(message: str) -> None:
+    """A note not given twice: the trainer gives it when it reads the same files."""
 
 
 def _say(message: str) -> None:
@@ -344,6 +342,46 @@ def _legacy_replay_state(state: dict[str, Any]) -> dict[str, Any]:
 
 def _jsonable(state: dict) -> str:
     return json.dumps(state)
+
+
+TRAIN_QUESTIONS = "train_questions"
+"""A checkpoint's count of its run's training questions (what the run's planned steps follow from)."""
+
+
+def planned_steps(train: TrainConfig, train_questions: int) -> tuple[int, int]:
+    """``(steps per epoch, steps the run trains at most)`` of ``train`` over ``train_questions`` questions
+    (a budget of sampled tokens may end it sooner)."""
+    per_epoch = math.ceil(train_questions / train.batch_size)
+    total = train.epochs * per_epoch
+    return per_epoch, (min(total, train.max_steps) if train.max_steps else total)
+
+
+def sampled_tokens(history: list[dict[str, float]]) -> float:
+    """Response tokens a run's steps sampled (``compute/rollout_tokens``), over its metric records."""
+    return sum(h.get("compute/rollout_tokens", 0.0) for h in history)
+
+
+def refuse_resume(cfg: ExperimentConfig, path: Path, state: dict[str, Any], sampled: float,
+                  force_resume: bool = False, total_steps: int | None = None) -> None:
+    """Raise what a resume of ``cfg`` from checkpoint ``path`` (its ``state``; ``sampled``: the tokens its
+    run had sampled by then) is refused with: a config that differs in what the run means (ResumeMismatch,
+    unless ``force_resume``), or training past a finished run's last checkpoint kept without the
+    optimiser's state (FinishedCheckpoint). ``total_steps``: the run's planned steps; by default from the
+    checkpoint's count of training questions (a checkpoint without it is left to the trainer to judge)."""
+    check_resume(state["config"], cfg.model_dump_json(), path, force=force_resume)
+    if ckpt.OPTIMIZER in state:
+        return
+    if total_steps is None:
+        if TRAIN_QUESTIONS not in state:
+            return
+        total_steps = planned_steps(cfg.train, int(state[TRAIN_QUESTIONS]))[1]
+    step = int(state["step"])
+    if step < total_steps and sampled < (cfg.train.max_sampled_tokens or math.inf):
+        raise ckpt.FinishedCheckpoint(
+            f"--resume: {path} is a finished run's last checkpoint without the optimiser's state "
+            f"(train.final_checkpoint_optimizer=false), so the run cannot train past step {step}; "
+            "train longer in a new run (another name or --output-dir), or delete it to go on from the "
+            "run's checkpoint before it where one is kept")
 
 
 def train(cfg: ExperimentConfig, callbacks: list[StepCallback] | None = None, resume: bool = False,
@@ -367,6 +405,15 @@ class NativeBackend:
     def train(self, cfg: ExperimentConfig, callbacks: list[StepCallback] | None = None, resume: bool = False,
               progress: bool = True, force_resume: bool = False, mlflow_run: MLflowRun | None = None) -> TrainResult:
         return train(cfg, callbacks=callbacks, resume=resume, progress=progress, force_resume=force_resume)
+
+    def refuse_resume(self, cfg: ExperimentConfig, force_resume: bool = False) -> None:
+        """What :meth:`train` with ``resume`` would refuse, raised before anything is built or recorded: the
+        newest intact checkpoint's entries are read with its tensors mapped, not loaded."""
+        found = ckpt.load_latest_intact(cfg.run_dir(), warn=_quiet, mmap=True)
+        if found is not None:  # none: training says so
+            path, state = found
+            history = read_metrics(cfg.run_dir() / "metrics.jsonl", up_to_step=int(state["step"]), warn=_quiet)
+            refuse_resume(cfg, path, state, sampled_tokens(history), force_resume)
 
     def read_checkpoint(self, path: Path) -> dict[str, Any] | None:
         """A ``step_*.pt`` file (:func:`exgrpo.backends.native.checkpoint.load_state`; CheckpointError

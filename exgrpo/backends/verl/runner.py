@@ -52,6 +52,15 @@ DATASETS_CACHE = "hf-datasets-cache"
 """The run's Hugging Face datasets cache in its run directory while its job runs (``HF_DATASETS_CACHE``)."""
 
 
+def refuse_resume(cfg: ExperimentConfig, force_resume: bool = False) -> None:
+    """Raise what a resume of ``cfg`` is refused with: no veRL run in its directory, or one made with a
+    config that differs in what the run means (unless ``force_resume``)."""
+    spec = cfg.run_dir().resolve() / SPEC_FILE
+    if not spec.is_file():
+        raise FileNotFoundError(f"--resume: {spec.parent} holds no veRL run; run without --resume")
+    check_resume(json.loads(spec.read_text())["config"], cfg.model_dump_json(), spec, force=force_resume)
+
+
 def prepare(cfg: ExperimentConfig, resume: bool = False, progress: bool = False,
             force_resume: bool = False) -> PreparedRun:
     """Build the run's assets and its veRL overrides; nothing is launched."""
@@ -60,10 +69,7 @@ def prepare(cfg: ExperimentConfig, resume: bool = False, progress: bool = False,
     run_dir = cfg.run_dir().resolve()
     ckpt = run_dir / "checkpoints"
     if resume:
-        if not (run_dir / SPEC_FILE).is_file():
-            raise FileNotFoundError(f"--resume: {run_dir} holds no veRL run; run without --resume")
-        saved = json.loads((run_dir / SPEC_FILE).read_text())["config"]
-        check_resume(saved, cfg.model_dump_json(), run_dir / SPEC_FILE, force=force_resume)
+        refuse_resume(cfg, force_resume)
     else:
         refuse_earlier_run(run_dir)  # a fresh run never mixes with an earlier run's checkpoints
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -367,6 +373,10 @@ class VerlBackend:
                     collect(prepared.run_dir)  # a failed or stopped run keeps the steps it trained, as a native run does
                 raise
         return self._result(prepared.run_dir)
+
+    def refuse_resume(self, cfg: ExperimentConfig, force_resume: bool = False) -> None:
+        """What :meth:`train` with ``resume`` would refuse, raised before the job is prepared (:func:`refuse_resume`)."""
+        refuse_resume(cfg, force_resume)
 
     def read_checkpoint(self, path: Path) -> dict[str, Any] | None:
         """A ``global_step_N/`` directory: its FSDP actor shards merged (:mod:`.actor_weights`)."""
