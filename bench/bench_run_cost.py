@@ -1,6 +1,7 @@
 """A whole SmolLM2 run, this tree against a baseline revision: wall time, peak memory and the step's phases.
 
     .venv/bin/python bench/bench_run_cost.py [--baseline 7bbbfc3] [--rounds 1] [--max-steps 12 --eval-every 4]
+        [--this-set FIELD=VALUE ...]
 
 Each side runs, as a user does, ``exgrpo train experiments/smollm2-secret.yaml --no-tracking`` in its own
 process (the run as the file writes it: 48 steps, 7 evaluations; ``--max-steps 12 --eval-every 4`` is the
@@ -54,10 +55,11 @@ def baseline_tree(rev: str, dest: Path) -> Path:
     return dest
 
 
-def run_once(tree: Path, out: Path, args: argparse.Namespace) -> dict:
-    """One ``exgrpo train`` from ``tree``: its wall seconds, peak RSS (GiB) and step timings."""
+def run_once(tree: Path, out: Path, args: argparse.Namespace, sets: list[str] = ()) -> dict:
+    """One ``exgrpo train`` from ``tree`` (``sets``: its ``--set FIELD=VALUE``): its wall seconds, peak RSS
+    (GiB) and step timings."""
     cmd = [sys.executable, "-c", "from exgrpo.cli import main; main()", "train", args.config,
-           "--no-tracking", "--no-progress", "--output-dir", str(out)]
+           "--no-tracking", "--no-progress", "--output-dir", str(out), *(f"--set={s}" for s in sets)]
     if args.max_steps is not None:
         cmd += ["--max-steps", str(args.max_steps)]
     if args.eval_every is not None:
@@ -111,17 +113,22 @@ def main() -> None:
     ap.add_argument("--max-steps", type=int, default=None, help="default: the config's")
     ap.add_argument("--eval-every", type=int, default=None, help="train.eval_every_steps (default: the config's)")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--this-set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="a config setting of this tree's runs only, e.g. a field the baseline has not got "
+                         "(repeatable; default: none, both sides run the file as written)")
     args = ap.parse_args()
     print(f"bench_run_cost: {args.config}, steps {args.max_steps or 'as written'}, an evaluation every "
           f"{args.eval_every or 'as written'} steps; "
-          f"baseline {args.baseline} against the working tree; {args.rounds} round(s); phases: "
+          f"baseline {args.baseline} against the working tree{''.join(f' --set {s}' for s in args.this_set)}; "
+          f"{args.rounds} round(s); phases: "
           f"{' / '.join(PHASES)} seconds", flush=True)
     runs: dict[str, list[dict]] = {"baseline": [], "this tree": []}
     with tempfile.TemporaryDirectory(prefix="exgrpo-bench-cost-") as tmp:
         trees = {"baseline": baseline_tree(args.baseline, Path(tmp) / "baseline"), "this tree": ROOT}
         for i in range(args.rounds):
             for name, tree in trees.items():
-                r = run_once(tree, Path(tmp) / f"runs-{name.replace(' ', '-')}-{i}", args)
+                r = run_once(tree, Path(tmp) / f"runs-{name.replace(' ', '-')}-{i}", args,
+                             args.this_set if name == "this tree" else [])
                 runs[name].append(r)
                 print(describe(name, r), flush=True)
     pairs = list(zip(runs["baseline"], runs["this tree"], strict=True))  # round by round
@@ -130,7 +137,8 @@ def main() -> None:
     print(f"run wall time: baseline / this tree = {raw:.2f}x as sampled; {equal:.2f}x at the baseline's sampled "
           "tokens (target 2x)")
     record("1b. run wall at equal tokens, baseline/this", equal, 2.0,
-           f"{args.config}, steps {args.max_steps or 'as written'}, baseline {args.baseline}, {args.rounds} round(s); "
+           f"{args.config}{''.join(f' --set {s}' for s in args.this_set)}, steps {args.max_steps or 'as written'}, "
+           f"baseline {args.baseline}, {args.rounds} round(s); "
            f"as sampled {raw:.2f}x")
 
 

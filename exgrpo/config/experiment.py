@@ -18,7 +18,15 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 from exgrpo.config.adaptive import AdaptiveConfig
 from exgrpo.config.algorithm import DEFAULT_REPLAY, AlgorithmConfig, ExGRPOConfig, is_foreign, replay_homes
 from exgrpo.config.backend import BackendConfig, check_verl_support
-from exgrpo.config.options import RESUME_SAFE, RESUME_SAFE_PARAM, ConfigError, OptimizerKind, Tier, _Strict
+from exgrpo.config.options import (
+    RESUME_SAFE,
+    RESUME_SAFE_PARAM,
+    ConfigError,
+    MiniBatchSplit,
+    OptimizerKind,
+    Tier,
+    _Strict,
+)
 from exgrpo.config.policies import HFPolicyConfig, LMPolicyConfig, MLPPolicyConfig
 from exgrpo.config.tasks import FileTaskConfig, ReasoningGymTaskConfig, TextArithmeticTaskConfig, ToyTaskConfig
 
@@ -69,6 +77,13 @@ class TrainConfig(_Strict):
     """One fused kernel per optimiser step (torch's fused Adam/AdamW; same update up to float rounding)."""
     mini_batches: int = Field(1, ge=1)
     """Optimiser steps per training step (the batch is split into this many mini-batches)."""
+    mini_batch_split: MiniBatchSplit = MiniBatchSplit.ROWS
+    """How the batch is split into ``mini_batches``: ``rows``, a random partition of the rows (a question's
+    rollouts spread over the mini-batches), or ``groups``, whole groups in a random order. ``groups`` is what
+    veRL's actor does (its mini-batches are slices of a group-major batch), and a language model's training
+    forward then runs each prompt once a step rather than once per mini-batch: faster where prompts are long
+    against the responses (native backend; veRL always splits whole groups). Needs ``batch_size >=
+    mini_batches``."""
     grad_clip: float | None = 1.0
     """Max global grad norm; None: no clipping (the norm is still logged)."""
     skip_grad_above: float | None = Field(500.0, gt=0.0)
@@ -102,6 +117,14 @@ class TrainConfig(_Strict):
         if v is not None and not v > 0:
             raise ValueError("must be > 0; null disables clipping")
         return v
+
+    @model_validator(mode="after")
+    def _a_group_per_mini_batch(self) -> TrainConfig:
+        if self.mini_batch_split is MiniBatchSplit.GROUPS and self.batch_size < self.mini_batches:
+            raise ValueError(f"train.mini_batch_split=groups gives each of train.mini_batches={self.mini_batches} "
+                             f"whole groups, but a step has train.batch_size={self.batch_size}: lower mini_batches "
+                             "or use mini_batch_split=rows")
+        return self
 
 
 class ExperimentConfig(_Strict):

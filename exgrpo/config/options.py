@@ -128,6 +128,13 @@ class Tier(StrEnum):
     PAPER = "paper"
 
 
+class MiniBatchSplit(StrEnum):
+    """How a step's rows are split into its ``train.mini_batches`` optimiser steps."""
+
+    ROWS = "rows"  # a random partition of the rows: a group's rollouts spread over the mini-batches
+    GROUPS = "groups"  # whole groups in a random order (veRL's actor: contiguous slices of its group-major batch)
+
+
 class OptimizerKind(StrEnum):
     """Optimiser of the policy parameters."""
 

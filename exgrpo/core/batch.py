@@ -12,8 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from exgrpo.config.options import MiniBatchSplit
 from exgrpo.core.pool import Trajectory
 from exgrpo.core.selection import pad_right
 
@@ -66,6 +68,19 @@ def generation_qids(replay_qids: Sequence[int], fresh_qids: Sequence[int], group
     """Question id of every row to generate, in batch order: K-1 per replayed question, K per fresh one."""
     k = group_size
     return [q for q in replay_qids for _ in range(k - 1)] + [q for q in fresh_qids for _ in range(k)]
+
+
+def mini_batch_rows(rng: np.random.Generator, n_rows: int, group_size: int, mini_batches: int,
+                    split: MiniBatchSplit = MiniBatchSplit.ROWS) -> list[np.ndarray]:
+    """The row indices of each of a step's ``mini_batches`` (every row in exactly one), drawn from ``rng``.
+
+    ``rows``: a random permutation of the N rows cut into ``mini_batches`` near-equal parts. ``groups``:
+    a random permutation of the G = N / K groups cut the same way, each group's K rows kept together
+    (group g owns rows [g*K, (g+1)*K), the batch's layout)."""
+    if split is MiniBatchSplit.ROWS:
+        return np.array_split(rng.permutation(n_rows), mini_batches)
+    groups = np.array_split(rng.permutation(n_rows // group_size), mini_batches)
+    return [(g[:, None] * group_size + np.arange(group_size)).reshape(-1) for g in groups]
 
 
 def assemble_batch(

@@ -37,7 +37,7 @@ from exgrpo.config import (
     TrainConfig,
 )
 from exgrpo.core.advantages import grpo_advantages
-from exgrpo.core.batch import StepBatch, assemble_batch, batch_metrics, generation_qids
+from exgrpo.core.batch import StepBatch, assemble_batch, batch_metrics, generation_qids, mini_batch_rows
 from exgrpo.core.loss import exgrpo_objective
 from exgrpo.core.replay import make_replay_strategy
 from exgrpo.evaluation.runner import greedy_accuracy, train_probe
@@ -159,9 +159,8 @@ class Trainer:
         cfg, algo = self.cfg, self.algo
         loss_cfg = self.replay.loss_config(self.policy.max_response_length)
         aux = self.replay.auxiliary(self.epoch, self.step)
-        n = batch.tokens.shape[0]
-        order = self.rng.permutation(n)
-        chunks = np.array_split(order, cfg.train.mini_batches)
+        chunks = mini_batch_rows(self.rng, batch.tokens.shape[0], algo.group_size, cfg.train.mini_batches,
+                                 cfg.train.mini_batch_split)
         prompts = self.task.prompts(batch.row_qids)
         sums: dict[str, float] = {}
         for chunk in chunks:
