@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -55,7 +56,7 @@ def baseline_tree(rev: str, dest: Path) -> Path:
     return dest
 
 
-def run_once(tree: Path, out: Path, args: argparse.Namespace, sets: list[str] = ()) -> dict:
+def run_once(tree: Path, out: Path, args: argparse.Namespace, sets: Sequence[str] = ()) -> dict:
     """One ``exgrpo train`` from ``tree`` (``sets``: its ``--set FIELD=VALUE``): its wall seconds, peak RSS
     (GiB) and step timings."""
     cmd = [sys.executable, "-c", "from exgrpo.cli import main; main()", "train", args.config,

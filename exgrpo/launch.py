@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from exgrpo.backends.base import MLflowRun, TrainResult, get_backend, refuse_resume, train
+from exgrpo.backends.base import MLflowRun, TrainResult, check_resumable, get_backend, train
 from exgrpo.cluster import (
     check_cluster,
     cluster_address,
@@ -26,7 +26,8 @@ from exgrpo.cluster import (
     task_cpus,
 )
 from exgrpo.config import ConfigError, ExperimentConfig
-from exgrpo.errors import redact_uri
+from exgrpo.config.fields import at_default
+from exgrpo.errors import UserError, redact_uri
 from exgrpo.policies.build import prepare_warm_starts
 from exgrpo.policies.inputs import check_inputs
 from exgrpo.evaluation.metrics import Score
@@ -179,9 +180,10 @@ def _open_record(rec: _Record, cfg: ExperimentConfig, tracker: Tracker, exp_name
         print(f"note: {killed}", flush=True)
     rec.resume = prepare_run_dir(cfg, rec.resume)
     if rec.resume:
-        refuse_resume(cfg, force_resume)
-        rec.continued = continuable(run_dir, tracker.client, tracker.uri,
-                                    param_values(curated_params(cfg, extra_params)))
+        check_resumable(cfg, force_resume)
+        params = curated_params(cfg, extra_params)
+        rec.continued = continuable(run_dir, tracker.client, tracker.uri, param_values(params),
+                                    at_default={k for k in params if at_default(cfg, k)})
         rec.reopened = rec.continued is not None and finished_before(tracker.client, rec.continued)
     if rec.continued is not None:
         rec.run_id = tracker.continue_run(rec.continued, tags, parent_run_id)
@@ -291,9 +293,9 @@ def tracked_train(
     rec = _Record(resume)
     try:
         _open_record(rec, cfg, tracker, exp_name, run_name, tags, parent_run_id, extra_params, force_resume)
-    except Exception:
-        if not defer_if_unreachable or is_reachable(tracker.uri):
-            raise
+    except Exception as e:
+        if isinstance(e, UserError) or not defer_if_unreachable or is_reachable(tracker.uri):
+            raise  # a refused resume is refused whether or not the store answers
         creation = {"experiment": exp_name, "run_name": run_name, "parent_run_id": parent_run_id,
                     "tags": {**code_version_tags(), **tags},
                     "params": curated_params(cfg, extra_params), "config": cfg.model_dump(mode="json")}

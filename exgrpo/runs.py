@@ -20,6 +20,7 @@ from typing import Any
 
 from exgrpo.atomic import write_text_atomic
 from exgrpo.config import ExperimentConfig, resume_safe_fields
+from exgrpo.errors import UserError
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +63,11 @@ def run_identity_diff(saved: dict[str, Any] | str, current: dict[str, Any] | str
             if a.get(k) != b.get(k) and k not in SAFE_TO_CHANGE]
 
 
-class ResumeMismatch(ValueError):
+class NothingToResume(FileNotFoundError, UserError):
+    """--resume of a run directory that holds nothing this backend resumes from."""
+
+
+class ResumeMismatch(ValueError, UserError):
     """--resume with a config that differs from the checkpoint's."""
 
 

@@ -107,28 +107,28 @@ def test_a_path_no_backend_reads_is_a_one_line_error(tmp_path):
 
 
 def test_each_backend_refuses_a_resume_it_would_not_go_on_with_before_anything_is_built(tmp_path):
-    """The launcher asks the backend (``refuse_resume``) before it opens a run's record: veRL reads the
+    """The launcher asks the backend (``check_resumable``) before it opens a run's record: veRL reads the
     run's spec, the native backend its newest checkpoint (tensors mapped, not loaded)."""
     import json
 
-    from exgrpo.backends.base import refuse_resume
+    from exgrpo.backends.base import check_resumable
     from exgrpo.backends.verl.prepared import SPEC_FILE
     from exgrpo.runs import ResumeMismatch
 
     out = {"output_dir": str(tmp_path / "runs")}
     verl = load_experiment("experiments/verl-tiny-exgrpo.yaml", out)
     with pytest.raises(FileNotFoundError, match="holds no veRL run"):
-        refuse_resume(verl)
+        check_resumable(verl)
     verl.run_dir().mkdir(parents=True)
     (verl.run_dir() / SPEC_FILE).write_text(json.dumps({"config": json.loads(verl.model_dump_json())}))
-    refuse_resume(verl)
+    check_resumable(verl)
     other = load_experiment("experiments/verl-tiny-exgrpo.yaml", {**out, "train.lr": 0.5})
     with pytest.raises(ResumeMismatch, match=r"train.lr \(.* -> 0.5\)"):
-        refuse_resume(other)
-    refuse_resume(other, force_resume=True)
+        check_resumable(other)
+    check_resumable(other, force_resume=True)
 
     native = load_experiment("experiments/toy.yaml", {**out, "task.max_operand": 5, "train.max_steps": 2})
     Trainer(native).fit(progress=False)
-    refuse_resume(native)
+    check_resumable(native)
     with pytest.raises(ResumeMismatch, match=r"train.lr \(.* -> 0.5\)"):
-        refuse_resume(native.model_copy(update={"train": native.train.model_copy(update={"lr": 0.5})}))
+        check_resumable(native.model_copy(update={"train": native.train.model_copy(update={"lr": 0.5})}))

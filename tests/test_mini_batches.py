@@ -30,10 +30,16 @@ def test_groups_keeps_each_groups_rows_together_and_every_row_once(groups, k, pa
     assert len({len(c) // k for c in chunks}) <= 2  # near-equal, in whole groups
 
 
-def test_groups_needs_a_group_for_every_mini_batch():
-    with pytest.raises(ConfigError, match=r"train.mini_batch_split=groups.*train.mini_batches=4.*batch_size=2"):
+def test_groups_needs_a_group_for_every_mini_batch_and_verl_has_no_rows():
+    with pytest.raises(ConfigError, match=r"mini_batch_split=groups needs a whole group in each of mini_batches=4, "
+                                          r"but batch_size=2: lower train.mini_batches to 2"):
         validate_config(ExperimentConfig, {"train": {"batch_size": 2, "mini_batches": 4, "mini_batch_split": "groups"}},
                         source="test")
+    from exgrpo.config import load_experiment
+
+    with pytest.raises(ConfigError, match=r"train.mini_batch_split=rows has no veRL backend .* set it to groups"):
+        load_experiment("experiments/verl-tiny-chain.yaml", {"train.mini_batch_split": "rows"})
+    assert load_experiment("experiments/verl-tiny-chain.yaml").train.mini_batch_split is None  # veRL's own: groups
 
 
 def test_the_trainer_scores_whole_groups_in_each_mini_batch(tmp_path):

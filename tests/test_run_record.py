@@ -148,3 +148,27 @@ def test_a_refused_resume_opens_no_mlflow_run_and_keeps_the_runs_record(tmp_path
         assert read_record(run_dir).run_id == finished, why
     assert cli.main([*base, "--resume", "--max-steps", "4"]) == 0  # the finished run still reads back, as itself
     assert [r.info.run_id for r in mlflow.MlflowClient(uri).search_runs([exp.experiment_id])] == [finished]
+
+
+def test_a_finished_run_recorded_before_a_field_existed_is_reused_while_the_field_holds_its_default(tmp_path):
+    """A comparison resumed on a newer version reuses its finished runs: a param their record lacks (a field
+    added since) counts as equal while the field holds its default, the behaviour before the field."""
+    from exgrpo.config.fields import at_default
+    from exgrpo.tracking.run_record import continuable
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    tracker = Tracker(uri)
+    run_id = tracker.start_run("rec", "old")
+    tracker.client.log_param(run_id, "train.lr", "0.001")
+    tracker.end_run(run_id, "FINISHED")
+    write_record(tmp_path, uri, run_id)
+    now = {"train.lr": "0.001", "train.mini_batch_split": "None"}
+    assert continuable(tmp_path, tracker.client, uri, now) is None
+    assert continuable(tmp_path, tracker.client, uri, now, at_default={"train.mini_batch_split"}) == run_id
+    assert continuable(tmp_path, tracker.client, uri, {**now, "train.lr": "0.01"}, at_default=set(now)) is None
+
+    cfg = load_experiment("experiments/toy-grpo.yaml")
+    assert at_default(cfg, "train.mini_batch_split") and at_default(cfg, "train.final_checkpoint_optimizer")
+    assert not at_default(load_experiment("experiments/toy-grpo.yaml", {"train.mini_batch_split": "groups"}),
+                          "train.mini_batch_split")
+    assert not at_default(cfg, "train.no_such_field") and not at_default(cfg, "task.no.such")

@@ -82,10 +82,10 @@ class Backend(Protocol):
         mlflow_run: MLflowRun | None = None,
     ) -> TrainResult: ...
 
-    def refuse_resume(self, cfg: ExperimentConfig, force_resume: bool = False) -> None:
+    def check_resumable(self, cfg: ExperimentConfig, force_resume: bool = False) -> None:
         """Raise, before anything is built or recorded, what :meth:`train` with ``resume`` would refuse
         (a checkpoint made with another config, ...): a run's record is opened only for a resume that
-        goes on."""
+        goes on. Optional: a backend without it refuses when it trains."""
 
     def read_checkpoint(self, path: Path) -> dict[str, Any] | None:
         """The policy entries (``config``: the run's config as JSON, ``model``: the policy's state
@@ -130,10 +130,10 @@ def train(cfg: ExperimentConfig, callbacks: list[StepCallback] | None = None, re
                                                force_resume=force_resume, mlflow_run=mlflow_run)
 
 
-def refuse_resume(cfg: ExperimentConfig, force_resume: bool = False) -> None:
-    """What a resume of ``cfg`` would be refused with, raised now (:meth:`Backend.refuse_resume`; a backend
+def check_resumable(cfg: ExperimentConfig, force_resume: bool = False) -> None:
+    """What a resume of ``cfg`` would be refused with, raised now (:meth:`Backend.check_resumable`; a backend
     without that method refuses when it trains)."""
-    check = getattr(get_backend(cfg.backend.name), "refuse_resume", None)
+    check = getattr(get_backend(cfg.backend.name), "check_resumable", None)
     if check is not None:
         check(cfg, force_resume=force_resume)
 

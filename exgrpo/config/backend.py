@@ -149,6 +149,9 @@ def check_verl_support(cfg: Any) -> None:
                          "only); use attention=sdpa")
     if v.rollout == "hf" and v.device != "cpu":
         raise ValueError("backend.verl.rollout=hf runs on device=cpu only; use rollout=vllm on GPUs")
+    if cfg.train.mini_batch_split == "rows" and cfg.train.mini_batches > 1:
+        raise ValueError("train.mini_batch_split=rows has no veRL backend (veRL's actor trains on mini-batches of "
+                         "whole groups); drop it, or set it to groups")
     mini = cfg.train.batch_size // cfg.train.mini_batches
     if mini * cfg.train.mini_batches != cfg.train.batch_size:
         raise ValueError(f"train.batch_size={cfg.train.batch_size} must be divisible by train.mini_batches="

@@ -77,13 +77,13 @@ class TrainConfig(_Strict):
     """One fused kernel per optimiser step (torch's fused Adam/AdamW; same update up to float rounding)."""
     mini_batches: int = Field(1, ge=1)
     """Optimiser steps per training step (the batch is split into this many mini-batches)."""
-    mini_batch_split: MiniBatchSplit = MiniBatchSplit.ROWS
+    mini_batch_split: MiniBatchSplit | None = None
     """How the batch is split into ``mini_batches``: ``rows``, a random partition of the rows (a question's
-    rollouts spread over the mini-batches), or ``groups``, whole groups in a random order. ``groups`` is what
-    veRL's actor does (its mini-batches are slices of a group-major batch), and a language model's training
-    forward then runs each prompt once a step rather than once per mini-batch: faster where prompts are long
-    against the responses (native backend; veRL always splits whole groups). Needs ``batch_size >=
-    mini_batches``."""
+    rollouts spread over the mini-batches), or ``groups``, whole groups (native: in a random order). None: the
+    backend's own, ``rows`` on the native backend, ``groups`` on veRL (its actor's mini-batches are slices, in
+    batch order, of a group-major batch; it has no other). With ``groups`` a language model's training forward
+    (``policy.share_prompt_forward``) runs a question's prompt in one mini-batch rather than in each: faster
+    where prompts are long against the responses. Needs ``batch_size >= mini_batches``."""
     grad_clip: float | None = 1.0
     """Max global grad norm; None: no clipping (the norm is still logged)."""
     skip_grad_above: float | None = Field(500.0, gt=0.0)
@@ -121,9 +121,9 @@ class TrainConfig(_Strict):
     @model_validator(mode="after")
     def _a_group_per_mini_batch(self) -> TrainConfig:
         if self.mini_batch_split is MiniBatchSplit.GROUPS and self.batch_size < self.mini_batches:
-            raise ValueError(f"train.mini_batch_split=groups gives each of train.mini_batches={self.mini_batches} "
-                             f"whole groups, but a step has train.batch_size={self.batch_size}: lower mini_batches "
-                             "or use mini_batch_split=rows")
+            raise ValueError(f"mini_batch_split=groups needs a whole group in each of mini_batches={self.mini_batches}, "
+                             f"but batch_size={self.batch_size}: lower train.mini_batches to {self.batch_size} or "
+                             "set train.mini_batch_split=rows")
         return self
 
 

@@ -108,6 +108,19 @@ def flatten(cfg: BaseModel, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def at_default(cfg: BaseModel, key: str) -> bool:
+    """Whether the field at dotted ``key`` of ``cfg`` holds its schema default (False for a key that is not
+    a field of nested models, e.g. one inside a dict)."""
+    *path, name = key.split(".")
+    node: Any = cfg
+    for part in path:
+        node = getattr(node, part, None)
+        if not isinstance(node, BaseModel):
+            return False
+    field = type(node).model_fields.get(name)
+    return field is not None and getattr(node, name) == field.get_default(call_default_factory=True)
+
+
 def _flatten_into(out: dict[str, Any], key: str, value: Any) -> None:
     if isinstance(value, dict):
         for k, v in value.items():

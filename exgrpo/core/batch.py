@@ -71,14 +71,16 @@ def generation_qids(replay_qids: Sequence[int], fresh_qids: Sequence[int], group
 
 
 def mini_batch_rows(rng: np.random.Generator, n_rows: int, group_size: int, mini_batches: int,
-                    split: MiniBatchSplit = MiniBatchSplit.ROWS) -> list[np.ndarray]:
+                    split: MiniBatchSplit | None = None) -> list[np.ndarray]:
     """The row indices of each of a step's ``mini_batches`` (every row in exactly one), drawn from ``rng``.
 
-    ``rows``: a random permutation of the N rows cut into ``mini_batches`` near-equal parts. ``groups``:
-    a random permutation of the G = N / K groups cut the same way, each group's K rows kept together
-    (group g owns rows [g*K, (g+1)*K), the batch's layout)."""
-    if split is MiniBatchSplit.ROWS:
+    ``rows`` (and None): a random permutation of the N rows cut into ``mini_batches`` near-equal parts.
+    ``groups``: a random permutation of the G = N / K groups cut the same way, each group's K rows kept
+    together (group g owns rows [g*K, (g+1)*K), the batch's layout)."""
+    if split is not MiniBatchSplit.GROUPS:
         return np.array_split(rng.permutation(n_rows), mini_batches)
+    if n_rows % group_size:
+        raise ValueError(f"a batch of {n_rows} rows is not made of groups of {group_size}")
     groups = np.array_split(rng.permutation(n_rows // group_size), mini_batches)
     return [(g[:, None] * group_size + np.arange(group_size)).reshape(-1) for g in groups]
 

@@ -103,7 +103,7 @@ def policy_checkpoint(checkpoint: Path) -> Path:
     return file
 
 
-RESUME_ENTRIES = ("optimizer", "replay", "fresh", "rng")
+RESUME_ENTRIES = ("optimizer", "replay", "fresh", "rng", "train_questions")
 """What a native checkpoint holds to resume its run, beyond its policy (``config``, ``model``, ``step``)."""
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+from collections.abc import Collection
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -93,12 +94,15 @@ def end_if_orphaned(where: str | Path, client: Any = None) -> str | None:
     return f"MLflow run {record.run_id} ({run.info.run_name}) was left RUNNING: {why}; marked KILLED"
 
 
-def continuable(where: str | Path, client: Any, tracking_uri: str, params: dict[str, str] | None = None) -> str | None:
+def continuable(where: str | Path, client: Any, tracking_uri: str, params: dict[str, str] | None = None,
+                at_default: Collection[str] = ()) -> str | None:
     """The MLflow run a resume of ``where`` continues: its recorded run, if it is in this store and
     either did not finish, or finished with exactly these ``params`` (a finished run that a resumed
-    comparison reuses, or trains on at the same settings, stays one run). A finished run whose
-    params differ (e.g. a larger budget) gets a new run that holds its whole history (MLflow keeps a
-    param's first value); None then, and when there is no such run."""
+    comparison reuses, or trains on at the same settings, stays one run). A param the finished run
+    lacks counts as equal when its key is in ``at_default`` (the field holds its default: the run was
+    recorded before the field existed, and a new field's default is the behaviour before it). A finished
+    run whose params differ (e.g. a larger budget) gets a new run that holds its whole history (MLflow
+    keeps a param's first value); None then, and when there is no such run."""
     record = read_record(where)
     if record is None or record.tracking_uri != tracking_uri:
         return None
@@ -106,7 +110,8 @@ def continuable(where: str | Path, client: Any, tracking_uri: str, params: dict[
     if run is None or run.info.lifecycle_stage == "deleted":
         return None
     if run.info.status == "FINISHED" and (params is None or any(
-            run.data.params.get(k) != str(v) for k, v in params.items())):
+            run.data.params.get(k) != str(v) and not (k not in run.data.params and k in at_default)
+            for k, v in params.items())):
         return None
     return record.run_id
 

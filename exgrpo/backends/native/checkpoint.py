@@ -18,6 +18,7 @@ import torch
 
 from exgrpo.atomic import torch_save_atomic
 from exgrpo.errors import UserError, one_line
+from exgrpo.runs import NothingToResume
 
 logger = logging.getLogger(__name__)
 _STEP = re.compile(r"step_(\d+)\.pt$")
@@ -80,6 +81,12 @@ def load_latest_intact(run_dir: Path, warn: Callable[[str], None] = logger.warni
             warn(f"checkpoint {found[i]} is unreadable ({type(e).__name__}: {str(e)[:120]}); "
                  f"falling back to the previous one ({older})")
     return None
+
+
+def no_checkpoint_error(run_dir: Path) -> NothingToResume:
+    """What a ``--resume`` of ``run_dir`` meets when none of its checkpoints loads."""
+    what = "readable checkpoint" if checkpoints(run_dir) else "checkpoint"
+    return NothingToResume(f"--resume: no {what} under {run_dir / 'checkpoints'}; run without --resume")
 
 
 class CheckpointError(ValueError):

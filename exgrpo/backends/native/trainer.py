@@ -236,11 +236,10 @@ class Trainer:
         if resume:
             found = ckpt.load_latest_intact(run_dir, warn=_say)
             if found is None:
-                what = "readable checkpoint" if ckpt.checkpoints(run_dir) else "checkpoint"
-                raise FileNotFoundError(f"--resume: no {what} under {run_dir / 'checkpoints'}; run without --resume")
+                raise ckpt.no_checkpoint_error(run_dir)
             last_ckpt, state = found
             history = read_metrics(metrics_path, up_to_step=int(state["step"]), warn=_say)
-            refuse_resume(self.cfg, last_ckpt, state, sampled_tokens(history), force_resume, self.total_steps)
+            check_resume_from(self.cfg, last_ckpt, state, sampled_tokens(history), force_resume, self.total_steps)
             self.load_state_dict(state)
             if progress:
                 print(resumed_line(self.step, self.replay.stats(), last_ckpt), flush=True)
@@ -313,7 +312,7 @@ class Trainer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step = int(state["step"])
         self.policy.load_state_dict(state["model"])
-        if ckpt.OPTIMIZER in state:  # absent only from a finished run's last checkpoint (fit refuses to go on)
+        if ckpt.OPTIMIZER in state:  # absent only from a finished run's last checkpoint, which trains no further
             self.optimizer.load_state_dict(state[ckpt.OPTIMIZER])
         self.replay.load_state_dict(state["replay"] if "replay" in state else _legacy_replay_state(state))
         self.fresh.load_state_dict(state["fresh"])
@@ -321,10 +320,6 @@ class Trainer:
         torch.set_rng_state(state["rng"]["torch_global"])
         self.rng.bit_generator.state = json.loads(state["rng"]["numpy"])
         self.fresh.rng.bit_generator.state = json.loads(state["rng"]["numpy_fresh"])
-
-
-def _quiet(message: str) -> None:
-    """A note not given twice: the trainer gives it when it reads the same files."""
 
 
 def _say(message: str) -> None:
@@ -360,18 +355,19 @@ def sampled_tokens(history: list[dict[str, float]]) -> float:
     return sum(h.get("compute/rollout_tokens", 0.0) for h in history)
 
 
-def refuse_resume(cfg: ExperimentConfig, path: Path, state: dict[str, Any], sampled: float,
-                  force_resume: bool = False, total_steps: int | None = None) -> None:
+def check_resume_from(cfg: ExperimentConfig, path: Path, state: dict[str, Any], sampled: float,
+                      force_resume: bool = False, total_steps: int | None = None) -> None:
     """Raise what a resume of ``cfg`` from checkpoint ``path`` (its ``state``; ``sampled``: the tokens its
     run had sampled by then) is refused with: a config that differs in what the run means (ResumeMismatch,
     unless ``force_resume``), or training past a finished run's last checkpoint kept without the
     optimiser's state (FinishedCheckpoint). ``total_steps``: the run's planned steps; by default from the
-    checkpoint's count of training questions (a checkpoint without it is left to the trainer to judge)."""
+    checkpoint's count of training questions (left to the trainer, which counts the task's own, where the
+    checkpoint has no count, written before it kept one, or where a forced resume may have changed the task)."""
     check_resume(state["config"], cfg.model_dump_json(), path, force=force_resume)
     if ckpt.OPTIMIZER in state:
         return
     if total_steps is None:
-        if TRAIN_QUESTIONS not in state:
+        if TRAIN_QUESTIONS not in state or force_resume:
             return
         total_steps = planned_steps(cfg.train, int(state[TRAIN_QUESTIONS]))[1]
     step = int(state["step"])
@@ -405,14 +401,23 @@ class NativeBackend:
               progress: bool = True, force_resume: bool = False, mlflow_run: MLflowRun | None = None) -> TrainResult:
         return train(cfg, callbacks=callbacks, resume=resume, progress=progress, force_resume=force_resume)
 
-    def refuse_resume(self, cfg: ExperimentConfig, force_resume: bool = False) -> None:
+    def check_resumable(self, cfg: ExperimentConfig, force_resume: bool = False) -> None:
         """What :meth:`train` with ``resume`` would refuse, raised before anything is built or recorded: the
-        newest intact checkpoint's entries are read with its tensors mapped, not loaded."""
-        found = ckpt.load_latest_intact(cfg.run_dir(), warn=_quiet, mmap=True)
-        if found is not None:  # none: training says so
+        newest intact checkpoint's entries are read with its tensors mapped, not loaded. The notes of that
+        reading (a torn checkpoint passed over, a torn metrics line) are given with a refusal only: a
+        resume that goes on gives them as it reads the same files."""
+        notes: list[str] = []
+        try:
+            found = ckpt.load_latest_intact(cfg.run_dir(), warn=notes.append, mmap=True)
+            if found is None:
+                raise ckpt.no_checkpoint_error(cfg.run_dir())
             path, state = found
-            history = read_metrics(cfg.run_dir() / "metrics.jsonl", up_to_step=int(state["step"]), warn=_quiet)
-            refuse_resume(cfg, path, state, sampled_tokens(history), force_resume)
+            history = read_metrics(cfg.run_dir() / "metrics.jsonl", up_to_step=int(state["step"]), warn=notes.append)
+            check_resume_from(cfg, path, state, sampled_tokens(history), force_resume)
+        except Exception:
+            for note in notes:
+                _say(note)
+            raise
 
     def read_checkpoint(self, path: Path) -> dict[str, Any] | None:
         """A ``step_*.pt`` file (:func:`exgrpo.backends.native.checkpoint.load_state`; CheckpointError

@@ -35,7 +35,7 @@ from exgrpo.raylocal import local_temp_dir
 from exgrpo.backends.verl import assets
 from exgrpo.backends.verl.checkpoints import newest_intact
 from exgrpo.backends.verl.overrides import RunPaths, hydra_overrides
-from exgrpo.runs import check_resume, refuse_earlier_run
+from exgrpo.runs import NothingToResume, check_resume, refuse_earlier_run
 
 OWN_LINE = re.compile(r"^(?:\x1b\[[0-9;]*m)?(?:\([^)]*\)\s*)?(?:\x1b\[[0-9;]*m)?\s*(exgrpo: .*)$")
 """The job's own lines for the user (a resume, where it runs), shown above the step bar: ``exgrpo: ...``,
@@ -52,12 +52,12 @@ DATASETS_CACHE = "hf-datasets-cache"
 """The run's Hugging Face datasets cache in its run directory while its job runs (``HF_DATASETS_CACHE``)."""
 
 
-def refuse_resume(cfg: ExperimentConfig, force_resume: bool = False) -> None:
+def check_resumable(cfg: ExperimentConfig, force_resume: bool = False) -> None:
     """Raise what a resume of ``cfg`` is refused with: no veRL run in its directory, or one made with a
     config that differs in what the run means (unless ``force_resume``)."""
     spec = cfg.run_dir().resolve() / SPEC_FILE
     if not spec.is_file():
-        raise FileNotFoundError(f"--resume: {spec.parent} holds no veRL run; run without --resume")
+        raise NothingToResume(f"--resume: {spec.parent} holds no veRL run; run without --resume")
     check_resume(json.loads(spec.read_text())["config"], cfg.model_dump_json(), spec, force=force_resume)
 
 
@@ -69,7 +69,7 @@ def prepare(cfg: ExperimentConfig, resume: bool = False, progress: bool = False,
     run_dir = cfg.run_dir().resolve()
     ckpt = run_dir / "checkpoints"
     if resume:
-        refuse_resume(cfg, force_resume)
+        check_resumable(cfg, force_resume)
     else:
         refuse_earlier_run(run_dir)  # a fresh run never mixes with an earlier run's checkpoints
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -374,9 +374,9 @@ class VerlBackend:
                 raise
         return self._result(prepared.run_dir)
 
-    def refuse_resume(self, cfg: ExperimentConfig, force_resume: bool = False) -> None:
-        """What :meth:`train` with ``resume`` would refuse, raised before the job is prepared (:func:`refuse_resume`)."""
-        refuse_resume(cfg, force_resume)
+    def check_resumable(self, cfg: ExperimentConfig, force_resume: bool = False) -> None:
+        """What :meth:`train` with ``resume`` would refuse, raised before the job is prepared (:func:`check_resumable`)."""
+        check_resumable(cfg, force_resume)
 
     def read_checkpoint(self, path: Path) -> dict[str, Any] | None:
         """A ``global_step_N/`` directory: its FSDP actor shards merged (:mod:`.actor_weights`)."""
