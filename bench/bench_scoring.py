@@ -1,6 +1,7 @@
 """The training forward + backward over a rollout: padded vs unpadded responses, one process.
 
-    .venv/bin/python bench/bench_scoring.py [--model smollm2|tiny-lm] [--repeats 5] [--threads N] [--bf16 | --checkpoint]
+    .venv/bin/python bench/bench_scoring.py [--model smollm2|tiny-lm] [--repeats 5] [--threads N]
+        [--bf16 | --checkpoint | --split]
 
 One sampled rollout at the tier's training batch (SmolLM2-135M: 16 rows = 4 questions x K 4,
 <= 64 tokens, 2 threads; tiny-lm: 256 rows = 32 x 8, <= 40 tokens, 1 thread), then the policy's
@@ -21,6 +22,11 @@ the rollouts in bf16: docs/speed.md, "bf16 compute").
 the backward (``policy.gradient_checkpointing``), and prints the bytes each keeps for the backward (autograd's
 saved tensors, each storage once, the model's own weights left out): the memory that setting buys, and its
 price in time.
+
+``--split`` instead times a step's training forward + backward over 2 mini-batches (bf16 autocast, as the
+SmolLM2 runs train) cut from the same rollout as a random row partition (``train.mini_batch_split: rows``, the
+native default) against whole groups (``groups``): the same rows and tokens, each question's prompt run in
+both mini-batches or in one.
 
 The malloc setting is the trainer's default (``train.keep_freed_memory``). Before timing it prints the largest log-prob / entropy / gradient difference between the two.
 Timings are medians over ``--repeats``, the two interleaved, after a warm-up of each.
@@ -52,6 +58,8 @@ def main() -> None:
     mode.add_argument("--bf16", action="store_true", help="fp32 vs bf16 autocast (unpadded) instead of padded vs unpadded")
     mode.add_argument("--checkpoint", action="store_true",
                       help="unpadded vs unpadded with its layers recomputed (policy.gradient_checkpointing)")
+    mode.add_argument("--split", action="store_true",
+                      help="2 mini-batches of random rows vs of whole groups (train.mini_batch_split), bf16 autocast")
     ap.add_argument("--default-malloc", action="store_true", help="glibc's default (not train.keep_freed_memory)")
     args = ap.parse_args()
     if not args.default_malloc:
@@ -75,12 +83,23 @@ def main() -> None:
     prompts = [p for p in questions for _ in range(k)]  # each question K times in a row, as the trainer
     model.train()
     params = SamplingParams(max_new_tokens=new_tokens, temperature=1.0)
-    names = ("fp32", "bf16") if args.bf16 else ("unpadded", "recomputed") if args.checkpoint else ("padded", "unpadded")
+    names = (("fp32", "bf16") if args.bf16 else ("unpadded", "recomputed") if args.checkpoint
+             else ("rows", "groups") if args.split else ("padded", "unpadded"))
     engines = {name: RolloutEngine(model, pad_id, eos_id, params, unpadded=name != "padded",
                                    checkpoint_layers=name == "recomputed") for name in names}
     ro = engines[names[0]].generate(prompts, torch.Generator().manual_seed(0))
     weights = torch.linspace(-1, 1, ro.mask.numel()).view_as(ro.mask)
     trainable = [p for p in model.parameters() if p.requires_grad]
+    whole = [torch.arange(len(prompts))]
+    chunks = {name: whole for name in names}  # the rows each mini-batch scores (one: the whole batch)
+    if args.split:
+        import numpy as np
+
+        from exgrpo.config import MiniBatchSplit
+        from exgrpo.core.batch import mini_batch_rows
+
+        chunks = {name: [torch.as_tensor(c) for c in mini_batch_rows(np.random.default_rng(0), len(prompts), k, 2,
+                                                                      MiniBatchSplit(name))] for name in names}
 
     kept: dict[str, int] = {}  # bytes autograd saved for the backward, per engine (each storage once, weights not counted)
     weights_at = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -95,12 +114,18 @@ def main() -> None:
             return t
 
         hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t) if count else contextlib.nullcontext()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=name == "bf16"), hooks:
-            sc = engines[name].score(prompts, ro.tokens, ro.mask, share_prompts=True)
-        if count:
-            kept[name] = sum(storages.values())
-        grads = torch.autograd.grad((sc.log_prob * weights).sum() + 0.01 * sc.entropy.sum(), trainable)
-        return sc.log_prob.detach(), sc.entropy.detach(), grads
+        log_prob, entropy = torch.zeros_like(weights), torch.zeros_like(weights)
+        grads: list[torch.Tensor] = [torch.zeros_like(p) for p in trainable]
+        for idx in chunks[name]:  # a mini-batch's forward, then its backward, as the trainer steps
+            storages.clear()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=name in ("bf16", "rows", "groups")), hooks:
+                sc = engines[name].score([prompts[i] for i in idx], ro.tokens[idx], ro.mask[idx], share_prompts=True)
+            if count:
+                kept[name] = max(kept.get(name, 0), sum(storages.values()))
+            loss = (sc.log_prob * weights[idx]).sum() + 0.01 * sc.entropy.sum()
+            grads = [g + d for g, d in zip(grads, torch.autograd.grad(loss, trainable), strict=True)]
+            log_prob[idx], entropy[idx] = sc.log_prob.detach(), sc.entropy.detach()
+        return log_prob, entropy, grads
 
     real = int(ro.mask.sum())
     print(f"model: {args.model}  batch {len(prompts)} rows x {ro.mask.shape[1]} columns  real response tokens "
